@@ -1,0 +1,44 @@
+# fedsys: `make run` and `make test` do all the set-up.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+PY     := $(VENV)/bin/python
+FEDSYS := $(VENV)/bin/fedsys
+export FLWR_TELEMETRY_ENABLED := 0
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
+export FLWR_DISABLE_UPDATE_CHECK := 1
+
+.PHONY: run test test-fast lint data clean help
+
+help:
+	@echo "make run   - set up .venv, get Fashion-MNIST, run configs/default.yaml, print the table"
+	@echo "make test  - set up .venv with the dev extra and run the whole test suite"
+	@echo "make lint  - ruff and mypy"
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+data: $(VENV)/.installed
+	$(FEDSYS) data fetch fashion-mnist
+
+run: $(VENV)/.installed data
+	$(FEDSYS) run configs/default.yaml
+
+test: $(VENV)/.installed-dev data
+	$(PY) -m pytest -q -rs
+
+test-fast: $(VENV)/.installed-dev
+	$(PY) -m pytest -q -m "not slow and not deploy"
+
+lint: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,3 @@
+"""fedsys core: config, data, partitions, models, parameter maths, checkpoints, metrics."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,5 @@
+import sys
+
+from fedsys.cli import main
+
+sys.exit(main())

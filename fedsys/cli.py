@@ -1,0 +1,216 @@
+"""The ``fedsys`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fedsys import config as C
+from fedsys import metrics
+
+EPILOG = """examples:
+  fedsys run configs/default.yaml                     FedAvg vs FedProx on Fashion-MNIST
+  fedsys run configs/default.yaml --set num-server-rounds=5 --set name=quick
+  fedsys resume runs/default                          continue an interrupted run
+  fedsys compare runs/default runs/quick              one table, one plot
+  fedsys partition configs/default.yaml               per-client class histogram
+  fedsys data fetch fashion-mnist                     get the dataset
+  fedsys keys                                         every config key and its default
+"""
+
+
+def _table(runs: dict[str, list[dict[str, Any]]], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in ("strategy", "rounds", "final acc %", "best acc %", "last-10 mean %",
+                "last-10 std", "time s"):
+        t.add_column(col, justify="left" if col == "strategy" else "right")
+    for name, recs in runs.items():
+        s = metrics.summarise(recs)
+        if not s:
+            t.add_row(name, "0", "-", "-", "-", "-", "-")
+            continue
+        t.add_row(name, str(int(s["rounds"])), f"{100 * s['final']:.2f}", f"{100 * s['best']:.2f}",
+                  f"{100 * s['last_mean']:.2f}", f"{100 * s['last_std']:.2f}", f"{s['time_s']:.0f}")
+    Console().print(t)
+
+
+def _load_runs(run_dir: Path, prefix: str = "") -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    cfg_path = run_dir / "config.yaml"
+    names = C.load_yaml(cfg_path)["strategy"].split(",") if cfg_path.exists() else []
+    for name in names or sorted(p.parent.name for p in run_dir.glob("*/metrics.jsonl")):
+        recs = metrics.read_jsonl(run_dir / name.strip() / "metrics.jsonl")
+        out[f"{prefix}{name.strip()}"] = recs
+    return out
+
+
+def _preflight(cfg: C.RunConfig) -> None:
+    """Fail fast, in this process, on missing data or impossible partitions."""
+    from fedsys.task import dataset, partitions
+
+    dataset(cfg)
+    partitions(cfg)
+
+
+def cmd_run(args: argparse.Namespace, cfg: C.RunConfig | None = None) -> int:
+    if cfg is None:
+        cfg = C.load(Path(args.config) if args.config else None, args.set or [])
+    _preflight(cfg)
+    from fedsys.simulation import simulate
+
+    t0 = time.time()
+    print(f"fedsys: running {cfg.strategies} on {cfg.dataset} ({cfg.num_clients} clients, "
+          f"{cfg.num_server_rounds} rounds) -> {cfg.run_dir}", flush=True)
+    try:
+        simulate(cfg, verbose=args.verbose)
+    except Exception as exc:  # noqa: BLE001 - report, keep the checkpoint
+        print(f"error: the run stopped: {exc}\n  checkpoints are in {cfg.run_dir}; "
+              f"'fedsys resume {cfg.run_dir}' continues it.", file=sys.stderr)
+        return 1
+    _table(_load_runs(cfg.run_dir), f"{cfg.name} ({time.time() - t0:.0f} s)")
+    print(f"results: {cfg.run_dir}/results.md, curves: {cfg.run_dir}/accuracy.png")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir).resolve()
+    if not (run_dir / "config.yaml").exists():
+        raise C.ConfigError(f"{run_dir} is not a fedsys run directory (no config.yaml)")
+    cfg = C.load(run_dir / "config.yaml", [*(args.set or []), "resume=true",
+                                          f"name={run_dir.name}", f"output-dir={run_dir.parent}"])
+    return cmd_run(args, cfg)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for d in args.run_dirs:
+        p = Path(d)
+        runs.update(_load_runs(p, prefix=f"{p.name}/" if len(args.run_dirs) > 1 else ""))
+    if not runs:
+        raise C.ConfigError("no metrics found in the given run directories")
+    _table(runs, "comparison")
+    out = Path(args.out)
+    metrics.plot_curves(runs, out, "comparison")
+    print(f"curves: {out}")
+    return 0
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from fedsys.partition import class_histogram, plot_histogram
+    from fedsys.task import dataset, partitions
+
+    cfg = C.load(Path(args.config) if args.config else None, args.set or [])
+    ds = dataset(cfg)
+    hist = class_histogram(ds.y_train.numpy(), partitions(cfg), ds.num_classes)
+    t = Table(title=f"{cfg.dataset}, {cfg.partition}, {cfg.num_clients} clients, seed {cfg.seed}")
+    t.add_column("client")
+    for c in range(ds.num_classes):
+        t.add_column(str(c), justify="right")
+    t.add_column("total", justify="right")
+    for i, row in enumerate(hist):
+        t.add_row(str(i), *[str(int(v)) for v in row], str(int(row.sum())))
+    Console().print(t)
+    out = Path(args.out) if args.out else cfg.run_dir / "partition.png"
+    plot_histogram(hist, out, f"{cfg.dataset} {cfg.partition} (seed {cfg.seed})")
+    print(f"histogram: {out}")
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from fedsys.data import fetch_fashion_mnist, load_dataset
+
+    if args.dataset == "fashion-mnist":
+        where = fetch_fashion_mnist(args.data_dir, allow_apt=not args.no_apt)
+        print(f"Fashion-MNIST is available in {where}")
+    else:
+        ds = load_dataset(args.dataset, args.data_dir)
+        print(f"{args.dataset} is available in {ds.source}")
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    print(f"  {'key':24} {'default':12} {'allowed':28} meaning")
+    print(C.describe())
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fedsys",
+        description="Federated learning experiments on Flower 1.41: simulate, compare, resume.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def with_config(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("config", nargs="?", help="YAML experiment file (configs/*.yaml)")
+        sp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="override a config key (repeatable); see 'fedsys keys'")
+
+    r = sub.add_parser("run", help="run an experiment in Flower's simulation engine",
+                       description="Run every strategy of CONFIG one after another on identical "
+                       "partitions and seeds; write runs/<name>/ and print the results table.")
+    with_config(r)
+    r.add_argument("-v", "--verbose", action="store_true", help="Flower debug logging")
+    r.set_defaults(fn=cmd_run)
+
+    rs = sub.add_parser("resume", help="continue an interrupted run from its checkpoints")
+    rs.add_argument("run_dir", help="a run directory, e.g. runs/default")
+    rs.add_argument("--set", action="append", metavar="KEY=VALUE", help="override (e.g. more rounds)")
+    rs.add_argument("-v", "--verbose", action="store_true")
+    rs.set_defaults(fn=cmd_resume)
+
+    cp = sub.add_parser("compare", help="one table and one plot over several run directories")
+    cp.add_argument("run_dirs", nargs="+")
+    cp.add_argument("--out", default="compare.png", help="PNG of the overlaid curves")
+    cp.set_defaults(fn=cmd_compare)
+
+    pa = sub.add_parser("partition", help="per-client class histogram of a config's partition")
+    with_config(pa)
+    pa.add_argument("--out", help="PNG path (default: runs/<name>/partition.png)")
+    pa.set_defaults(fn=cmd_partition)
+
+    d = sub.add_parser("data", help="dataset tools")
+    dsub = d.add_subparsers(dest="data_cmd", required=True, metavar="ACTION")
+    f = dsub.add_parser("fetch", help="make a dataset available locally",
+                        description="Fashion-MNIST: search data-dir, $FEDSYS_DATA and "
+                        "/usr/share/datasets/fashion-mnist; as root install the Debian package "
+                        "dataset-fashion-mnist; else download through torchvision.")
+    f.add_argument("dataset", choices=C.DATASETS)
+    f.add_argument("--data-dir", default="", help="data root to search and download into")
+    f.add_argument("--no-apt", action="store_true", help="never call apt-get")
+    f.set_defaults(fn=cmd_data)
+
+    k = sub.add_parser("keys", help="list every config key with its default and allowed values")
+    k.set_defaults(fn=cmd_keys)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from fedsys.data import DataError
+    from fedsys.partition import PartitionError
+
+    try:
+        return int(args.fn(args))
+    except (C.ConfigError, DataError, PartitionError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; 'fedsys resume <run dir>' continues from the last checkpoint",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""Datasets: Fashion-MNIST (IDX files), CIFAR-10/100 (torchvision), synthetic.
+
+Images are kept as ``uint8`` tensors and normalised batch by batch, so every
+process (server, each simulated client) holds one compact copy.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
+DEBIAN_PACKAGE = "dataset-fashion-mnist"
+FMNIST_FILES = {
+    "train-images": "train-images-idx3-ubyte",
+    "train-labels": "train-labels-idx1-ubyte",
+    "test-images": "t10k-images-idx3-ubyte",
+    "test-labels": "t10k-labels-idx1-ubyte",
+}
+
+
+class DataError(RuntimeError):
+    """A dataset could not be found or read; the message says how to get it."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A labelled image dataset split into train and test parts.
+
+    Attributes
+    ----------
+    x_train, x_test : torch.Tensor
+        ``uint8`` images of shape ``(n, C, H, W)``.
+    y_train, y_test : torch.Tensor
+        ``int64`` labels.
+    mean, std : tuple of float
+        Per-channel normalisation applied by :meth:`normalise`.
+    """
+
+    name: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    source: str = ""
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        c, h, w = self.x_train.shape[1:]
+        return int(c), int(h), int(w)
+
+    def normalise(self, x: torch.Tensor) -> torch.Tensor:
+        """Map a ``uint8`` batch to normalised float32."""
+        m = torch.tensor(self.mean, dtype=torch.float32).view(1, -1, 1, 1)
+        s = torch.tensor(self.std, dtype=torch.float32).view(1, -1, 1, 1)
+        return (x.to(torch.float32) / 255.0 - m) / s
+
+
+# --------------------------------------------------------------------------- FMNIST
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as fh:  # type: ignore[operator]
+        raw = fh.read()
+    ndim = raw[3]
+    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if data.size != int(np.prod(dims)):
+        raise DataError(f"{path} is truncated: expected {dims}, found {data.size} bytes")
+    return data.reshape(dims)
+
+
+def _find_idx(directory: Path) -> dict[str, Path] | None:
+    """Return the four IDX files under ``directory`` (plain or .gz), if all exist."""
+    for sub in ("", "fashion-mnist", "FashionMNIST/raw", "fashion_mnist"):
+        d = directory / sub
+        found: dict[str, Path] = {}
+        for key, stem in FMNIST_FILES.items():
+            for cand in (d / stem, d / f"{stem}.gz"):
+                if cand.is_file():
+                    found[key] = cand
+                    break
+        if len(found) == 4:
+            return found
+    return None
+
+
+def fmnist_search_path(data_dir: str = "") -> list[Path]:
+    """Directories searched for Fashion-MNIST, in order."""
+    out = []
+    if data_dir:
+        out.append(Path(data_dir).expanduser())
+    if os.environ.get("FEDSYS_DATA"):
+        out.append(Path(os.environ["FEDSYS_DATA"]).expanduser())
+    out.append(DEBIAN_FMNIST)
+    return out
+
+
+FMNIST_HELP = (
+    "Fashion-MNIST not found. Searched: {searched}. Get it with one of:\n"
+    "  * fedsys data fetch fashion-mnist      (installs the Debian package as root,\n"
+    "                                          else downloads through torchvision)\n"
+    f"  * sudo apt-get install {DEBIAN_PACKAGE}  (IDX files in {DEBIAN_FMNIST})\n"
+    "  * copy the four IDX files (train-images-idx3-ubyte.gz, ...) into a directory\n"
+    "    and set data-dir=<dir> or FEDSYS_DATA=<dir>"
+)
+
+
+def load_fashion_mnist(data_dir: str = "") -> Dataset:
+    """Load Fashion-MNIST from the first directory of :func:`fmnist_search_path`.
+
+    Raises
+    ------
+    DataError
+        When no directory holds the four IDX files.
+    """
+    searched = fmnist_search_path(data_dir)
+    for d in searched:
+        files = _find_idx(d)
+        if files is None:
+            continue
+        xtr = _read_idx(files["train-images"])[:, None]
+        xte = _read_idx(files["test-images"])[:, None]
+        ytr = _read_idx(files["train-labels"]).astype(np.int64)
+        yte = _read_idx(files["test-labels"]).astype(np.int64)
+        return Dataset(
+            "fashion-mnist",
+            torch.from_numpy(xtr.copy()),
+            torch.from_numpy(ytr.copy()),
+            torch.from_numpy(xte.copy()),
+            torch.from_numpy(yte.copy()),
+            10,
+            (0.2860,),
+            (0.3530,),
+            source=str(files["train-images"].parent),
+        )
+    raise DataError(FMNIST_HELP.format(searched=", ".join(map(str, searched))))
+
+
+def fetch_fashion_mnist(data_dir: str = "", allow_apt: bool = True) -> Path:
+    """Make Fashion-MNIST available and return the directory holding it.
+
+    Tries the search path, then (as root with apt) the Debian package, then
+    torchvision's download into ``data_dir`` (or ``~/.cache/fedsys``).
+    """
+    for d in fmnist_search_path(data_dir):
+        if _find_idx(d) is not None:
+            return d
+    log: list[str] = []
+    if allow_apt and shutil.which("apt-get") and os.geteuid() == 0:
+        for cmd in (["apt-get", "install", "-y", "-q", DEBIAN_PACKAGE],
+                    ["sh", "-c", f"apt-get update -q && apt-get install -y -q {DEBIAN_PACKAGE}"]):
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if _find_idx(DEBIAN_FMNIST) is not None:
+                return DEBIAN_FMNIST
+            log.append(f"{' '.join(cmd)} -> exit {proc.returncode}")
+    target = Path(data_dir or Path.home() / ".cache" / "fedsys").expanduser()
+    try:
+        from torchvision.datasets import FashionMNIST
+
+        FashionMNIST(str(target), train=True, download=True)
+        FashionMNIST(str(target), train=False, download=True)
+        if _find_idx(target) is not None:
+            return target
+    except Exception as exc:  # noqa: BLE001 - any download failure means "no data"
+        log.append(f"torchvision download into {target} failed: {exc}")
+    raise DataError(
+        FMNIST_HELP.format(searched=", ".join(map(str, fmnist_search_path(data_dir))))
+        + ("\nTried: " + "; ".join(log) if log else "")
+    )
+
+
+# --------------------------------------------------------------------------- CIFAR
+
+
+def load_cifar(name: str, data_dir: str = "") -> Dataset:
+    """Load CIFAR-10 or CIFAR-100 through torchvision from a local root.
+
+    The root is ``data_dir``, else ``$FEDSYS_DATA``, else ``~/.cache/fedsys``;
+    torchvision downloads there when the machine is online.
+    """
+    from torchvision import datasets
+
+    cls = {"cifar10": datasets.CIFAR10, "cifar100": datasets.CIFAR100}[name]
+    root = Path(data_dir or os.environ.get("FEDSYS_DATA", "") or Path.home() / ".cache/fedsys")
+    root = root.expanduser()
+    try:
+        try:
+            tr, te = cls(str(root), train=True), cls(str(root), train=False)
+        except RuntimeError:
+            tr = cls(str(root), train=True, download=True)
+            te = cls(str(root), train=False, download=True)
+    except Exception as exc:  # noqa: BLE001
+        raise DataError(
+            f"{name} not found under {root} and could not be downloaded ({exc}). "
+            f"Put the torchvision archive folder ({tr_folder(name)}) under {root}, or "
+            f"set data-dir=<dir> / FEDSYS_DATA=<dir> to where it is."
+        ) from None
+
+    def to_t(ds: object) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.from_numpy(np.asarray(ds.data)).permute(0, 3, 1, 2).contiguous()  # type: ignore[attr-defined]
+        return x, torch.tensor(ds.targets, dtype=torch.int64)  # type: ignore[attr-defined]
+
+    xtr, ytr = to_t(tr)
+    xte, yte = to_t(te)
+    nc = 10 if name == "cifar10" else 100
+    mean = (0.4914, 0.4822, 0.4465) if nc == 10 else (0.5071, 0.4865, 0.4409)
+    std = (0.2470, 0.2435, 0.2616) if nc == 10 else (0.2673, 0.2564, 0.2762)
+    return Dataset(name, xtr, ytr, xte, yte, nc, mean, std, source=str(root))
+
+
+def tr_folder(name: str) -> str:
+    return "cifar-10-batches-py" if name == "cifar10" else "cifar-100-python"
+
+
+# --------------------------------------------------------------------------- synthetic
+
+
+def make_synthetic(
+    n_train: int = 2000, n_test: int = 500, num_classes: int = 10, seed: int = 1234
+) -> Dataset:
+    """A small learnable dataset: class prototypes plus noise, 1x8x8 images.
+
+    The data are fixed by ``seed`` (not the run seed), like a real dataset.
+    """
+    rng = np.random.default_rng(seed)
+    protos = rng.uniform(40, 215, size=(num_classes, 1, 8, 8))
+
+    def draw(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        y = rng.integers(0, num_classes, size=n)
+        x = protos[y] + rng.normal(0, 45, size=(n, 1, 8, 8))
+        return (
+            torch.from_numpy(np.clip(x, 0, 255).astype(np.uint8)),
+            torch.from_numpy(y.astype(np.int64)),
+        )
+
+    xtr, ytr = draw(n_train)
+    xte, yte = draw(n_test)
+    return Dataset("synthetic", xtr, ytr, xte, yte, num_classes, (0.5,), (0.25,), "generated")
+
+
+# --------------------------------------------------------------------------- entry
+
+
+@functools.lru_cache(maxsize=2)
+def load_dataset(name: str, data_dir: str = "") -> Dataset:
+    """Load a dataset by config name (cached per process)."""
+    if name == "fashion-mnist":
+        return load_fashion_mnist(data_dir)
+    if name in ("cifar10", "cifar100"):
+        return load_cifar(name, data_dir)
+    if name == "synthetic":
+        return make_synthetic()
+    raise DataError(f"unknown dataset {name!r}")

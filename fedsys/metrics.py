@@ -1,0 +1,99 @@
+"""Per-round metrics: JSON lines, CSV, curves and the results table."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def append_jsonl(path: Path, record: Mapping[str, Any]) -> None:
+    """Append one record as a JSON line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fh.write(json.dumps(dict(record)) + "\n")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Read all records (missing file: empty list)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_jsonl(path: Path, records: Sequence[Mapping[str, Any]]) -> None:
+    """Rewrite a JSON-lines file."""
+    path.write_text("".join(json.dumps(dict(r)) + "\n" for r in records))
+
+
+def write_csv(path: Path, records: Sequence[Mapping[str, Any]]) -> None:
+    """Write records as CSV with the union of their keys as columns."""
+    keys: list[str] = []
+    for r in records:
+        keys += [k for k in r if k not in keys]
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=keys)
+        w.writeheader()
+        w.writerows(records)
+
+
+def summarise(records: Sequence[Mapping[str, Any]], last: int = 10) -> dict[str, float]:
+    """Final, best, and mean/std over the last ``last`` rounds of test accuracy."""
+    acc = [float(r["accuracy"]) for r in records if "accuracy" in r and r.get("round", 0) > 0]
+    if not acc:
+        return {}
+    tail = np.asarray(acc[-last:])
+    return {
+        "rounds": float(len(acc)),
+        "final": acc[-1],
+        "best": max(acc),
+        "last_mean": float(tail.mean()),
+        "last_std": float(tail.std()),
+        "time_s": float(sum(float(r.get("round-time", 0.0)) for r in records)),
+    }
+
+
+def results_table(runs: Mapping[str, Sequence[Mapping[str, Any]]], last: int = 10) -> str:
+    """A Markdown table comparing runs (accuracy in %)."""
+    head = (f"| strategy | rounds | final acc % | best acc % | last-{last} mean % "
+            f"| last-{last} std | time s |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, recs in runs.items():
+        s = summarise(recs, last)
+        if not s:
+            lines.append(f"| {name} | 0 | - | - | - | - | - |")
+            continue
+        lines.append(
+            f"| {name} | {int(s['rounds'])} | {100 * s['final']:.2f} | {100 * s['best']:.2f} "
+            f"| {100 * s['last_mean']:.2f} | {100 * s['last_std']:.2f} | {s['time_s']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, title: str) -> Path:
+    """Test accuracy per round of each run, overlaid, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, recs in runs.items():
+        pts = [(r["round"], 100 * float(r["accuracy"])) for r in recs if "accuracy" in r]
+        if pts:
+            xs, ys = zip(*pts, strict=True)
+            ax.plot(xs, ys, label=name, lw=1.6)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

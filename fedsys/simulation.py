@@ -1,0 +1,74 @@
+"""Run the fedsys ServerApp and ClientApp in Flower's simulation engine, in process.
+
+This is what ``fedsys run`` does.  It uses the same ``ServerApp`` and ``ClientApp``
+objects as ``flwr run .``; the resolved config reaches both sides as
+``context.run_config`` through a throw-away app directory whose
+``pyproject.toml`` holds it.  Nothing keeps running afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from fedsys.config import RunConfig
+
+FLWR_ENV = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "RAY_DEDUP_LOGS": "0",
+}
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_app_dir(cfg: RunConfig, directory: Path) -> Path:
+    """Write a minimal Flower app ``pyproject.toml`` whose run config is ``cfg``."""
+    lines = [
+        "[project]", 'name = "fedsys"', 'version = "0.1.0"', "",
+        "[tool.flwr.app]", 'publisher = "fedsys"', "",
+        "[tool.flwr.app.components]",
+        'serverapp = "strategies.app:app"', 'clientapp = "clients.app:app"', "",
+        "[tool.flwr.app.config]",
+    ]
+    lines += [f'"{k}" = {_toml_value(v)}' for k, v in cfg.to_dict().items()]
+    (directory / "pyproject.toml").write_text("\n".join(lines) + "\n")
+    return directory
+
+
+def simulate(cfg: RunConfig, verbose: bool = False) -> None:
+    """Run ``cfg`` with ``num-clients`` simulated SuperNodes (Ray backend)."""
+    os.environ.update({k: os.environ.get(k, v) for k, v in FLWR_ENV.items()})
+    from flwr.app import Context, RecordDict
+    from flwr.supercore.telemetry import EventType
+    from flwr.simulation.run_simulation import _run_simulation
+
+    from clients.app import app as client_app
+    from strategies.app import app as server_app
+
+    backend = {
+        "client_resources": {"num_cpus": cfg.client_num_cpus, "num_gpus": cfg.client_num_gpus},
+        "init_args": {"num_cpus": os.cpu_count() or 1, "include_dashboard": False},
+    }
+    with tempfile.TemporaryDirectory(prefix="fedsys-app-") as tmp:
+        app_dir = write_app_dir(cfg, Path(tmp))
+        context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
+                          run_config=dict(cfg.to_dict()))
+        _run_simulation(
+            num_supernodes=cfg.num_clients,
+            exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+            client_app=client_app,
+            server_app=server_app,
+            backend_config=backend,  # type: ignore[arg-type]
+            app_dir=str(app_dir),
+            server_app_context=context,
+            verbose_logging=verbose,
+        )

@@ -1,0 +1,83 @@
+"""Glue shared by server and clients: seeds, devices, partitions, models, evaluation."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedsys import partition as part
+from fedsys.config import RunConfig
+from fedsys.data import Dataset, load_dataset
+from fedsys.models import build_model
+
+
+def derive_seed(seed: int, *keys: int) -> int:
+    """A 63-bit seed derived from the run seed and integer keys (round, client, ...)."""
+    ss = np.random.SeedSequence([seed, *keys])
+    return int(ss.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def pick_device(name: str) -> torch.device:
+    """Resolve ``auto`` to CUDA when present, else CPU."""
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def dataset(cfg: RunConfig) -> Dataset:
+    """The configured dataset (cached per process)."""
+    return load_dataset(cfg.dataset, cfg.data_dir)
+
+
+@functools.lru_cache(maxsize=8)
+def _partitions(
+    dataset_name: str, data_dir: str, kind: str, n: int, seed: int,
+    alpha: float, min_size: int, spc: int,
+) -> tuple[np.ndarray, ...]:
+    labels = load_dataset(dataset_name, data_dir).y_train.numpy()
+    if kind == "iid":
+        parts = part.iid(labels, n, seed)
+    elif kind == "dirichlet":
+        parts = part.dirichlet(labels, n, seed, alpha, min_size)
+    else:
+        parts = part.shards(labels, n, seed, spc)
+    return tuple(parts)
+
+
+def partitions(cfg: RunConfig, num_partitions: int | None = None) -> list[np.ndarray]:
+    """Index arrays of every client, identical on server and clients for one seed."""
+    return list(_partitions(
+        cfg.dataset, cfg.data_dir, cfg.partition, num_partitions or cfg.num_clients,
+        cfg.seed, cfg.dirichlet_alpha, cfg.dirichlet_min_size, cfg.shards_per_client,
+    ))
+
+
+def model(cfg: RunConfig, ds: Dataset | None = None) -> nn.Module:
+    """The configured model, initialised from the run seed."""
+    ds = ds or dataset(cfg)
+    return build_model(cfg.model, ds.input_shape, ds.num_classes, cfg.seed, cfg.model_norm)
+
+
+@torch.no_grad()
+def evaluate(
+    net: nn.Module,
+    ds: Dataset,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int,
+    device: torch.device,
+) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``net`` on ``(x, y)``."""
+    net.to(device).eval()
+    loss_sum, correct = 0.0, 0
+    for i in range(0, len(y), batch_size):
+        xb = ds.normalise(x[i : i + batch_size]).to(device)
+        yb = y[i : i + batch_size].to(device)
+        out = net(xb)
+        loss_sum += float(nn.functional.cross_entropy(out, yb, reduction="sum"))
+        correct += int((out.argmax(1) == yb).sum())
+    n = max(len(y), 1)
+    return loss_sum / n, correct / n

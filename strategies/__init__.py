@@ -1,0 +1,13 @@
+"""Server side of fedsys: strategies and the Flower ServerApp."""
+
+from __future__ import annotations
+
+from strategies.base import FedsysStrategy
+from strategies.fedavg import FedAvgStrategy
+from strategies.fedprox import FedProxStrategy
+
+REGISTRY: dict[str, type[FedsysStrategy]] = {
+    cls.name: cls for cls in (FedAvgStrategy, FedProxStrategy)
+}
+
+__all__ = ["REGISTRY", "FedsysStrategy", "FedAvgStrategy", "FedProxStrategy"]
