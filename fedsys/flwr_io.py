@@ -26,7 +26,7 @@ SUPERLINK_NODE_ID = 1
 
 def to_record(params: Params) -> ArrayRecord:
     """Wrap :data:`Params` as an :class:`ArrayRecord` (order kept)."""
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in params.items()})
+    return ArrayRecord({k: Array(np.require(v, requirements="C")) for k, v in params.items()})
 
 
 def from_record(record: ArrayRecord) -> Params:

@@ -24,7 +24,7 @@ def from_torch(state_dict: Mapping[str, torch.Tensor]) -> Params:
 
 def to_torch(params: Params) -> dict[str, torch.Tensor]:
     """Turn :data:`Params` into a torch ``state_dict`` (CPU tensors)."""
-    return {k: torch.from_numpy(np.ascontiguousarray(v).copy()) for k, v in params.items()}
+    return {k: torch.from_numpy(np.array(v, copy=True, order="C")) for k, v in params.items()}
 
 
 def copy(params: Params) -> Params:
@@ -49,7 +49,7 @@ def checksum(params: Params) -> str:
         h.update(k.encode())
         h.update(str(v.shape).encode())
         h.update(str(v.dtype).encode())
-        h.update(np.ascontiguousarray(v).tobytes())
+        h.update(np.require(v, requirements="C").tobytes())
     return h.hexdigest()
 
 

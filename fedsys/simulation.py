@@ -44,14 +44,17 @@ def write_app_dir(cfg: RunConfig, directory: Path) -> Path:
     return directory
 
 
-def simulate(cfg: RunConfig, verbose: bool = False) -> None:
-    """Run ``cfg`` with ``num-clients`` simulated SuperNodes (Ray backend)."""
+def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = None) -> None:
+    """Run ``cfg`` with ``num-clients`` simulated SuperNodes (Ray backend).
+
+    ``client_app`` replaces the fedsys ClientApp (tests use it to inject faults).
+    """
     os.environ.update({k: os.environ.get(k, v) for k, v in FLWR_ENV.items()})
     from flwr.app import Context, RecordDict
     from flwr.supercore.telemetry import EventType
     from flwr.simulation.run_simulation import _run_simulation
 
-    from clients.app import app as client_app
+    from clients.app import app as fedsys_client_app
     from strategies.app import app as server_app
 
     backend = {
@@ -65,10 +68,11 @@ def simulate(cfg: RunConfig, verbose: bool = False) -> None:
         _run_simulation(
             num_supernodes=cfg.num_clients,
             exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
-            client_app=client_app,
+            client_app=client_app or fedsys_client_app,  # type: ignore[arg-type]
             server_app=server_app,
             backend_config=backend,  # type: ignore[arg-type]
             app_dir=str(app_dir),
             server_app_context=context,
+            is_app=True,  # makes the engine read the run config from app_dir for clients
             verbose_logging=verbose,
         )

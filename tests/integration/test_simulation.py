@@ -1,0 +1,115 @@
+"""End-to-end runs in Flower's real simulation engine (Ray backend), synthetic data."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from clients import app as fedsys_client
+from fedsys import checkpoint, metrics
+from fedsys.config import build
+from fedsys.simulation import simulate
+
+pytestmark = pytest.mark.slow
+
+BASE = {"dataset": "synthetic", "model": "mlp", "partition": "iid", "lr": 0.05,
+        "num-clients": 3, "clients-per-round": 3, "num-server-rounds": 2, "seed": 7}
+
+
+def _cfg(tmp_path: Path, **kw: object):
+    return build({**BASE, "output-dir": str(tmp_path), **kw})
+
+
+def test_three_nodes_two_rounds_two_strategies(tmp_path):
+    cfg = _cfg(tmp_path, name="e2e", strategy="fedavg,fedprox")
+    simulate(cfg)
+    run = tmp_path / "e2e"
+    for f in ("config.yaml", "metrics.jsonl", "metrics.csv", "accuracy.png", "results.md"):
+        assert (run / f).stat().st_size > 0, f
+    for name in ("fedavg", "fedprox"):
+        recs = metrics.read_jsonl(run / name / "metrics.jsonl")
+        assert [r["round"] for r in recs] == [0, 1, 2]
+        assert all(r["clients-ok"] == 3 and r["clients-rejected"] == 0 for r in recs[1:])
+        assert recs[2]["accuracy"] > recs[0]["accuracy"] + 0.1  # it learns
+        ck = checkpoint.load(run / name / "checkpoint.pt")
+        assert ck["round"] == 2 and ck["config"]["strategy"] == "fedavg,fedprox"
+        assert set(torch.load(run / name / "model.pt")) == set(ck["strategy"]["params"])
+    # identical partitions and seeds: round-0 accuracy (same initial model) matches
+    a = metrics.read_jsonl(run / "fedavg" / "metrics.jsonl")
+    b = metrics.read_jsonl(run / "fedprox" / "metrics.jsonl")
+    assert a[0]["accuracy"] == b[0]["accuracy"]
+    assert "| fedavg | 2 |" in (run / "results.md").read_text()
+
+
+faulty = ClientApp()
+
+
+@faulty.train()
+def _train(msg: Message, context: Context) -> Message:
+    if int(context.node_config["partition-id"]) == 1:
+        raise RuntimeError("injected failure on partition 1")
+    return fedsys_client.train(msg, context)
+
+
+@faulty.query()
+def _query(msg: Message, context: Context) -> Message:
+    return fedsys_client.query(msg, context)
+
+
+def test_client_that_raises_every_round_is_rejected_and_the_run_goes_on(tmp_path, caplog):
+    cfg = _cfg(tmp_path, name="faulty", strategy="fedavg")
+    simulate(cfg, client_app=faulty)
+    recs = metrics.read_jsonl(tmp_path / "faulty" / "fedavg" / "metrics.jsonl")
+    assert [r["round"] for r in recs] == [0, 1, 2]
+    assert all(r["clients-ok"] == 2 and r["clients-rejected"] == 1 for r in recs[1:])
+    assert recs[2]["accuracy"] > recs[0]["accuracy"]
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("rejected reply of client 1" in m and "injected failure" in m for m in logged)
+
+
+def _fedsys(*args: str, **kw: object) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "fedsys", *args], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)  # type: ignore[call-overload]
+
+
+def test_killed_run_resumes_to_identical_weights(tmp_path):
+    sets = [f"--set={k}={v}" for k, v in {**BASE, "output-dir": tmp_path, "strategy": "fedavg",
+                                           "num-server-rounds": 6, "local-epochs": 15,
+                                           "clients-per-round": 2}.items()]
+    ref = _fedsys("run", *sets, "--set=name=ref")
+    assert ref.wait(timeout=300) == 0, ref.stderr.read().decode()[-2000:]
+
+    victim = _fedsys("run", *sets, "--set=name=victim")
+    ck = tmp_path / "victim" / "fedavg" / "checkpoint.pt"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if ck.exists() and checkpoint.load(ck)["round"] >= 2:
+            break
+        time.sleep(0.05)
+    os.killpg(victim.pid, signal.SIGKILL)  # the whole process group: driver and Ray workers
+    victim.wait(timeout=60)
+    killed_at = checkpoint.load(ck)["round"]
+    assert 2 <= killed_at < 6, "the kill must land mid-run"
+    assert not (tmp_path / "victim" / "fedavg" / "model.pt").exists()
+
+    resumed = _fedsys("resume", str(tmp_path / "victim"))
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read().decode()[-2000:]
+
+    a = torch.load(tmp_path / "ref" / "fedavg" / "model.pt")
+    b = torch.load(tmp_path / "victim" / "fedavg" / "model.pt")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    ra = metrics.read_jsonl(tmp_path / "ref" / "fedavg" / "metrics.jsonl")
+    rb = metrics.read_jsonl(tmp_path / "victim" / "fedavg" / "metrics.jsonl")
+    assert [r["round"] for r in rb] == list(range(7))
+    assert [r["accuracy"] for r in ra] == [r["accuracy"] for r in rb]
