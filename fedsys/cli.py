@@ -38,7 +38,7 @@ def _table(runs: dict[str, list[dict[str, Any]]], title: str) -> None:
             continue
         t.add_row(name, str(int(s["rounds"])), f"{100 * s['final']:.2f}", f"{100 * s['best']:.2f}",
                   f"{100 * s['last_mean']:.2f}", f"{100 * s['last_std']:.2f}", f"{s['time_s']:.0f}")
-    Console().print(t)
+    Console(width=max(Console().width, 110)).print(t)
 
 
 def _load_runs(run_dir: Path, prefix: str = "") -> dict[str, list[dict[str, Any]]]:
@@ -119,7 +119,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     t.add_column("total", justify="right")
     for i, row in enumerate(hist):
         t.add_row(str(i), *[str(int(v)) for v in row], str(int(row.sum())))
-    Console().print(t)
+    Console(width=max(Console().width, 110)).print(t)
     out = Path(args.out) if args.out else cfg.run_dir / "partition.png"
     plot_histogram(hist, out, f"{cfg.dataset} {cfg.partition} (seed {cfg.seed})")
     print(f"histogram: {out}")

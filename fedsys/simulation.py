@@ -19,6 +19,9 @@ FLWR_ENV = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
     "FLWR_DISABLE_UPDATE_CHECK": "1",
     "RAY_DEDUP_LOGS": "0",
+    # Ray binds to the machine's address unless told it is not a cluster: keep it on
+    # loopback (read when ray is first imported).
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
 }
 
 
