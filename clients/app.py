@@ -34,8 +34,8 @@ def _setup(context: Context) -> tuple[RunConfig, Dataset, int, torch.Tensor, tor
     cfg = _config(tuple(sorted({**context.run_config, **overrides}.items())))
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
-    pid = int(nc["partition-id"])  # type: ignore[arg-type]
-    nparts = int(nc.get("num-partitions", cfg.num_clients))  # type: ignore[arg-type]
+    pid = int(nc["partition-id"])
+    nparts = int(nc.get("num-partitions", cfg.num_clients))
     if not 0 <= pid < nparts:
         raise ValueError(f"partition-id {pid} outside 0..{nparts - 1}")
     ds = dataset(cfg)
@@ -45,7 +45,7 @@ def _setup(context: Context) -> tuple[RunConfig, Dataset, int, torch.Tensor, tor
 
 def _load(cfg: RunConfig, ds: Dataset, msg: Message) -> torch.nn.Module:
     net = model(cfg, ds)
-    net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    net.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
     return net
 
 
@@ -98,7 +98,7 @@ def query(msg: Message, context: Context) -> Message:
     """Say which partition this node holds."""
     nc = context.node_config
     rec = MetricRecord({
-        "partition-id": int(nc["partition-id"]),  # type: ignore[arg-type]
-        "num-partitions": int(nc.get("num-partitions", 0)),  # type: ignore[arg-type]
+        "partition-id": int(nc["partition-id"]),
+        "num-partitions": int(nc.get("num-partitions", 0)),
     })
     return Message(RecordDict({"metrics": rec}), reply_to=msg)

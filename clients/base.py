@@ -87,4 +87,4 @@ def sgd_loop(
             break
     if loss_n and not torch.isfinite(torch.tensor(loss_sum)):
         raise FloatingPointError("local training diverged (loss is NaN or Inf)")
-    return LocalResult(int(len(y)), loss_sum / max(loss_n, 1), steps)
+    return LocalResult(len(y), loss_sum / max(loss_n, 1), steps)

@@ -35,10 +35,10 @@ def load(path: Path) -> dict[str, Any]:
 def rng_state() -> dict[str, Any]:
     """Global numpy and torch RNG states (fedsys uses seeded generators, but a
     user's code may not)."""
-    return {"numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    return {"numpy": np.random.get_state(), "torch": torch.get_rng_state()}  # noqa: NPY002
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     """Restore :func:`rng_state` output."""
-    np.random.set_state(state["numpy"])
+    np.random.set_state(state["numpy"])  # noqa: NPY002
     torch.set_rng_state(state["torch"])

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedsys import config as C
+from fedsys import config as C  # noqa: N812
 from fedsys import metrics
 
 EPILOG = """examples:
@@ -70,7 +70,7 @@ def cmd_run(args: argparse.Namespace, cfg: C.RunConfig | None = None) -> int:
           f"{cfg.num_server_rounds} rounds) -> {cfg.run_dir}", flush=True)
     try:
         simulate(cfg, verbose=args.verbose)
-    except Exception as exc:  # noqa: BLE001 - report, keep the checkpoint
+    except Exception as exc:
         print(f"error: the run stopped: {exc}\n  checkpoints are in {cfg.run_dir}; "
               f"'fedsys resume {cfg.run_dir}' continues it.", file=sys.stderr)
         return 1

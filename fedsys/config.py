@@ -305,7 +305,7 @@ def build(*layers: Mapping[str, Any]) -> RunConfig:
             f"config key 'clients-per-round' ({merged['clients-per-round']}) must be "
             f"<= num-clients ({merged['num-clients']})"
         )
-    return RunConfig(**{_field(k): v for k, v in merged.items()})
+    return RunConfig(**{_field(k): v for k, v in merged.items()})  # type: ignore[arg-type]
 
 
 def load(

@@ -72,7 +72,7 @@ class Dataset:
 
 def _read_idx(path: Path) -> np.ndarray:
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as fh:  # type: ignore[operator]
+    with opener(path, "rb") as fh:
         raw = fh.read()
     ndim = raw[3]
     dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
@@ -174,7 +174,7 @@ def fetch_fashion_mnist(data_dir: str = "", allow_apt: bool = True) -> Path:
         FashionMNIST(str(target), train=False, download=True)
         if _find_idx(target) is not None:
             return target
-    except Exception as exc:  # noqa: BLE001 - any download failure means "no data"
+    except Exception as exc:
         log.append(f"torchvision download into {target} failed: {exc}")
     raise DataError(
         FMNIST_HELP.format(searched=", ".join(map(str, fmnist_search_path(data_dir))))
@@ -202,7 +202,7 @@ def load_cifar(name: str, data_dir: str = "") -> Dataset:
         except RuntimeError:
             tr = cls(str(root), train=True, download=True)
             te = cls(str(root), train=False, download=True)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise DataError(
             f"{name} not found under {root} and could not be downloaded ({exc}). "
             f"Put the torchvision archive folder ({tr_folder(name)}) under {root}, or "

@@ -13,7 +13,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.serverapp import Grid
 
 from fedsys.params import Params, check_update
@@ -149,7 +157,7 @@ def parse_train_reply(
         return Rejection(node, pid, f"num-examples is {metrics['num-examples']}")
     try:
         params = from_record(content.array_records[ARRAYS_KEY])
-    except Exception as exc:  # noqa: BLE001 - a malformed record is a rejection
+    except Exception as exc:
         return Rejection(node, pid, f"arrays cannot be decoded: {exc}")
     if reference is None and instr is not None and ARRAYS_KEY in instr.content.array_records:
         reference = from_record(instr.content.array_records[ARRAYS_KEY])
@@ -171,4 +179,4 @@ def missing_nodes(sent: Mapping[str, Message], replies: Iterable[Message]) -> li
 
 def metric_record(values: Mapping[str, float | int]) -> MetricRecord:
     """A MetricRecord of scalar values."""
-    return MetricRecord({k: v for k, v in values.items()})  # type: ignore[misc]
+    return MetricRecord({k: v for k, v in values.items()})

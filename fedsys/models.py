@@ -73,7 +73,7 @@ def resnet18(
     net = tv_resnet18(num_classes=num_classes, norm_layer=norm_layer)
     if in_shape[1] <= 64:
         net.conv1 = nn.Conv2d(in_shape[0], 64, 3, 1, 1, bias=False)
-        net.maxpool = nn.Identity()  # type: ignore[assignment]
+        net.maxpool = nn.Identity()
     elif in_shape[0] != 3:
         net.conv1 = nn.Conv2d(in_shape[0], 64, 7, 2, 3, bias=False)
     return net

@@ -54,8 +54,8 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
     """
     os.environ.update({k: os.environ.get(k, v) for k, v in FLWR_ENV.items()})
     from flwr.app import Context, RecordDict
-    from flwr.supercore.telemetry import EventType
     from flwr.simulation.run_simulation import _run_simulation
+    from flwr.supercore.telemetry import EventType
 
     from clients.app import app as fedsys_client_app
     from strategies.app import app as server_app

@@ -10,4 +10,4 @@ REGISTRY: dict[str, type[FedsysStrategy]] = {
     cls.name: cls for cls in (FedAvgStrategy, FedProxStrategy)
 }
 
-__all__ = ["REGISTRY", "FedsysStrategy", "FedAvgStrategy", "FedProxStrategy"]
+__all__ = ["REGISTRY", "FedAvgStrategy", "FedProxStrategy", "FedsysStrategy"]

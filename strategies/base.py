@@ -271,7 +271,7 @@ class FedsysStrategy(Strategy):
         _, metrics = self.aggregate_train(server_round, replies)
         return {k: float(v) for k, v in (metrics or {}).items()}  # type: ignore[arg-type]
 
-    def start(  # type: ignore[override]
+    def start(
         self,
         grid: Grid,
         initial_arrays: ArrayRecord,

@@ -12,7 +12,15 @@ from collections.abc import Iterable
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Error,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.common.constant import ErrorCode
 
 from fedsys import flwr_io
@@ -175,7 +183,7 @@ def test_error_reply_from_the_superlink_is_mapped_to_its_node():
     msgs = configured(s, ReplyGrid(NODES))
     err = Message(Error(ErrorCode.NODE_UNAVAILABLE, "Node Unavailable"), reply_to=msgs[0])
     err.metadata.__dict__["_src_node_id"] = 1  # the SuperLink answers for a dead node
-    arrays, metrics = s.aggregate_train(1, [err, *[reply(m) for m in msgs[1:]]])
+    _arrays, metrics = s.aggregate_train(1, [err, *[reply(m) for m in msgs[1:]]])
     assert metrics["clients-ok"] == 2
     (rj,) = s.last_rejections
     assert rj.node_id == msgs[0].metadata.dst_node_id
@@ -185,7 +193,7 @@ def test_error_reply_from_the_superlink_is_mapped_to_its_node():
 
 def test_missing_reply_is_logged_and_all_rejected_keeps_the_model():
     s = FedAvgStrategy(cfg())
-    msgs = configured(s, ReplyGrid(NODES))
+    configured(s, ReplyGrid(NODES))
     before = {k: v.copy() for k, v in s.params.items()}
     arrays, metrics = s.aggregate_train(1, [])
     assert arrays is None and metrics["clients-rejected"] == 3

@@ -1,0 +1,60 @@
+"""Atomic checkpoints and the metrics files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedsys import checkpoint, metrics
+
+
+def test_checkpoint_roundtrip(tmp_path):
+    p = tmp_path / "ck.pt"
+    payload = {"round": 3, "params": {"w": np.arange(4, dtype=np.float32)}, "rng": checkpoint.rng_state()}
+    checkpoint.save(p, payload)
+    got = checkpoint.load(p)
+    assert got["round"] == 3
+    np.testing.assert_array_equal(got["params"]["w"], payload["params"]["w"])
+
+
+def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    p = tmp_path / "ck.pt"
+    checkpoint.save(p, {"round": 1})
+
+    def boom(obj, fh):
+        fh.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", boom)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save(p, {"round": 2})
+    monkeypatch.undo()
+    assert checkpoint.load(p)["round"] == 1
+    assert [f.name for f in tmp_path.iterdir()] == ["ck.pt"]  # no temporary file left
+
+
+def test_rng_state_restores_global_generators():
+    s = checkpoint.rng_state()
+    a = (np.random.rand(), torch.rand(1).item())  # noqa: NPY002
+    checkpoint.set_rng_state(s)
+    assert (np.random.rand(), torch.rand(1).item()) == a  # noqa: NPY002
+
+
+def test_metrics_files_and_summary(tmp_path):
+    recs = [{"round": 0, "accuracy": 0.1}] + [
+        {"round": r, "accuracy": 0.5 + 0.01 * r, "round-time": 2.0} for r in range(1, 13)]
+    for r in recs:
+        metrics.append_jsonl(tmp_path / "m.jsonl", r)
+    assert metrics.read_jsonl(tmp_path / "m.jsonl") == recs
+    metrics.write_csv(tmp_path / "m.csv", recs)
+    assert (tmp_path / "m.csv").read_text().splitlines()[0] == "round,accuracy,round-time"
+    s = metrics.summarise(recs)
+    tail = [0.5 + 0.01 * r for r in range(3, 13)]
+    assert s["rounds"] == 12 and s["final"] == pytest.approx(0.62) and s["best"] == pytest.approx(0.62)
+    assert s["last_mean"] == pytest.approx(np.mean(tail)) and s["last_std"] == pytest.approx(np.std(tail))
+    assert s["time_s"] == pytest.approx(24.0)
+    table = metrics.results_table({"fedavg": recs, "empty": []})
+    assert "| fedavg | 12 | 62.00 | 62.00 |" in table and "| empty | 0 |" in table
+    png = metrics.plot_curves({"fedavg": recs}, tmp_path / "a.png", "t")
+    assert png.read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,80 @@
+"""The fedsys command line: help, clear errors, partition and compare (no simulation)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedsys.cli import main
+
+
+def test_help_lists_the_commands(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for cmd in ("run", "resume", "compare", "partition", "data", "keys"):
+        assert cmd in out
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["run", "--set", "num-clinets=3"], "Did you mean 'num-clients'"),
+        (["run", "--set", "lr=abc"], "config key 'lr' expects float"),
+        (["run", "--set", "strategy=fedavg,nope"], "allowed values: fedavg, fedprox"),
+        (["run", "missing.yaml"], "config file not found"),
+        (["resume", "/nonexistent/run"], "not a fedsys run directory"),
+        (["run", "--set", "dataset=synthetic", "--set", "partition=dirichlet",
+          "--set", "num-clients=20", "--set", "dirichlet-min-size=500"], "dirichlet-min-size=500"),
+    ],
+)
+def test_bad_input_gives_one_clear_line_and_exit_code_2(args, needle, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and needle in err
+    assert "Traceback" not in err
+
+
+def test_missing_dataset_message_says_how_to_get_it(capsys, tmp_path, monkeypatch):
+    import fedsys.data as data
+
+    monkeypatch.setattr(data, "DEBIAN_FMNIST", tmp_path / "none")
+    monkeypatch.setenv("FEDSYS_DATA", str(tmp_path))
+    data.load_dataset.cache_clear()
+    assert main(["run", "--set", f"data-dir={tmp_path}"]) == 2
+    data.load_dataset.cache_clear()
+    err = capsys.readouterr().err
+    assert "fedsys data fetch fashion-mnist" in err and "dataset-fashion-mnist" in err
+
+
+def test_keys_lists_every_option(capsys):
+    from fedsys.config import OPTIONS
+
+    assert main(["keys"]) == 0
+    out = capsys.readouterr().out
+    assert all(o.key in out for o in OPTIONS)
+
+
+def test_partition_prints_histogram_and_writes_png(tmp_path, capsys):
+    png = tmp_path / "p.png"
+    assert main(["partition", "--set", "dataset=synthetic", "--set", "num-clients=4",
+                 "--set", "clients-per-round=2", "--set", "partition=shards",
+                 "--out", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "total" in out and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_compare_reads_run_dirs(tmp_path, capsys):
+    for run, acc in (("a", 0.5), ("b", 0.7)):
+        d = tmp_path / run / "fedavg"
+        d.mkdir(parents=True)
+        (tmp_path / run / "config.yaml").write_text("strategy: fedavg\n")
+        (d / "metrics.jsonl").write_text(
+            "\n".join(json.dumps({"round": r, "accuracy": acc}) for r in (0, 1, 2)) + "\n")
+    out_png = tmp_path / "c.png"
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out_png)]) == 0
+    out = capsys.readouterr().out
+    assert "a/fedavg" in out and "b/fedavg" in out and "70.00" in out
+    assert out_png.exists()
