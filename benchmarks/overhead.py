@@ -77,6 +77,9 @@ def flower(cfg: RunConfig) -> tuple[list[float], float]:
     simulate(cfg)
     total = time.perf_counter() - t0
     recs = metrics.read_jsonl(cfg.run_dir / "fedavg" / "metrics.jsonl")
+    bad = [r for r in recs if r["round"] > 0 and r.get("clients-ok") != cfg.clients_per_round]
+    if bad:
+        raise SystemExit(f"benchmark invalid: some client replies were rejected: {bad}")
     return [float(r["round-time"]) for r in recs if r["round"] > 0], total
 
 

@@ -75,9 +75,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("seed", int, 0, "The one seed: partitions, sampling, init and training."),
     Option("num-server-rounds", int, 30, "Federated rounds.", check=_pos, rule="> 0"),
     Option("clients-per-round", int, 5, "Nodes sampled per round.", check=_pos, rule="> 0"),
-    Option("min-available-clients", int, 0,
-           "Nodes that must be connected before a round starts (0 = clients-per-round).",
-           check=_nonneg, rule=">= 0"),
+    Option("min-available-clients", int, 1,
+           "Fewest connected nodes a round may start with once node-wait-timeout has "
+           "passed (a round first waits for clients-per-round nodes).",
+           check=_pos, rule="> 0"),
     Option("node-wait-timeout", float, 120.0,
            "Seconds to wait for enough nodes before giving up.", check=_pos, rule="> 0"),
     Option("round-timeout", float, 600.0,

@@ -76,18 +76,25 @@ class FedsysStrategy(Strategy):
 
     # ------------------------------------------------------------------ nodes
 
-    @property
-    def min_available(self) -> int:
-        return self.cfg.min_available_clients or self.cfg.clients_per_round
+    def wait_for_nodes(self, grid: Grid, want: int) -> list[int]:
+        """Return connected node ids once ``want`` are there.
 
-    def wait_for_nodes(self, grid: Grid, n: int) -> list[int]:
-        """Return connected node ids once at least ``n`` are there, else raise."""
+        After ``node-wait-timeout`` seconds the round goes on with the nodes that are
+        connected if there are at least ``min-available-clients``; otherwise
+        :class:`NodesUnavailableError` is raised.  It never waits forever.
+        """
+        need = min(self.cfg.min_available_clients, want)
         t0 = time.monotonic()
-        while len(ids := sorted(grid.get_node_ids())) < n:
+        while len(ids := sorted(grid.get_node_ids())) < want:
             if time.monotonic() - t0 > self.cfg.node_wait_timeout:
+                if len(ids) >= need:
+                    log(WARNING, "[%s] %d of %d wanted nodes connected after %.0f s; going on",
+                        self.name, len(ids), want, self.cfg.node_wait_timeout)
+                    return ids
                 raise NodesUnavailableError(
-                    f"only {len(ids)} of {n} required nodes connected after "
-                    f"{self.cfg.node_wait_timeout:.0f} s (node-wait-timeout)"
+                    f"only {len(ids)} of {need} required nodes connected after "
+                    f"{self.cfg.node_wait_timeout:.0f} s (node-wait-timeout, "
+                    f"min-available-clients)"
                 )
             time.sleep(0.2)
         return ids
@@ -120,7 +127,7 @@ class FedsysStrategy(Strategy):
         The draw is over sorted partition-ids with ``default_rng(seed, round)``, so
         the same seed picks the same clients whatever node ids Flower assigned.
         """
-        ids = self.wait_for_nodes(grid, self.min_available)
+        ids = self.wait_for_nodes(grid, k)
         pid_of = self.refresh_partition_map(grid, ids)
         by_pid = {p: n for n, p in sorted(pid_of.items())}
         pids = sorted(by_pid)

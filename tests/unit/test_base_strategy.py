@@ -109,9 +109,16 @@ def test_sampling_is_seeded_by_partition_id_not_node_id():
 
 
 def test_waiting_for_nodes_times_out_with_a_clear_error():
-    s = FedAvgStrategy(cfg(**{"clients-per-round": 4, "min-available-clients": 4}))
-    with pytest.raises(NodesUnavailableError, match="only 2 of 4"):
+    s = FedAvgStrategy(cfg(**{"clients-per-round": 4, "min-available-clients": 3}))
+    with pytest.raises(NodesUnavailableError, match="only 2 of 3 required"):
         s.sample(ReplyGrid({1: 0, 2: 1}), 1, 4)
+
+
+def test_after_the_wait_a_round_goes_on_with_enough_nodes(caplog):
+    s = FedAvgStrategy(cfg(**{"clients-per-round": 4, "min-available-clients": 2}))
+    chosen = s.sample(ReplyGrid({1: 0, 2: 1}), 1, 4)
+    assert chosen == {1: 0, 2: 1}
+    assert any("2 of 4 wanted nodes" in r.getMessage() for r in caplog.records)
 
 
 def test_good_replies_are_aggregated_with_example_weights():
