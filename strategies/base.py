@@ -278,6 +278,25 @@ class FedsysStrategy(Strategy):
         _, metrics = self.aggregate_train(server_round, replies)
         return {k: float(v) for k, v in (metrics or {}).items()}  # type: ignore[arg-type]
 
+    def train_hop(
+        self, grid: Grid, server_round: int, node_id: int, partition_id: int, params: Params,
+        extra_config: dict[str, object] | None = None,
+    ) -> ClientUpdate | None:
+        """Send ``params`` to one node, wait for its reply, validate it.
+
+        The building block of sequential strategies (a chain of single-node hops,
+        FedSeq / FedELMY): returns the validated update, or ``None`` after logging
+        why the hop failed.
+        """
+        cfg = {**self.train_config(server_round), **(extra_config or {})}
+        self._expected = {node_id: partition_id}
+        self._payloads = {node_id: params}
+        self._outbox = [flwr_io.message(node_id, MessageType.TRAIN, params, cfg)]
+        replies, _ = flwr_io.send_and_receive(grid, self._outbox, self.cfg.round_timeout,
+                                              self.poll_interval)
+        ok, _ = self.validate(replies)
+        return ok[0] if ok else None
+
     def start(
         self,
         grid: Grid,

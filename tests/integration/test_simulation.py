@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from clients import app as fedsys_client
 from fedsys import checkpoint, metrics
 from fedsys.config import build
 from fedsys.simulation import simulate
+from strategies.fedavg import FedAvgStrategy
 
 pytestmark = pytest.mark.slow
 
@@ -113,3 +115,41 @@ def test_killed_run_resumes_to_identical_weights(tmp_path):
     rb = metrics.read_jsonl(tmp_path / "victim" / "fedavg" / "metrics.jsonl")
     assert [r["round"] for r in rb] == list(range(7))
     assert [r["accuracy"] for r in ra] == [r["accuracy"] for r in rb]
+
+
+class ChainStrategy(FedAvgStrategy):
+    """A sequential chain (FedSeq-style): the model visits the sampled clients one by one.
+
+    Only :meth:`run_round` changes; sampling, validation, evaluation, metrics and
+    checkpoints come from the base class.
+    """
+
+    name = "chain-test"
+    visits: ClassVar[list[tuple[int, int]]] = []
+
+    def run_round(self, grid, server_round, train_config):
+        chosen = self.sample(grid, server_round, self.cfg.clients_per_round)
+        carry, ok = self.params, 0
+        for node, pid in sorted(chosen.items(), key=lambda kv: kv[1]):
+            upd = self.train_hop(grid, server_round, node, pid, carry, {"hop": ok})
+            if upd is not None:
+                carry, ok = upd.params, ok + 1
+                ChainStrategy.visits.append((server_round, pid))
+        self.params = carry
+        return {"clients-ok": ok, "clients-rejected": len(chosen) - ok}
+
+
+def test_a_sequential_chain_fits_by_overriding_run_round(tmp_path, monkeypatch):
+    from strategies import REGISTRY
+
+    monkeypatch.setitem(REGISTRY, "chain-test", ChainStrategy)
+    ChainStrategy.visits = []
+    cfg = _cfg(tmp_path, name="chain", strategy="fedavg")
+    # run the test-only strategy in place of the configured one
+    monkeypatch.setattr(type(cfg), "strategies", property(lambda self: ["chain-test"]))
+    simulate(cfg)
+    recs = metrics.read_jsonl(tmp_path / "chain" / "chain-test" / "metrics.jsonl")
+    assert [r["round"] for r in recs] == [0, 1, 2]
+    assert [r["clients-ok"] for r in recs[1:]] == [3, 3]
+    assert ChainStrategy.visits == [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)]
+    assert recs[-1]["accuracy"] > recs[0]["accuracy"]
