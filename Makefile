@@ -11,7 +11,7 @@ export FLWR_DISABLE_UPDATE_CHECK := 1
 
 help:
 	@echo "make run   - set up .venv, get Fashion-MNIST, run configs/default.yaml, print the table"
-	@echo "make test  - set up .venv with the dev extra and run the whole test suite"
+	@echo "make test  - set up .venv with the dev extra, lint, and run the whole test suite"
 	@echo "make lint  - ruff and mypy"
 
 $(VENV)/.installed: pyproject.toml
@@ -30,7 +30,7 @@ data: $(VENV)/.installed
 run: $(VENV)/.installed data
 	$(FEDSYS) run configs/default.yaml
 
-test: $(VENV)/.installed-dev data
+test: $(VENV)/.installed-dev data lint
 	$(PY) -m pytest -q -rs
 
 test-fast: $(VENV)/.installed-dev

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedsys import config as C  # noqa: N812
+from fedsys import config as cfgmod
 from fedsys import metrics
 
 EPILOG = """examples:
@@ -44,14 +44,14 @@ def _table(runs: dict[str, list[dict[str, Any]]], title: str) -> None:
 def _load_runs(run_dir: Path, prefix: str = "") -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     cfg_path = run_dir / "config.yaml"
-    names = C.load_yaml(cfg_path)["strategy"].split(",") if cfg_path.exists() else []
+    names = cfgmod.load_yaml(cfg_path)["strategy"].split(",") if cfg_path.exists() else []
     for name in names or sorted(p.parent.name for p in run_dir.glob("*/metrics.jsonl")):
         recs = metrics.read_jsonl(run_dir / name.strip() / "metrics.jsonl")
         out[f"{prefix}{name.strip()}"] = recs
     return out
 
 
-def _preflight(cfg: C.RunConfig) -> None:
+def _preflight(cfg: cfgmod.RunConfig) -> None:
     """Fail fast, in this process, on missing data or impossible partitions."""
     from fedsys.task import dataset, partitions
 
@@ -59,9 +59,9 @@ def _preflight(cfg: C.RunConfig) -> None:
     partitions(cfg)
 
 
-def cmd_run(args: argparse.Namespace, cfg: C.RunConfig | None = None) -> int:
+def cmd_run(args: argparse.Namespace, cfg: cfgmod.RunConfig | None = None) -> int:
     if cfg is None:
-        cfg = C.load(Path(args.config) if args.config else None, args.set or [])
+        cfg = cfgmod.load(Path(args.config) if args.config else None, args.set or [])
     _preflight(cfg)
     from fedsys.simulation import simulate
 
@@ -82,8 +82,8 @@ def cmd_run(args: argparse.Namespace, cfg: C.RunConfig | None = None) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir).resolve()
     if not (run_dir / "config.yaml").exists():
-        raise C.ConfigError(f"{run_dir} is not a fedsys run directory (no config.yaml)")
-    cfg = C.load(run_dir / "config.yaml", [*(args.set or []), "resume=true",
+        raise cfgmod.ConfigError(f"{run_dir} is not a fedsys run directory (no config.yaml)")
+    cfg = cfgmod.load(run_dir / "config.yaml", [*(args.set or []), "resume=true",
                                           f"name={run_dir.name}", f"output-dir={run_dir.parent}"])
     return cmd_run(args, cfg)
 
@@ -94,7 +94,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         p = Path(d)
         runs.update(_load_runs(p, prefix=f"{p.name}/" if len(args.run_dirs) > 1 else ""))
     if not runs:
-        raise C.ConfigError("no metrics found in the given run directories")
+        raise cfgmod.ConfigError("no metrics found in the given run directories")
     _table(runs, "comparison")
     out = Path(args.out)
     metrics.plot_curves(runs, out, "comparison")
@@ -109,7 +109,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     from fedsys.partition import class_histogram, plot_histogram
     from fedsys.task import dataset, partitions
 
-    cfg = C.load(Path(args.config) if args.config else None, args.set or [])
+    cfg = cfgmod.load(Path(args.config) if args.config else None, args.set or [])
     ds = dataset(cfg)
     hist = class_histogram(ds.y_train.numpy(), partitions(cfg), ds.num_classes)
     t = Table(title=f"{cfg.dataset}, {cfg.partition}, {cfg.num_clients} clients, seed {cfg.seed}")
@@ -140,7 +140,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 def cmd_keys(args: argparse.Namespace) -> int:
     print(f"  {'key':24} {'default':12} {'allowed':28} meaning")
-    print(C.describe())
+    print(cfgmod.describe())
     return 0
 
 
@@ -186,7 +186,7 @@ def parser() -> argparse.ArgumentParser:
                         description="Fashion-MNIST: search data-dir, $FEDSYS_DATA and "
                         "/usr/share/datasets/fashion-mnist; as root install the Debian package "
                         "dataset-fashion-mnist; else download through torchvision.")
-    f.add_argument("dataset", choices=C.DATASETS)
+    f.add_argument("dataset", choices=cfgmod.DATASETS)
     f.add_argument("--data-dir", default="", help="data root to search and download into")
     f.add_argument("--no-apt", action="store_true", help="never call apt-get")
     f.set_defaults(fn=cmd_data)
@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return int(args.fn(args))
-    except (C.ConfigError, DataError, PartitionError) as exc:
+    except (cfgmod.ConfigError, DataError, PartitionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
