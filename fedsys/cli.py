@@ -52,9 +52,17 @@ def _load_runs(run_dir: Path, prefix: str = "") -> dict[str, list[dict[str, Any]
 
 
 def _preflight(cfg: cfgmod.RunConfig) -> None:
-    """Fail fast, in this process, on missing data or impossible partitions."""
+    """Fail fast, in this process, on missing data, impossible partitions or GPUs
+    that are not there (Ray would wait for them forever)."""
+    import torch
+
     from fedsys.task import dataset, partitions
 
+    if (cfg.client_num_gpus > 0 or cfg.device == "cuda") and not torch.cuda.is_available():
+        key = "client-num-gpus" if cfg.client_num_gpus > 0 else "device"
+        raise cfgmod.ConfigError(
+            f"config key '{key}' asks for a GPU but torch sees no CUDA device; "
+            "use client-num-gpus=0 and device=auto (or cpu)")
     dataset(cfg)
     partitions(cfg)
 

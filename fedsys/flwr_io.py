@@ -115,7 +115,8 @@ class Rejection:
     reason: str
 
 
-def _metrics(content: RecordDict) -> dict[str, float]:
+def metrics_of(content: RecordDict) -> dict[str, float]:
+    """All numeric scalars of all MetricRecords in ``content``."""
     out: dict[str, float] = {}
     for rec in content.metric_records.values():
         for k, v in rec.items():
@@ -145,7 +146,7 @@ def parse_train_reply(
     content = reply.content
     if ARRAYS_KEY not in content.array_records:
         return Rejection(node, pid, f"reply holds no ArrayRecord '{ARRAYS_KEY}'")
-    metrics = _metrics(content)
+    metrics = metrics_of(content)
     for key in ("num-examples", "partition-id"):
         if key not in metrics:
             return Rejection(node, pid, f"reply metrics lack '{key}'")

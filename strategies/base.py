@@ -116,6 +116,12 @@ class FedsysStrategy(Strategy):
                 rec = next(iter(r.content.metric_records.values()))
                 if "partition-id" in rec:
                     self.node_pid[instr.metadata.dst_node_id] = int(rec["partition-id"])  # type: ignore[arg-type]
+                nparts = int(rec.get("num-partitions", self.cfg.num_clients))  # type: ignore[arg-type]
+                if nparts != self.cfg.num_clients:
+                    log(WARNING, "node %d holds partition %s of %d, but num-clients is %d: the "
+                        "federation and the config disagree (flwr run: --federation-config "
+                        "num-supernodes=%d)", instr.metadata.dst_node_id, rec.get("partition-id"),
+                        nparts, self.cfg.num_clients, self.cfg.num_clients)
             for n in new:
                 if n not in self.node_pid:
                     log(WARNING, "node %d did not say its partition-id; left out", n)
@@ -250,7 +256,7 @@ class FedsysStrategy(Strategy):
         good = [r for r in replies if not r.has_error() and r.content.metric_records]
         if not good:
             return None
-        rows = [flwr_io._metrics(r.content) for r in good]
+        rows = [flwr_io.metrics_of(r.content) for r in good]
         n = sum(r.get("num-examples", 0.0) for r in rows)
         if n <= 0:
             return None

@@ -78,3 +78,11 @@ def test_compare_reads_run_dirs(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "a/fedavg" in out and "b/fedavg" in out and "70.00" in out
     assert out_png.exists()
+
+
+def test_asking_for_a_gpu_without_cuda_is_a_config_error(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a CPU machine
+    assert main(["run", "--set", "dataset=synthetic", "--set", "client-num-gpus=0.5"]) == 2
+    assert "'client-num-gpus' asks for a GPU" in capsys.readouterr().err

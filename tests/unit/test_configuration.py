@@ -92,3 +92,13 @@ def test_yaml_problems_are_config_errors(tmp_path):
 def test_shipped_configs_are_valid():
     for f in sorted((ROOT / "configs").glob("*.yaml")):
         cfgmod.load(f)
+
+
+def test_config_names_match_the_registries():
+    from clients import TRAINERS
+    from fedsys.models import MODELS
+    from strategies import REGISTRY
+
+    assert set(cfgmod.STRATEGIES) == set(REGISTRY)
+    assert set(cfgmod.TRAINERS) == {"auto", *TRAINERS}
+    assert set(cfgmod.MODELS) == set(MODELS)
