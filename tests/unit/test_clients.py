@@ -67,7 +67,7 @@ def test_proximal_term_golden():
         net.bias.copy_(torch.tensor([0.5]))
     anchor = [torch.tensor([[0.0, 0.0]]), torch.tensor([1.5])]
     # (mu / 2) * (1^2 + 2^2 + (0.5 - 1.5)^2) = 0.5 * 0.3 * 6 = 0.9
-    assert float(proximal_term(net, anchor, 0.3)) == pytest.approx(0.9)
+    assert proximal_term(net, anchor, 0.3).item() == pytest.approx(0.9)
 
 
 def test_fedprox_with_mu_zero_equals_sgd_and_large_mu_stays_closer():
