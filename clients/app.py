@@ -28,13 +28,22 @@ def _config(items: tuple[tuple[str, Any], ...]) -> RunConfig:
     return from_run_config(dict(items))
 
 
+def _partition_id(context: Context) -> int:
+    nc = context.node_config
+    if "partition-id" not in nc:
+        raise ValueError(
+            "node_config lacks 'partition-id'; start the SuperNode with "
+            "--node-config \"partition-id=I num-partitions=N\"")
+    return int(nc["partition-id"])
+
+
 def _setup(context: Context) -> tuple[RunConfig, Dataset, int, torch.Tensor, torch.Tensor]:
     nc = context.node_config
     overrides = {"data-dir": str(nc["data-dir"])} if "data-dir" in nc else {}
     cfg = _config(tuple(sorted({**context.run_config, **overrides}.items())))
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
-    pid = int(nc["partition-id"])
+    pid = _partition_id(context)
     nparts = int(nc.get("num-partitions", cfg.num_clients))
     if not 0 <= pid < nparts:
         raise ValueError(f"partition-id {pid} outside 0..{nparts - 1}")
@@ -98,7 +107,7 @@ def query(msg: Message, context: Context) -> Message:
     """Say which partition this node holds."""
     nc = context.node_config
     rec = MetricRecord({
-        "partition-id": int(nc["partition-id"]),
+        "partition-id": _partition_id(context),
         "num-partitions": int(nc.get("num-partitions", 0)),
     })
     return Message(RecordDict({"metrics": rec}), reply_to=msg)
