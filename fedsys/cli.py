@@ -44,7 +44,10 @@ def _table(runs: dict[str, list[dict[str, Any]]], title: str) -> None:
 def _load_runs(run_dir: Path, prefix: str = "") -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     cfg_path = run_dir / "config.yaml"
-    names = cfgmod.load_yaml(cfg_path)["strategy"].split(",") if cfg_path.exists() else []
+    names = (
+        [v.label for v in cfgmod.parse_strategy(str(cfgmod.load_yaml(cfg_path)["strategy"]))]
+        if cfg_path.exists() else []
+    )
     for name in names or sorted(p.parent.name for p in run_dir.glob("*/metrics.jsonl")):
         recs = metrics.read_jsonl(run_dir / name.strip() / "metrics.jsonl")
         out[f"{prefix}{name.strip()}"] = recs
@@ -147,6 +150,9 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
+    if args.toml:
+        print(cfgmod.to_toml(), end="")
+        return 0
     print(f"  {'key':24} {'default':12} {'allowed':28} meaning")
     print(cfgmod.describe())
     return 0
@@ -200,6 +206,8 @@ def parser() -> argparse.ArgumentParser:
     f.set_defaults(fn=cmd_data)
 
     k = sub.add_parser("keys", help="list every config key with its default and allowed values")
+    k.add_argument("--toml", action="store_true",
+                   help="print the defaults as pyproject.toml's [tool.flwr.app.config] tables")
     k.set_defaults(fn=cmd_keys)
     return p
 

@@ -58,7 +58,7 @@ def _unit(x: Any) -> bool:
 
 # The registries are filled by strategies/ and clients/; the names are listed here
 # so the config can be validated without importing torch or flwr.
-STRATEGIES = ("fedavg", "fedprox")
+STRATEGIES = ("fedavg", "fedprox", "fedcda", "fedcross")
 TRAINERS = ("auto", "sgd", "fedprox")
 DATASETS = ("fashion-mnist", "cifar10", "cifar100", "synthetic")
 MODELS = ("fmnist-cnn", "cifar-cnn", "resnet18", "mlp")
@@ -112,6 +112,50 @@ OPTIONS: tuple[Option, ...] = (
     Option("weight-decay", float, 0.0, "Client L2 weight decay.", check=_nonneg, rule=">= 0"),
     Option("fedprox.mu", float, 0.01, "FedProx proximal coefficient mu.", check=_nonneg,
            rule=">= 0"),
+    # FedCDA (Wang et al., ICLR 2024)
+    Option("fedcda.memory", int, 3, "FedCDA: K, recent local models cached per client.",
+           check=_pos, rule="> 0"),
+    Option("fedcda.batches", int, 3, "FedCDA: B, greedy selection batches per round (Eq. 8).",
+           check=_pos, rule="> 0"),
+    Option("fedcda.warmup", int, 50, "FedCDA: rounds run as FedAvg before selection starts.",
+           check=_nonneg, rule=">= 0"),
+    Option("fedcda.warmup-mode", str, "fedavg",
+           "FedCDA warmup: 'fedavg' (paper) or 'newest-all' (uniform mean of every seen "
+           "client's newest model, the public prototype's behaviour).",
+           choices=("fedavg", "newest-all")),
+    Option("fedcda.smoothness", float, 1.0, "FedCDA: L, the smoothness constant of Eq. 5.",
+           check=_nonneg, rule=">= 0"),
+    Option("fedcda.selection", str, "approximate",
+           "FedCDA selection: approximate (Eq. 8), optimal (exhaustive Eq. 6 over all "
+           "clients), newest, random (Fig. 2a ablation).",
+           choices=("approximate", "optimal", "newest", "random")),
+    Option("fedcda.cache", str, "ram",
+           "FedCDA model cache: 'ram', or 'disk' (one file per cached model under the run "
+           "directory, memory-mapped when read).", choices=("ram", "disk")),
+    # FedCross (Hu et al., ICDE 2024)
+    Option("fedcross.alpha", float, 0.99,
+           "FedCross: cross-aggregation weight alpha (w_i = a v_i + (1-a) v_c(i)).",
+           check=lambda x: 0.0 < x <= 1.0, rule="in (0, 1]"),
+    Option("fedcross.selection", str, "lowest",
+           "FedCross collaborative-model selection (CoModelSel).",
+           choices=("lowest", "highest", "in-order")),
+    Option("fedcross.similarity", str, "flat",
+           "FedCross similarity: 'flat' cosine over all trainable parameters (paper) or "
+           "'layer-pairs' (the authors' code).", choices=("flat", "layer-pairs")),
+    Option("fedcross.warmup", int, 0,
+           "FedCross: first rounds that reset every slot to the mean of the uploads "
+           "(the code's first_stage_bound).", check=_nonneg, rule=">= 0"),
+    Option("fedcross.propeller-rounds", int, 0,
+           "FedCross: rounds (from the start) that use propeller models (0 = off).",
+           check=_nonneg, rule=">= 0"),
+    Option("fedcross.propellers", int, 2,
+           "FedCross: propeller models per slot (in-order offsets).", check=_pos, rule="> 0"),
+    Option("fedcross.propeller-beta", float, 0.0,
+           "FedCross: own-model weight with propellers (0 = 1/(P+1), equal weights).",
+           check=_unit, rule="in [0, 1]"),
+    Option("fedcross.dynamic-alpha-rounds", int, 0,
+           "FedCross: rounds over which alpha rises linearly from 0.5 to fedcross.alpha, "
+           "starting after the propeller rounds (0 = off).", check=_nonneg, rule=">= 0"),
     # evaluation
     Option("fraction-evaluate", float, 0.0,
            "Fraction of nodes asked for federated evaluation each round.",
@@ -173,6 +217,21 @@ class RunConfig:
     momentum: float
     weight_decay: float
     fedprox__mu: float
+    fedcda__memory: int
+    fedcda__batches: int
+    fedcda__warmup: int
+    fedcda__warmup_mode: str
+    fedcda__smoothness: float
+    fedcda__selection: str
+    fedcda__cache: str
+    fedcross__alpha: float
+    fedcross__selection: str
+    fedcross__similarity: str
+    fedcross__warmup: int
+    fedcross__propeller_rounds: int
+    fedcross__propellers: int
+    fedcross__propeller_beta: float
+    fedcross__dynamic_alpha_rounds: int
     fraction_evaluate: float
     eval_batch_size: int
     device: str
@@ -182,8 +241,16 @@ class RunConfig:
 
     @property
     def strategies(self) -> list[str]:
-        """The strategies of this run, in order."""
-        return [s.strip() for s in self.strategy.split(",") if s.strip()]
+        """Labels of the strategies of this run, in order."""
+        return [v.label for v in parse_strategy(self.strategy)]
+
+    def variants(self) -> list[tuple[str, RunConfig]]:
+        """``(label, config)`` per strategy entry, the config holding that one strategy
+        with its overrides applied."""
+        return [
+            (v.label, self.replace(strategy=v.name, **dict(v.overrides)))
+            for v in parse_strategy(self.strategy)
+        ]
 
     @property
     def run_dir(self) -> Path:
@@ -247,16 +314,110 @@ def coerce(key: str, value: Any) -> Scalar:
             f"config key '{key}' expects {opt.type.__name__}"
             f"{' ' + opt.rule if opt.rule else ''}, got {value!r}"
         ) from None
-    if opt.choices is not None:
-        names = [s.strip() for s in str(out).split(",")] if key == "strategy" else [str(out)]
-        for n in names:
-            if n not in opt.choices:
-                raise ConfigError(
-                    f"config key '{key}' got {n!r}; allowed values: {', '.join(opt.choices)}"
-                )
+    if key == "strategy":
+        return ",".join(v.spec for v in parse_strategy(str(out)))
+    if opt.choices is not None and str(out) not in opt.choices:
+        raise ConfigError(
+            f"config key '{key}' got {out!r}; allowed values: {', '.join(opt.choices)}"
+        )
     if opt.check is not None and not opt.check(out):
         raise ConfigError(f"config key '{key}' must be {opt.rule}, got {out!r}")
     return out
+
+
+# Keys a strategy variant may not change: every strategy of a run sees the same data,
+# partitions, model, seed and rounds.
+SHARED_KEYS = frozenset({
+    "name", "output-dir", "strategy", "seed", "num-server-rounds", "clients-per-round",
+    "resume", "dataset", "data-dir", "num-clients", "partition", "dirichlet-alpha",
+    "dirichlet-min-size", "shards-per-client", "test-subset", "model", "model-norm",
+    "device", "client-num-cpus", "client-num-gpus", "torch-threads",
+})
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One entry of ``strategy``: a strategy name plus config overrides.
+
+    Written ``name`` or ``name[key=value;key=value]``, e.g.
+    ``fedcda[fedcda.selection=newest]``.  Its :attr:`label` names its results
+    directory and its row in the comparison table.
+    """
+
+    name: str
+    overrides: tuple[tuple[str, Scalar], ...] = ()
+
+    @property
+    def spec(self) -> str:
+        """Canonical written form."""
+        if not self.overrides:
+            return self.name
+        return f"{self.name}[{';'.join(f'{k}={v}' for k, v in self.overrides)}]"
+
+    @property
+    def label(self) -> str:
+        """Directory-safe label, e.g. ``fedcda-selection-newest``."""
+        parts = [self.name] + [f"{k.rsplit('.', 1)[-1]}-{v}" for k, v in self.overrides]
+        return "-".join(parts).lower()
+
+
+def _split_entries(text: str) -> list[str]:
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ConfigError(f"config key 'strategy': unbalanced ']' in {text!r}")
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if depth != 0:
+        raise ConfigError(f"config key 'strategy': unbalanced '[' in {text!r}")
+    out.append(cur)
+    return [e.strip() for e in out if e.strip()]
+
+
+def parse_strategy(text: str) -> list[Variant]:
+    """Parse the ``strategy`` value into :class:`Variant` entries (validated)."""
+    variants: list[Variant] = []
+    for entry in _split_entries(text):
+        name, _, rest = entry.partition("[")
+        name = name.strip()
+        if name not in STRATEGIES:
+            raise ConfigError(
+                f"config key 'strategy' got {name!r}; allowed values: {', '.join(STRATEGIES)}"
+            )
+        overrides: list[tuple[str, Scalar]] = []
+        if rest:
+            if not rest.endswith("]"):
+                raise ConfigError(f"config key 'strategy': entry {entry!r} must end with ']'")
+            for item in rest[:-1].split(";"):
+                if not item.strip():
+                    continue
+                if "=" not in item:
+                    raise ConfigError(
+                        f"config key 'strategy': override {item.strip()!r} in {entry!r} is not "
+                        "key=value"
+                    )
+                k, v = (t.strip() for t in item.split("=", 1))
+                if k in SHARED_KEYS:
+                    raise ConfigError(
+                        f"config key 'strategy': {entry!r} may not change '{k}' (every "
+                        "strategy of a run shares data, model, seed and rounds)"
+                    )
+                overrides.append((k, coerce(k, yaml.safe_load(v) if v else "")))
+        variants.append(Variant(name, tuple(overrides)))
+    if not variants:
+        raise ConfigError("config key 'strategy' is empty")
+    labels = [v.label for v in variants]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise ConfigError(f"config key 'strategy' lists {dup[0]!r} twice")
+    return variants
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -328,6 +489,28 @@ def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
     ``run_simulation`` hands over an empty run config; the defaults then apply.
     """
     return build(dict(run_config))
+
+
+def to_toml() -> str:
+    """The defaults as the ``[tool.flwr.app.config]`` tables of ``pyproject.toml``."""
+
+    def lit(v: Scalar) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return f'"{v}"'
+        return repr(v)
+
+    flat = [o for o in OPTIONS if "." not in o.key]
+    lines = ["[tool.flwr.app.config]"] + [f"{o.key} = {lit(o.default)}" for o in flat]
+    groups: dict[str, list[Option]] = {}
+    for o in OPTIONS:
+        if "." in o.key:
+            groups.setdefault(o.key.split(".", 1)[0], []).append(o)
+    for g, opts in groups.items():
+        lines += ["", f"[tool.flwr.app.config.{g}]"]
+        lines += [f"{o.key.split('.', 1)[1]} = {lit(o.default)}" for o in opts]
+    return "\n".join(lines) + "\n"
 
 
 def describe() -> str:

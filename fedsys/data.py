@@ -70,11 +70,26 @@ class Dataset:
 # --------------------------------------------------------------------------- FMNIST
 
 
+IDX_UBYTE = 0x08  # IDX type code of unsigned bytes, the only one Fashion-MNIST uses
+
+
 def _read_idx(path: Path) -> np.ndarray:
+    """Read an IDX file (optionally gzip-compressed) of unsigned bytes.
+
+    A file that is cut off (an interrupted download), empty, not gzip or not IDX
+    raises :class:`DataError` naming the file.
+    """
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as fh:
-        raw = fh.read()
+    try:
+        with opener(path, "rb") as fh:
+            raw = fh.read()
+    except (EOFError, OSError) as exc:  # gzip.BadGzipFile is an OSError
+        raise DataError(f"{path} cannot be read ({exc}); delete it and fetch again") from None
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != IDX_UBYTE or raw[3] == 0:
+        raise DataError(f"{path} is not an IDX file of unsigned bytes (bad magic number)")
     ndim = raw[3]
+    if len(raw) < 4 + 4 * ndim:
+        raise DataError(f"{path} is truncated inside its header")
     dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if data.size != int(np.prod(dims)):

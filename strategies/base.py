@@ -24,6 +24,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -73,6 +74,8 @@ class FedsysStrategy(Strategy):
         self._outbox: list[Message] = []
         self._payloads: dict[int, Params] = {}
         self._expected: dict[int, int] = {}
+        self.workdir: Path | None = None
+        self.round_metrics: dict[str, float] = {}
 
     # ------------------------------------------------------------------ nodes
 
@@ -229,6 +232,7 @@ class FedsysStrategy(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate replies, aggregate the good ones, report train metrics."""
         updates, rejected = self.validate(replies)
+        self.round_metrics = {}
         new = self.aggregate(server_round, updates) if updates else None
         if new is None:
             log(WARNING, "[%s] round %d: no usable update; model unchanged", self.name, server_round)
@@ -238,6 +242,7 @@ class FedsysStrategy(Strategy):
         metrics: dict[str, float | int] = {"clients-ok": len(updates), "clients-rejected": len(rejected)}
         if updates and n > 0:
             metrics["train-loss"] = sum(u.metrics.get("train-loss", 0.0) * u.num_examples for u in updates) / n
+        metrics.update(self.round_metrics)
         return (flwr_io.to_record(new) if new is not None else None), flwr_io.metric_record(metrics)
 
     def configure_evaluate(
@@ -363,6 +368,10 @@ class FedsysStrategy(Strategy):
             "params": copy(self.params) if self.params is not None else None,
             "history": [dict(h) for h in self.history],
         }
+
+    def checkpoint_written(self) -> None:
+        """Called after a checkpoint holding :meth:`state_dict` was written
+        (a disk cache may now drop files the previous checkpoint needed)."""
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output."""

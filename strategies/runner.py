@@ -84,13 +84,19 @@ class RoundRecorder:
             "config": self.cfg.to_dict(),
             "rng": checkpoint.rng_state(),
         })
+        strategy.checkpoint_written()
 
 
 def run_strategy(grid: Grid, cfg: RunConfig, name: str) -> list[dict[str, Any]]:
-    """Run (or resume) one strategy; return its per-round records."""
+    """Run (or resume) one strategy; return its per-round records.
+
+    ``cfg`` holds exactly one strategy (see :meth:`RunConfig.variants`); ``name`` is
+    its label and names the results directory.
+    """
     out = cfg.run_dir / name
     out.mkdir(parents=True, exist_ok=True)
-    strategy = REGISTRY[name](cfg)
+    strategy = REGISTRY[cfg.strategy](cfg)
+    strategy.workdir = out
     recorder = RoundRecorder(cfg, out, name)
     ckpt_path = out / "checkpoint.pt"
     if cfg.resume and ckpt_path.exists():
@@ -124,9 +130,9 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> dict[str, list[dict[str, Any]]
     cfg.save(run_dir / "config.yaml")
     log(INFO, "fedsys run '%s': strategies %s, results in %s", cfg.name, cfg.strategies, run_dir)
     results: dict[str, list[dict[str, Any]]] = {}
-    for name in cfg.strategies:
+    for name, vcfg in cfg.variants():
         try:
-            results[name] = run_strategy(grid, cfg, name)
+            results[name] = run_strategy(grid, vcfg, name)
         except Exception as exc:
             log(WARNING, "[%s] failed: %s: %s (checkpoint kept; 'fedsys resume %s' continues)",
                 name, type(exc).__name__, exc, run_dir)

@@ -1,0 +1,409 @@
+"""Unit tests of fedsys.config: defaults, pyproject sync, validation, layering."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedsys import config
+from fedsys.config import ConfigError, RunConfig
+
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+# ------------------------------------------------------------------------ defaults
+
+
+def test_build_without_layers_equals_defaults():
+    cfg = config.build()
+    assert isinstance(cfg, RunConfig)
+    assert cfg.to_dict() == config.DEFAULTS
+    for key, value in config.DEFAULTS.items():
+        got = cfg.to_dict()[key]
+        assert type(got) is type(value), key
+
+
+def test_defaults_cover_every_option_with_right_type():
+    assert list(config.DEFAULTS) == [o.key for o in config.OPTIONS]
+    for o in config.OPTIONS:
+        assert type(o.default) is o.type, o.key
+        # every default passes its own validation
+        assert config.coerce(o.key, o.default) == o.default
+
+
+def test_pyproject_run_config_equals_defaults():
+    data = tomllib.loads(PYPROJECT.read_text())
+    table = _flatten(data["tool"]["flwr"]["app"]["config"])
+    assert set(table) == set(config.DEFAULTS), (
+        f"only in pyproject: {sorted(set(table) - set(config.DEFAULTS))}; "
+        f"only in config.py: {sorted(set(config.DEFAULTS) - set(table))}"
+    )
+    for key, default in config.DEFAULTS.items():
+        assert table[key] == default, key
+        assert type(table[key]) is type(default), f"{key}: {type(table[key])} vs {type(default)}"
+
+
+def test_from_run_config_empty_equals_defaults():
+    assert config.from_run_config({}) == config.build()
+    assert config.from_run_config({}).to_dict() == config.DEFAULTS
+
+
+def test_from_run_config_pyproject_table_equals_defaults():
+    data = tomllib.loads(PYPROJECT.read_text())
+    # Flower hands the table over flattened with dotted keys
+    run_config = _flatten(data["tool"]["flwr"]["app"]["config"])
+    assert config.from_run_config(run_config) == config.build()
+
+
+def test_field_names_snake_case_with_double_underscore():
+    cfg = config.build({"fedprox.mu": 0.2, "num-clients": 7, "clients-per-round": 3})
+    assert cfg.fedprox__mu == 0.2
+    assert cfg.num_clients == 7
+    assert cfg.clients_per_round == 3
+
+
+# -------------------------------------------------------------------- unknown keys
+
+
+def test_unknown_key_names_key():
+    with pytest.raises(ConfigError, match="no-such-key"):
+        config.build({"no-such-key": 1})
+
+
+def test_typo_suggests_close_match():
+    with pytest.raises(ConfigError) as exc:
+        config.build({"num-clinets": 5})
+    msg = str(exc.value)
+    assert "num-clinets" in msg
+    assert "num-clients" in msg
+
+
+def test_unknown_nested_key_is_dotted():
+    with pytest.raises(ConfigError, match=r"fedprox\.nu"):
+        config.build({"fedprox": {"nu": 0.1}})
+
+
+# ---------------------------------------------------------------------- bad values
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("lr", "abc"),
+        ("lr", True),
+        ("lr", float("nan")),
+        ("lr", float("inf")),
+        ("seed", "x"),
+        ("seed", 1.5),
+        ("seed", True),
+        ("num-clients", "3.5"),
+        ("resume", "maybe"),
+        ("resume", 2),
+        ("name", ["a"]),
+        ("name", True),
+        ("data-dir", None),
+    ],
+)
+def test_wrong_type_rejected_naming_key(key, value):
+    with pytest.raises(ConfigError) as exc:
+        config.build({key: value})
+    assert f"'{key}'" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("lr", -1),
+        ("lr", 0),
+        ("momentum", 2),
+        ("momentum", -0.1),
+        ("fraction-evaluate", 1.5),
+        ("num-server-rounds", 0),
+        ("batch-size", -4),
+        ("dirichlet-alpha", 0.0),
+        ("dirichlet-min-size", -1),
+        ("fedprox.mu", -0.01),
+        ("weight-decay", -1e-4),
+        ("torch-threads", -1),
+    ],
+)
+def test_out_of_range_rejected_naming_key_and_rule(key, value):
+    opt = config.OPTION_BY_KEY[key]
+    with pytest.raises(ConfigError) as exc:
+        config.build({key: value})
+    msg = str(exc.value)
+    assert f"'{key}'" in msg
+    assert opt.rule in msg
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "bad"),
+    [
+        ("partition", "dir", "dir"),
+        ("strategy", "fedavg,nope", "nope"),
+        ("strategy", "FedAvg", "FedAvg"),
+        ("model", "resnet50", "resnet50"),
+        ("dataset", "mnist", "mnist"),
+        ("device", "tpu", "tpu"),
+        ("model-norm", "ln", "ln"),
+        ("trainer", "adam", "adam"),
+    ],
+)
+def test_bad_choice_lists_allowed_values(key, value, bad):
+    with pytest.raises(ConfigError) as exc:
+        config.build({key: value})
+    msg = str(exc.value)
+    assert f"'{key}'" in msg
+    assert repr(bad) in msg
+    for allowed in config.OPTION_BY_KEY[key].choices:
+        assert allowed in msg
+
+
+def test_good_choices_accepted():
+    cfg = config.build({"partition": "shards", "strategy": "fedprox", "model": "mlp"})
+    assert (cfg.partition, cfg.strategy, cfg.model) == ("shards", "fedprox", "mlp")
+
+
+def test_numeric_strings_and_ints_coerced():
+    cfg = config.build({"lr": "0.1", "seed": "12", "momentum": 1, "num-clients": 10.0})
+    assert cfg.lr == 0.1 and type(cfg.lr) is float
+    assert cfg.seed == 12 and type(cfg.seed) is int
+    assert cfg.momentum == 1.0 and type(cfg.momentum) is float
+    assert cfg.num_clients == 10 and type(cfg.num_clients) is int
+
+
+def test_boundary_values_accepted():
+    cfg = config.build({"momentum": 1.0, "fraction-evaluate": 0.0, "fedprox.mu": 0.0})
+    assert cfg.momentum == 1.0
+    assert cfg.fraction_evaluate == 0.0
+    assert cfg.fedprox__mu == 0.0
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("true", True),
+        ("false", False),
+        ("True", True),
+        ("FALSE", False),
+        (True, True),
+        (False, False),
+        ("1", True),
+        ("0", False),
+        ("yes", True),
+        ("off", False),
+    ],
+)
+def test_bool_parsing(value, expected):
+    cfg = config.build({"resume": value})
+    assert cfg.resume is expected
+
+
+# ------------------------------------------------------------------------ strategy
+
+
+def test_strategy_list_becomes_comma_string():
+    cfg = config.build({"strategy": ["fedprox", "fedavg"]})
+    assert cfg.strategy == "fedprox,fedavg"
+    assert cfg.strategies == ["fedprox", "fedavg"]
+
+
+def test_strategy_yaml_list(tmp_path):
+    path = _write(tmp_path / "exp.yaml", "strategy:\n  - fedavg\n  - fedprox\n")
+    cfg = config.load(path)
+    assert cfg.strategy == "fedavg,fedprox"
+    assert cfg.strategies == ["fedavg", "fedprox"]
+
+
+def test_strategies_strips_spaces():
+    cfg = config.build({"strategy": " fedavg , fedprox "})
+    assert cfg.strategies == ["fedavg", "fedprox"]
+
+
+def test_default_strategies():
+    assert config.build().strategies == ["fedavg", "fedprox"]
+
+
+# ------------------------------------------------------------------------- layers
+
+
+def test_later_layer_wins():
+    cfg = config.build({"lr": 0.1, "seed": 3}, {"lr": 0.2})
+    assert cfg.lr == 0.2
+    assert cfg.seed == 3
+
+
+def test_load_layering_order(tmp_path):
+    path = _write(tmp_path / "exp.yaml", "lr: 0.2\nseed: 5\nbatch-size: 64\n")
+    cfg = config.load(
+        path,
+        overrides=["lr=0.3"],
+        run_config={"lr": 0.1, "seed": 1, "num-server-rounds": 7, "batch-size": 16},
+    )
+    assert cfg.lr == 0.3  # override beats YAML and run_config
+    assert cfg.seed == 5  # YAML beats run_config
+    assert cfg.batch_size == 64  # YAML beats run_config
+    assert cfg.num_server_rounds == 7  # run_config beats defaults
+    assert cfg.momentum == config.DEFAULTS["momentum"]  # untouched default
+
+
+def test_load_without_yaml(tmp_path):
+    cfg = config.load(None, overrides=["seed=9"], run_config={"seed": 1, "lr": 0.5})
+    assert cfg.seed == 9
+    assert cfg.lr == 0.5
+
+
+def test_nested_yaml_gives_dotted_key(tmp_path):
+    path = _write(tmp_path / "exp.yaml", "fedprox:\n  mu: 0.5\nlr: 0.01\n")
+    assert config.load_yaml(path) == {"fedprox.mu": 0.5, "lr": 0.01}
+    cfg = config.load(path)
+    assert cfg.fedprox__mu == 0.5
+    assert cfg.to_dict()["fedprox.mu"] == 0.5
+
+
+def test_flat_dotted_yaml_key(tmp_path):
+    path = _write(tmp_path / "exp.yaml", "fedprox.mu: 0.25\n")
+    assert config.load(path).fedprox__mu == 0.25
+
+
+def test_override_dotted_key():
+    cfg = config.load(None, overrides=["fedprox.mu=0.7"])
+    assert cfg.fedprox__mu == 0.7
+
+
+def test_empty_yaml_file_gives_defaults(tmp_path):
+    path = _write(tmp_path / "empty.yaml", "")
+    assert config.load(path) == config.build()
+
+
+def test_clients_per_round_above_num_clients_rejected():
+    with pytest.raises(ConfigError, match="clients-per-round"):
+        config.build({"num-clients": 4, "clients-per-round": 5})
+    # equal is fine
+    cfg = config.build({"num-clients": 5, "clients-per-round": 5})
+    assert cfg.clients_per_round == cfg.num_clients == 5
+
+
+def test_clients_per_round_checked_after_all_layers():
+    # an intermediate layer may violate it as long as the final merge does not
+    cfg = config.build({"clients-per-round": 30}, {"num-clients": 40})
+    assert (cfg.clients_per_round, cfg.num_clients) == (30, 40)
+
+
+# --------------------------------------------------------------- frozen / roundtrip
+
+
+def test_run_config_is_frozen():
+    cfg = config.build()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.lr = 1.0  # type: ignore[misc]
+
+
+def test_to_dict_build_roundtrip():
+    cfg = config.build({"lr": 0.2, "strategy": "fedprox", "fedprox.mu": 0.3})
+    d = cfg.to_dict()
+    assert list(d) == [o.key for o in config.OPTIONS]
+    assert config.build(d) == cfg
+
+
+def test_replace_returns_changed_copy():
+    cfg = config.build()
+    new = cfg.replace(**{"lr": 0.5, "num-clients": 8, "fedprox.mu": 0.2})
+    assert new.lr == 0.5 and new.num_clients == 8 and new.fedprox__mu == 0.2
+    assert cfg.lr == config.DEFAULTS["lr"]  # original untouched
+    assert new.replace(**{"lr": cfg.lr, "num-clients": 20, "fedprox.mu": 0.01}) == cfg
+
+
+def test_replace_validates():
+    with pytest.raises(ConfigError, match="'lr'"):
+        config.build().replace(lr=-1)
+    with pytest.raises(ConfigError, match="clients-per-round"):
+        config.build().replace(**{"num-clients": 2})
+
+
+def test_save_then_load_reproduces_config(tmp_path):
+    cfg = config.build(
+        {
+            "name": "exp1",
+            "lr": 0.125,
+            "strategy": "fedprox,fedavg",
+            "fedprox.mu": 0.5,
+            "resume": True,
+            "data-dir": "",
+            "partition": "shards",
+        }
+    )
+    path = tmp_path / "deep" / "config.yaml"
+    cfg.save(path)
+    assert path.is_file()
+    again = config.load(path)
+    assert again == cfg
+    assert again.to_dict() == cfg.to_dict()
+
+
+def test_run_dir_is_absolute(tmp_path):
+    cfg = config.build({"output-dir": str(tmp_path), "name": "abc"})
+    assert cfg.run_dir == tmp_path.resolve() / "abc"
+    assert config.build().run_dir.is_absolute()
+
+
+# ------------------------------------------------------------- overrides and files
+
+
+def test_parse_overrides_yaml_scalars():
+    out = config.parse_overrides(["lr=0.1", "resume=true", "name=a=b", "data-dir=", " seed = 3"])
+    assert out == {"lr": 0.1, "resume": True, "name": "a=b", "data-dir": "", "seed": 3}
+
+
+def test_parse_overrides_rejects_missing_equals():
+    with pytest.raises(ConfigError, match="noequals"):
+        config.parse_overrides(["noequals"])
+
+
+def test_load_yaml_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        config.load_yaml(tmp_path / "missing.yaml")
+
+
+def test_load_yaml_invalid_yaml(tmp_path):
+    path = _write(tmp_path / "bad.yaml", "lr: [0.1\nseed: : :\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        config.load_yaml(path)
+
+
+def test_load_yaml_non_mapping(tmp_path):
+    path = _write(tmp_path / "list.yaml", "- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        config.load_yaml(path)
+
+
+def test_load_yaml_unknown_key_rejected_on_build(tmp_path):
+    path = _write(tmp_path / "exp.yaml", "lrr: 0.1\n")
+    with pytest.raises(ConfigError, match="'lrr'") as exc:
+        config.load(path)
+    assert "'lr'" in str(exc.value)
+
+
+def test_describe_lists_every_key():
+    text = config.describe()
+    for o in config.OPTIONS:
+        assert o.key in text

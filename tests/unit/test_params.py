@@ -1,0 +1,310 @@
+"""Unit tests of fedsys.params (conversion, checks) and fedsys.aggregate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedsys import params as fp
+from fedsys.aggregate import weighted_average
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(8, 3))
+    # make the BatchNorm buffers non-trivial
+    net.train()
+    net(torch.randn(4, 1, 4, 4))
+    net(torch.randn(4, 1, 4, 4))
+    return net
+
+
+def _ref() -> fp.Params:
+    return {
+        "w": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "b": np.array([0.5, -1.5], dtype=np.float64),
+        "n": np.array(7, dtype=np.int64),
+    }
+
+
+# --------------------------------------------------------------------- conversion
+
+
+def test_from_torch_keeps_keys_order_dtypes_values():
+    net = _net()
+    sd = net.state_dict()
+    assert "1.num_batches_tracked" in sd
+    p = fp.from_torch(sd)
+    assert list(p) == list(sd)
+    for k, t in sd.items():
+        assert isinstance(p[k], np.ndarray)
+        assert p[k].shape == tuple(t.shape)
+        np.testing.assert_array_equal(p[k], t.numpy())
+    assert p["1.num_batches_tracked"].dtype == np.int64
+    assert int(p["1.num_batches_tracked"]) == 2
+    assert p["0.weight"].dtype == np.float32
+
+
+def test_from_torch_is_a_copy():
+    net = _net()
+    p = fp.from_torch(net.state_dict())
+    before = p["0.weight"].copy()
+    with torch.no_grad():
+        net[0].weight.add_(1.0)
+    np.testing.assert_array_equal(p["0.weight"], before)
+
+
+def test_torch_roundtrip_into_fresh_model():
+    net = _net()
+    p = fp.from_torch(net.state_dict())
+    sd = fp.to_torch(p)
+    assert list(sd) == list(p)
+    for k, t in sd.items():
+        assert isinstance(t, torch.Tensor)
+        assert t.dtype == net.state_dict()[k].dtype
+        assert t.device.type == "cpu"
+    torch.manual_seed(123)
+    fresh = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(8, 3))
+    fresh.load_state_dict(sd, strict=True)
+    for k, t in fresh.state_dict().items():
+        assert torch.equal(t, net.state_dict()[k]), k
+    assert fresh[1].num_batches_tracked.dtype == torch.int64
+    # numpy -> torch -> numpy is the identity
+    back = fp.from_torch(sd)
+    assert fp.checksum(back) == fp.checksum(p)
+
+
+def test_to_torch_does_not_share_memory():
+    p = _ref()
+    sd = fp.to_torch(p)
+    sd["w"][0, 0] = 100.0
+    assert p["w"][0, 0] == 0.0
+
+
+def test_to_torch_accepts_non_contiguous():
+    p = {"t": np.arange(6, dtype=np.float32).reshape(2, 3).T}
+    sd = fp.to_torch(p)
+    assert torch.equal(sd["t"], torch.tensor([[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]))
+
+
+def test_copy_is_deep():
+    p = _ref()
+    q = fp.copy(p)
+    q["w"][0, 0] = 42.0
+    assert p["w"][0, 0] == 0.0
+    assert list(q) == list(p)
+
+
+def test_num_bytes():
+    assert fp.num_bytes(_ref()) == 6 * 4 + 2 * 8 + 8
+
+
+# ---------------------------------------------------------------------- checksum
+
+
+def test_checksum_stable_and_sensitive():
+    p = _ref()
+    c = fp.checksum(p)
+    assert c == fp.checksum(fp.copy(p))
+    q = fp.copy(p)
+    q["w"][1, 2] = np.nextafter(q["w"][1, 2], np.float32(np.inf))
+    assert fp.checksum(q) != c
+    r = fp.copy(p)
+    r["n"] = np.array(8, dtype=np.int64)
+    assert fp.checksum(r) != c
+
+
+def test_checksum_sensitive_to_dtype_shape_and_order():
+    p = _ref()
+    c = fp.checksum(p)
+    assert fp.checksum({**p, "b": p["b"].astype(np.float32)}) != c
+    assert fp.checksum({**p, "w": p["w"].reshape(3, 2)}) != c
+    reordered = {k: p[k] for k in reversed(list(p))}
+    assert fp.checksum(reordered) != c
+
+
+# ------------------------------------------------------------------ check_update
+
+
+def test_check_update_accepts_good_update():
+    ref = _ref()
+    upd = fp.copy(ref)
+    upd["w"] += 1.0
+    assert fp.check_update(upd, ref) is None
+    assert fp.check_update(ref, ref) is None
+
+
+def test_check_update_missing_key():
+    ref = _ref()
+    upd = fp.copy(ref)
+    del upd["b"]
+    msg = fp.check_update(upd, ref)
+    assert msg is not None and "'b'" in msg and "missing" in msg
+
+
+def test_check_update_extra_key():
+    ref = _ref()
+    upd = {**fp.copy(ref), "extra": np.zeros(1, dtype=np.float32)}
+    msg = fp.check_update(upd, ref)
+    assert msg is not None and "'extra'" in msg
+
+
+def test_check_update_shape_mismatch():
+    ref = _ref()
+    upd = {**fp.copy(ref), "w": np.zeros((3, 2), dtype=np.float32)}
+    msg = fp.check_update(upd, ref)
+    assert msg is not None and "'w'" in msg and "shape" in msg
+
+
+def test_check_update_dtype_mismatch():
+    ref = _ref()
+    upd = {**fp.copy(ref), "b": ref["b"].astype(np.float32)}
+    msg = fp.check_update(upd, ref)
+    assert msg is not None and "'b'" in msg and "dtype" in msg
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("key", ["w", "b"])
+def test_check_update_non_finite(key, bad):
+    ref = _ref()
+    upd = fp.copy(ref)
+    upd[key].flat[-1] = bad
+    msg = fp.check_update(upd, ref)
+    assert msg is not None and f"'{key}'" in msg and "NaN or Inf" in msg
+
+
+def test_check_update_integer_arrays_not_checked_for_finiteness():
+    ref = _ref()
+    upd = fp.copy(ref)
+    upd["n"] = np.array(np.iinfo(np.int64).max, dtype=np.int64)
+    assert fp.check_update(upd, ref) is None
+
+
+# ---------------------------------------------------------------------- flatten
+
+
+def test_flatten_float_only():
+    p = _ref()
+    v = fp.flatten(p)
+    assert v.dtype == np.float64
+    assert len(v) == 6 + 2  # the int64 entry is left out
+    np.testing.assert_array_equal(v, [0, 1, 2, 3, 4, 5, 0.5, -1.5])
+
+
+def test_flatten_all():
+    v = fp.flatten(_ref(), float_only=False)
+    assert len(v) == 6 + 2 + 1
+    assert v[-1] == 7.0
+
+
+def test_flatten_model_counts_float_elements():
+    p = fp.from_torch(_net().state_dict())
+    n_float = sum(v.size for v in p.values() if np.issubdtype(v.dtype, np.floating))
+    assert len(fp.flatten(p)) == n_float
+    assert len(fp.flatten(p, float_only=False)) == n_float + 1  # num_batches_tracked
+
+
+def test_flatten_empty():
+    assert len(fp.flatten({"n": np.array([1, 2], dtype=np.int64)})) == 0
+
+
+# ------------------------------------------------------------- weighted_average
+
+
+def _models() -> list[fp.Params]:
+    return [
+        {
+            "w": np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32),
+            "b": np.array([0.0], dtype=np.float64),
+            "n": np.array(10, dtype=np.int64),
+        },
+        {
+            "w": np.array([[3.0, 0.0], [-3.0, 8.0]], dtype=np.float32),
+            "b": np.array([6.0], dtype=np.float64),
+            "n": np.array(20, dtype=np.int64),
+        },
+        {
+            "w": np.array([[5.0, 4.0], [9.0, 0.0]], dtype=np.float32),
+            "b": np.array([-6.0], dtype=np.float64),
+            "n": np.array(30, dtype=np.int64),
+        },
+    ]
+
+
+def test_weighted_average_golden():
+    out = weighted_average(_models(), [1, 2, 3])
+    # (1*m1 + 2*m2 + 3*m3) / 6, computed by hand:
+    # w[0,0] = (1 + 6 + 15)/6 = 22/6 ; w[0,1] = (2 + 0 + 12)/6 = 14/6
+    # w[1,0] = (3 - 6 + 27)/6 = 24/6 ; w[1,1] = (4 + 16 + 0)/6 = 20/6
+    # b = (0 + 12 - 18)/6 = -1
+    np.testing.assert_allclose(out["w"], np.array([[22, 14], [24, 20]]) / 6.0, rtol=1e-6)
+    np.testing.assert_allclose(out["b"], [-1.0], rtol=0, atol=1e-12)
+    assert out["n"] == 30  # from the model with the largest weight
+    assert list(out) == ["w", "b", "n"]
+
+
+def test_weighted_average_equal_weights_is_mean():
+    models = _models()
+    out = weighted_average(models, [5, 5, 5])
+    np.testing.assert_allclose(out["w"], np.mean([m["w"] for m in models], axis=0), rtol=1e-6)
+    np.testing.assert_allclose(out["b"], np.mean([m["b"] for m in models], axis=0))
+
+
+def test_weighted_average_weights_are_normalised():
+    models = _models()
+    a = weighted_average(models, [1, 2, 3])
+    b = weighted_average(models, [10, 20, 30])
+    c = weighted_average(models, [0.1, 0.2, 0.3])
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-6)
+        np.testing.assert_allclose(a[k], c[k], rtol=1e-6)
+
+
+def test_weighted_average_preserves_dtypes():
+    out = weighted_average(_models(), [1, 2, 3])
+    assert out["w"].dtype == np.float32
+    assert out["b"].dtype == np.float64
+    assert out["n"].dtype == np.int64
+
+
+def test_weighted_average_integer_entry_from_largest_weight():
+    models = _models()
+    assert weighted_average(models, [5, 1, 1])["n"] == 10
+    assert weighted_average(models, [1, 7, 2])["n"] == 20
+    assert weighted_average(models, [0, 0, 1])["n"] == 30
+
+
+def test_weighted_average_single_model_is_identity():
+    m = _models()[1]
+    out = weighted_average([m], [4])
+    for k in m:
+        np.testing.assert_array_equal(out[k], m[k])
+
+
+def test_weighted_average_zero_weight_ignores_model():
+    models = _models()
+    models[2]["w"][:] = np.float32(1e30)
+    out = weighted_average(models, [1, 1, 0])
+    np.testing.assert_allclose(out["w"], (models[0]["w"] + models[1]["w"]) / 2, rtol=1e-6)
+
+
+def test_weighted_average_does_not_modify_inputs():
+    models = _models()
+    before = [fp.checksum(m) for m in models]
+    out = weighted_average(models, [1, 2, 3])
+    out["n"][...] = -1
+    assert [fp.checksum(m) for m in models] == before
+
+
+def test_weighted_average_errors():
+    models = _models()
+    with pytest.raises(ValueError):
+        weighted_average([], [])
+    with pytest.raises(ValueError):
+        weighted_average(models, [1, 2])
+    with pytest.raises(ValueError):
+        weighted_average(models, [1, -1, 3])
+    with pytest.raises(ValueError):
+        weighted_average(models, [0, 0, 0])

@@ -1,0 +1,289 @@
+"""Unit tests of fedsys.partition: iid, dirichlet, shards, histograms, errors."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from fedsys.partition import (
+    PartitionError,
+    class_histogram,
+    dirichlet,
+    iid,
+    plot_histogram,
+    shards,
+)
+
+NUM_CLASSES = 10
+N_SAMPLES = 3000
+LABELS = np.random.default_rng(42).integers(0, NUM_CLASSES, size=N_SAMPLES)
+# Balanced and label-sorted: 300 samples of each class, in class order.
+SORTED_LABELS = np.repeat(np.arange(NUM_CLASSES), N_SAMPLES // NUM_CLASSES)
+
+CLIENT_SEED = list(itertools.product((1, 3, 10, 25), (0, 7)))
+
+
+def _assert_valid_partition(parts: list[np.ndarray], n: int, num_clients: int) -> None:
+    assert isinstance(parts, list)
+    assert len(parts) == num_clients
+    for p in parts:
+        assert isinstance(p, np.ndarray)
+        assert p.dtype == np.int64
+        assert p.ndim == 1
+        assert np.all(np.diff(p) > 0), "indices must be strictly increasing (sorted, unique)"
+    allidx = np.concatenate(parts)
+    # disjoint: no index appears twice across clients
+    assert len(np.unique(allidx)) == len(allidx)
+    # complete: union is exactly 0..n-1
+    assert len(allidx) == n
+    np.testing.assert_array_equal(np.sort(allidx), np.arange(n))
+
+
+# ----------------------------------------------------------------------------- iid
+
+
+@pytest.mark.parametrize(("num_clients", "seed"), CLIENT_SEED)
+def test_iid_disjoint_complete_balanced(num_clients, seed):
+    parts = iid(LABELS, num_clients, seed)
+    _assert_valid_partition(parts, N_SAMPLES, num_clients)
+    sizes = [len(p) for p in parts]
+    assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("n", [7, 101, 3001])
+def test_iid_uneven_sizes_differ_by_at_most_one(n):
+    labels = np.zeros(n, dtype=np.int64)
+    parts = iid(labels, 6, seed=3)
+    _assert_valid_partition(parts, n, 6)
+    sizes = [len(p) for p in parts]
+    assert max(sizes) - min(sizes) <= 1
+    assert sum(sizes) == n
+
+
+def test_iid_one_sample_per_client():
+    parts = iid(np.arange(5), 5, seed=0)
+    _assert_valid_partition(parts, 5, 5)
+    assert all(len(p) == 1 for p in parts)
+
+
+# ------------------------------------------------------------------------ dirichlet
+
+
+@pytest.mark.parametrize(("num_clients", "seed"), CLIENT_SEED)
+@pytest.mark.parametrize("alpha", [0.1, 0.5, 100.0])
+def test_dirichlet_disjoint_complete_min_size(num_clients, seed, alpha):
+    min_size = 10
+    parts = dirichlet(LABELS, num_clients, seed, alpha=alpha, min_size=min_size)
+    _assert_valid_partition(parts, N_SAMPLES, num_clients)
+    assert min(len(p) for p in parts) >= min_size
+
+
+def test_dirichlet_larger_min_size_is_respected():
+    parts = dirichlet(LABELS, 10, seed=1, alpha=0.5, min_size=100)
+    _assert_valid_partition(parts, N_SAMPLES, 10)
+    assert min(len(p) for p in parts) >= 100
+
+
+def _mean_major_classes(parts: list[np.ndarray], labels: np.ndarray) -> float:
+    """Mean number of classes that hold >= 5% of a client's data."""
+    hist = class_histogram(labels, parts, NUM_CLASSES)
+    frac = hist / hist.sum(axis=1, keepdims=True)
+    return float((frac >= 0.05).sum(axis=1).mean())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dirichlet_small_alpha_more_skewed_than_large_alpha(seed):
+    skewed = dirichlet(LABELS, 10, seed, alpha=0.1, min_size=10)
+    uniform = dirichlet(LABELS, 10, seed, alpha=100.0, min_size=10)
+    k_skewed = _mean_major_classes(skewed, LABELS)
+    k_uniform = _mean_major_classes(uniform, LABELS)
+    assert k_skewed < k_uniform
+    # alpha=100 is close to iid: nearly every class is a major class of every client
+    assert k_uniform >= 9.0
+    # alpha=0.1 concentrates clients on few classes
+    assert k_skewed <= 5.0
+
+
+def test_dirichlet_large_alpha_matches_global_label_distribution():
+    parts = dirichlet(LABELS, 5, seed=0, alpha=1000.0, min_size=10)
+    hist = class_histogram(LABELS, parts, NUM_CLASSES)
+    client_frac = hist / hist.sum(axis=1, keepdims=True)
+    global_frac = np.bincount(LABELS, minlength=NUM_CLASSES) / N_SAMPLES
+    assert np.max(np.abs(client_frac - global_frac)) < 0.05
+
+
+# --------------------------------------------------------------------------- shards
+
+
+@pytest.mark.parametrize(("num_clients", "seed"), CLIENT_SEED)
+@pytest.mark.parametrize("spc", [1, 2, 3])
+def test_shards_disjoint_complete_sizes(num_clients, seed, spc):
+    parts = shards(LABELS, num_clients, seed, shards_per_client=spc)
+    _assert_valid_partition(parts, N_SAMPLES, num_clients)
+    shard_size = N_SAMPLES / (num_clients * spc)
+    for p in parts:
+        # each shard has floor or ceil of n / (N*S) samples
+        assert spc * np.floor(shard_size) <= len(p) <= spc * np.ceil(shard_size)
+        assert abs(len(p) - spc * shard_size) <= spc
+
+
+def test_shards_exact_size_when_divisible():
+    parts = shards(LABELS, 10, seed=0, shards_per_client=2)
+    assert [len(p) for p in parts] == [300] * 10
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_shards_on_balanced_sorted_labels_give_at_most_spc_classes(seed):
+    # 300 samples per class, shards of 150: every shard lies inside one class.
+    parts = shards(SORTED_LABELS, 10, seed, shards_per_client=2)
+    _assert_valid_partition(parts, N_SAMPLES, 10)
+    for p in parts:
+        assert len(np.unique(SORTED_LABELS[p])) <= 2
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_shards_label_skew_on_random_labels(seed):
+    spc = 2
+    parts = shards(LABELS, 10, seed, shards_per_client=spc)
+    classes = np.array([len(np.unique(LABELS[p])) for p in parts])
+    # shard size (150) is below every class count (~300), so a shard straddles at
+    # most one class boundary: at most 2 classes per shard, 2*spc per client.
+    assert classes.max() <= 2 * spc
+    # typical client: at most spc + 1 classes
+    assert np.median(classes) <= spc + 1
+    # and far from iid (iid clients hold all 10 classes)
+    assert classes.max() < NUM_CLASSES
+
+
+def test_shards_one_shard_is_contiguous_in_label_order():
+    # spc=1: a client's labels span a contiguous range of classes
+    parts = shards(LABELS, 20, seed=5, shards_per_client=1)
+    for p in parts:
+        cls = np.unique(LABELS[p])
+        assert cls.max() - cls.min() + 1 == len(cls)
+
+
+# ---------------------------------------------------------------------- histogram
+
+
+@pytest.mark.parametrize(
+    "parts_fn",
+    [
+        lambda: iid(LABELS, 7, 0),
+        lambda: dirichlet(LABELS, 7, 0, alpha=0.3),
+        lambda: shards(LABELS, 7, 0, shards_per_client=2),
+    ],
+    ids=["iid", "dirichlet", "shards"],
+)
+def test_class_histogram_margins(parts_fn):
+    parts = parts_fn()
+    hist = class_histogram(LABELS, parts, NUM_CLASSES)
+    assert hist.shape == (7, NUM_CLASSES)
+    np.testing.assert_array_equal(hist.sum(axis=1), [len(p) for p in parts])
+    np.testing.assert_array_equal(hist.sum(axis=0), np.bincount(LABELS, minlength=NUM_CLASSES))
+
+
+def test_class_histogram_hand_example():
+    labels = np.array([0, 1, 1, 2, 2, 2])
+    parts = [np.array([0, 1], dtype=np.int64), np.array([2, 3, 4, 5], dtype=np.int64)]
+    hist = class_histogram(labels, parts, num_classes=4)
+    np.testing.assert_array_equal(hist, [[1, 1, 0, 0], [0, 1, 3, 0]])
+
+
+def test_plot_histogram_writes_png(tmp_path):
+    parts = dirichlet(LABELS, 5, 0, alpha=0.3)
+    hist = class_histogram(LABELS, parts, NUM_CLASSES)
+    target = tmp_path / "sub" / "hist.png"
+    out = plot_histogram(hist, target, "test")
+    assert out == target
+    data = target.read_bytes()
+    assert len(data) > 1000
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -------------------------------------------------------------------- determinism
+
+
+SPLITS = {
+    "iid": lambda seed: iid(LABELS, 10, seed),
+    "dirichlet": lambda seed: dirichlet(LABELS, 10, seed, alpha=0.3),
+    "shards": lambda seed: shards(LABELS, 10, seed, shards_per_client=2),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SPLITS))
+def test_same_seed_same_partition(kind):
+    a, b = SPLITS[kind](3), SPLITS[kind](3)
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("kind", sorted(SPLITS))
+def test_different_seed_different_partition(kind):
+    a, b = SPLITS[kind](3), SPLITS[kind](4)
+    assert any(not np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_labels_input_not_modified():
+    labels = LABELS.copy()
+    dirichlet(labels, 5, 0, alpha=0.3)
+    shards(labels, 5, 0, shards_per_client=2)
+    iid(labels, 5, 0)
+    np.testing.assert_array_equal(labels, LABELS)
+
+
+# -------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("num_clients", [0, -1])
+@pytest.mark.parametrize("kind", ["iid", "dirichlet", "shards"])
+def test_num_clients_below_one_rejected(kind, num_clients):
+    fn = {
+        "iid": lambda: iid(LABELS, num_clients, 0),
+        "dirichlet": lambda: dirichlet(LABELS, num_clients, 0, alpha=0.3),
+        "shards": lambda: shards(LABELS, num_clients, 0, shards_per_client=2),
+    }[kind]
+    with pytest.raises(PartitionError, match="num-clients"):
+        fn()
+
+
+def test_more_clients_than_samples_rejected():
+    with pytest.raises(PartitionError):
+        iid(np.arange(5), 6, 0)
+
+
+@pytest.mark.parametrize("alpha", [0.0, -0.5])
+def test_dirichlet_nonpositive_alpha_rejected(alpha):
+    with pytest.raises(PartitionError, match="alpha"):
+        dirichlet(LABELS, 10, 0, alpha=alpha)
+
+
+def test_dirichlet_impossible_min_size_rejected():
+    # 10 clients x 301 samples > 3000 samples
+    with pytest.raises(PartitionError, match="min-size"):
+        dirichlet(LABELS, 10, 0, alpha=0.3, min_size=301)
+
+
+def test_dirichlet_unreachable_min_size_gives_up():
+    # Possible in principle (10 x 290 <= 3000) but no tiny-alpha draw gets there.
+    with pytest.raises(PartitionError, match="tries"):
+        dirichlet(LABELS, 10, 0, alpha=0.01, min_size=290, max_tries=5)
+
+
+def test_shards_too_many_shards_rejected():
+    # 100 clients x 40 shards = 4000 shards > 3000 samples
+    with pytest.raises(PartitionError, match="shards"):
+        shards(LABELS, 100, 0, shards_per_client=40)
+
+
+@pytest.mark.parametrize("spc", [0, -2])
+def test_shards_per_client_below_one_rejected(spc):
+    with pytest.raises(PartitionError, match="shards-per-client"):
+        shards(LABELS, 10, 0, shards_per_client=spc)
+
+
+def test_partition_error_is_value_error():
+    assert issubclass(PartitionError, ValueError)
