@@ -1,0 +1,181 @@
+"""Per-client caches of recent local models (FedCDA's memory W_t^n), in RAM or on disk.
+
+Each client keeps its K most recent models as flat vectors (see
+:class:`fedsys.fedcda.Layout`) with the scalars FedCDA needs: the loss the client
+reported, the squared norm of the trainable part and the round.  Adding the K+1-th
+model drops the oldest (Alg. 1 line 8).
+
+The disk cache writes one ``.npy`` file per cached model under its directory
+(atomically) and maps files back with ``mmap_mode="r"`` only when a model is read,
+so RAM holds metadata only, whatever the number of clients.  Files are never
+rewritten in place: a checkpoint refers to files by name, and files no longer
+referenced are removed only after the next checkpoint is on disk
+(:meth:`ModelCache.collect`), so a run killed at any moment resumes exactly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fedsys.params import Params
+
+Vec = NDArray[np.floating]
+
+
+@dataclass
+class Entry:
+    """One cached local model (its vector lives in the cache's store)."""
+
+    round: int
+    loss: float
+    sq: float
+    ints: Params = field(default_factory=dict)
+
+
+class ModelCache:
+    """Up to ``capacity`` recent models per client, stored in RAM or in ``directory``.
+
+    Parameters
+    ----------
+    capacity : int
+        K, models kept per client.
+    directory : Path or None
+        Where the disk store writes its files; ``None`` keeps vectors in RAM.
+    """
+
+    def __init__(self, capacity: int, directory: Path | None = None) -> None:
+        if capacity < 1:
+            raise ValueError("cache capacity must be at least 1")
+        self.capacity = capacity
+        self.directory = directory
+        self.entries: dict[int, deque[Entry]] = {}
+        self._ram: dict[tuple[int, int], Vec] = {}
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+
+    # ----------------------------------------------------------------- access
+
+    @property
+    def on_disk(self) -> bool:
+        return self.directory is not None
+
+    def clients(self) -> list[int]:
+        """Clients with at least one cached model, sorted."""
+        return sorted(c for c, q in self.entries.items() if q)
+
+    def of(self, client: int) -> list[Entry]:
+        """The client's cached entries, oldest first."""
+        return list(self.entries.get(client, ()))
+
+    def entry(self, client: int, rnd: int) -> Entry:
+        """The entry of ``client`` from round ``rnd``."""
+        for e in self.entries.get(client, ()):
+            if e.round == rnd:
+                return e
+        raise KeyError(f"client {client} has no cached model from round {rnd}")
+
+    def _path(self, client: int, rnd: int) -> Path:
+        assert self.directory is not None
+        return self.directory / f"c{client:06d}-r{rnd:06d}.npy"
+
+    def vector(self, client: int, rnd: int) -> Vec:
+        """The cached vector (a read-only memory map for the disk store)."""
+        if self.directory is None:
+            return self._ram[(client, rnd)]
+        arr: Vec = np.load(self._path(client, rnd), mmap_mode="r")
+        return arr
+
+    # ----------------------------------------------------------------- update
+
+    def add(self, client: int, rnd: int, vec: Vec, loss: float, sq: float, ints: Params) -> Entry:
+        """Cache a new model of ``client``; the oldest goes when K are held."""
+        q = self.entries.setdefault(client, deque())
+        if any(e.round == rnd for e in q):
+            raise ValueError(f"client {client} already has a model from round {rnd}")
+        if self.directory is None:
+            self._ram[(client, rnd)] = np.array(vec, copy=True)
+        else:
+            path = self._path(client, rnd)
+            tmp = path.with_suffix(".tmp.npy")
+            np.save(tmp, np.asarray(vec))
+            os.replace(tmp, path)
+        entry = Entry(rnd, float(loss), float(sq), {k: v.copy() for k, v in ints.items()})
+        q.append(entry)
+        while len(q) > self.capacity:
+            old = q.popleft()
+            self._ram.pop((client, old.round), None)
+        return entry
+
+    # ----------------------------------------------------------------- state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Metadata, plus the vectors themselves for the RAM store."""
+        state: dict[str, Any] = {
+            "capacity": self.capacity,
+            "entries": {
+                c: [(e.round, e.loss, e.sq, {k: v.copy() for k, v in e.ints.items()}) for e in q]
+                for c, q in self.entries.items()
+            },
+        }
+        if self.directory is None:
+            state["vectors"] = {k: v.copy() for k, v in self._ram.items()}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; the disk store checks its files are there."""
+        self.capacity = int(state["capacity"])
+        self.entries = {
+            int(c): deque(Entry(int(r), float(f), float(s), dict(i)) for r, f, s, i in rows)
+            for c, rows in state["entries"].items()
+        }
+        if self.directory is None:
+            self._ram = {tuple(k): np.array(v, copy=True) for k, v in state["vectors"].items()}
+        else:
+            missing = [
+                self._path(c, e.round).name
+                for c, q in self.entries.items()
+                for e in q
+                if not self._path(c, e.round).exists()
+            ]
+            if missing:
+                raise FileNotFoundError(
+                    f"the FedCDA disk cache {self.directory} lacks {len(missing)} model files "
+                    f"named in the checkpoint (e.g. {missing[0]})"
+                )
+            self.collect()
+
+    def collect(self) -> int:
+        """Delete files of the disk store that no entry refers to; return how many.
+
+        Call only when the state that refers to the current entries is safely on
+        disk (after a checkpoint), never between a checkpoint and its successor's
+        write.
+        """
+        if self.directory is None:
+            return 0
+        keep = {self._path(c, e.round).name for c, q in self.entries.items() for e in q}
+        gone = 0
+        for p in self.directory.glob("c*-r*.npy"):
+            if p.name not in keep:
+                p.unlink(missing_ok=True)
+                gone += 1
+        for p in self.directory.glob("*.tmp.npy"):
+            p.unlink(missing_ok=True)
+        return gone
+
+    def nbytes_on_disk(self) -> int:
+        """Bytes of the store's files (0 for RAM)."""
+        if self.directory is None:
+            return 0
+        return sum(p.stat().st_size for p in self.directory.glob("c*-r*.npy"))
+
+    def nbytes_in_ram(self) -> int:
+        """Bytes of vectors held in RAM (0 for the disk store)."""
+        return sum(v.nbytes for v in self._ram.values())

@@ -1,0 +1,279 @@
+"""FedCDA (Wang et al., "FedCDA: Federated Learning with Cross-Round Divergence-Aware
+Aggregation", ICLR 2024, Algorithm 1), on the fedsys base class.
+
+The strategy orchestrates; the maths is in :mod:`fedsys.fedcda` and the per-client
+model memory in :mod:`fedsys.model_cache`.
+"""
+
+from __future__ import annotations
+
+import time
+from logging import INFO
+from typing import Any
+
+import numpy as np
+from flwr.supercore import log
+
+from fedsys import fedcda as maths
+from fedsys.aggregate import weighted_average
+from fedsys.config import ConfigError, RunConfig
+from fedsys.fedcda import Layout
+from fedsys.flwr_io import ClientUpdate
+from fedsys.model_cache import ModelCache
+from fedsys.params import Params
+from fedsys.task import derive_seed
+from strategies.base import FedsysStrategy
+
+BATCH_TAG = 0xCDA
+
+
+class FedCDAStrategy(FedsysStrategy):
+    r"""Cross-round divergence-aware aggregation.
+
+    Per client, keyed by the partition-id it echoes, the server caches its K most
+    recent local models with the last-epoch mean training loss it reported
+    (Alg. 1 line 8).  Rounds ``1..fedcda.warmup`` are FedAvg (the cache fills
+    meanwhile; ``fedcda.warmup-mode=newest-all`` instead averages the newest model of
+    every client seen, as the public prototype does).  Afterwards every accepted
+    participant's model is chosen from its cache by ``fedcda.selection``:
+
+    * ``approximate`` (default): Eq. 8, the participants split into B seeded batches,
+      each batch searched exhaustively with the earlier batches and all
+      non-participants fixed and the later batches left out;
+    * ``optimal``: Eq. 6 searched exhaustively over every seen client's cache jointly
+      (K^N combinations; small cases only);
+    * ``newest`` / ``random``: the Fig. 2(a) ablations.
+
+    Non-participants and rejected participants keep their earlier selection.  The
+    new global model is the uniform mean of the selected models of every client
+    seen so far (Alg. 1 line 10, clients never seen left out, spec §6 item 1).
+    Integer buffers take the element-wise maximum over the selected models.
+
+    The sum of the selected vectors is kept in float64 and updated by the changed
+    selections only, so a round costs O(P·K·C) (plus the batch searches), not
+    O(N·C); with ``fedcda.cache=disk`` only metadata and that sum live in RAM.
+    """
+
+    name = "fedcda"
+    default_trainer = "sgd"
+
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__(cfg)
+        self.K = cfg.fedcda__memory
+        self.B = cfg.fedcda__batches
+        self.L = cfg.fedcda__smoothness
+        self.selection = cfg.fedcda__selection
+        self._check_search_size()
+        self.cache: ModelCache | None = None
+        self.layout: Layout | None = None
+        self.order: tuple[str, ...] = ()
+        self.selected: dict[int, int] = {}  # client -> round of its selected entry
+        self.sel_sum: np.ndarray | None = None  # float64 sum of selected vectors
+
+    def _check_search_size(self) -> None:
+        c = self.cfg
+        if self.selection == "optimal":
+            n, key = c.num_clients, "num-clients"
+        elif self.selection == "approximate":
+            n, key = max(maths.batch_sizes(c.clients_per_round, self.B)), "fedcda.batches"
+        else:
+            return
+        combos = float(self.K) ** n
+        if combos > maths.MAX_COMBINATIONS:
+            raise ConfigError(
+                f"fedcda.selection={self.selection} would search K^{n} = {combos:.3g} "
+                f"combinations per batch (limit {maths.MAX_COMBINATIONS:.3g}); raise "
+                f"'{key}' accordingly or lower 'fedcda.memory'"
+                + (" ('optimal' is for small federations)" if self.selection == "optimal" else "")
+            )
+
+    def summary(self) -> None:
+        super().summary()
+        log(INFO, "[%s] K=%d, B=%d, L=%g, warmup=%d (%s), selection=%s, cache=%s",
+            self.name, self.K, self.B, self.L, self.cfg.fedcda__warmup,
+            self.cfg.fedcda__warmup_mode, self.selection, self.cfg.fedcda__cache)
+
+    # ------------------------------------------------------------------ set-up
+
+    def _ensure(self, like: Params) -> tuple[ModelCache, Layout]:
+        if self.layout is None:
+            self.layout = Layout.of(like)
+            self.order = tuple(like)
+        if self.cache is None:
+            directory = None
+            if self.cfg.fedcda__cache == "disk":
+                base = self.workdir if self.workdir is not None else self.cfg.run_dir / self.name
+                directory = base / "fedcda-cache"
+            self.cache = ModelCache(self.K, directory)
+        if self.sel_sum is None:
+            self.sel_sum = np.zeros(self.layout.dim)
+        return self.cache, self.layout
+
+    # ------------------------------------------------------------------ round
+
+    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
+        cache, layout = self._ensure(updates[0].params)
+        assert self.sel_sum is not None
+        t0 = time.perf_counter()
+        participants = [u.partition_id for u in updates]
+        # Participants are selected afresh: take their old selections out of the sum.
+        for n in participants:
+            if n in self.selected:
+                self.sel_sum -= cache.vector(n, self.selected[n])
+        for u in updates:
+            vec, ints = layout.pack(u.params)
+            loss = float(u.metrics.get("train-loss", 0.0))
+            cache.add(u.partition_id, server_round, vec, loss, maths.sq_norm(vec[: layout.d_obj]),
+                      ints)
+        warm = server_round <= self.cfg.fedcda__warmup
+        info: dict[str, float] = {}
+        if warm or self.selection == "newest":
+            chosen = {n: server_round for n in participants}
+        elif self.selection == "random":
+            rng = np.random.default_rng(derive_seed(self.cfg.seed, server_round, BATCH_TAG))
+            chosen = {n: int(rng.choice([e.round for e in cache.of(n)])) for n in participants}
+        elif self.selection == "approximate":
+            chosen, info = self._approximate(server_round, participants)
+        else:
+            chosen, info = self._optimal(participants)
+        for n, r in chosen.items():
+            self.selected[n] = r
+            if self.selection != "optimal" or warm:
+                self.sel_sum += cache.vector(n, r)
+        if self.selection == "optimal" and not warm:
+            self._resum()
+        self._log_round(server_round, participants, warm, info, time.perf_counter() - t0)
+        if warm and self.cfg.fedcda__warmup_mode == "fedavg":
+            return weighted_average([u.params for u in updates], [u.num_examples for u in updates])
+        return self.global_model()
+
+    def _fixed_sums(self, clients: list[int]) -> tuple[np.ndarray, float, float]:
+        assert self.cache is not None and self.layout is not None
+        sq = sum(self.cache.entry(n, self.selected[n]).sq for n in clients)
+        loss = sum(self.cache.entry(n, self.selected[n]).loss for n in clients)
+        return np.zeros(self.layout.d_obj), float(sq), float(loss)
+
+    def _approximate(self, server_round: int, participants: list[int]) -> tuple[dict[int, int], dict[str, float]]:
+        """Eq. 8: greedy batches, each searched exhaustively."""
+        cache, layout = self.cache, self.layout
+        assert cache is not None and layout is not None and self.sel_sum is not None
+        pset = set(participants)
+        fixed = [n for n in self.selected if n not in pset]
+        vec_sum = np.array(self.sel_sum[: layout.d_obj])  # participants already taken out
+        _, sq_sum, loss_sum = self._fixed_sums(fixed)
+        rng = np.random.default_rng(derive_seed(self.cfg.seed, server_round, BATCH_TAG))
+        chosen: dict[int, int] = {}
+        combos = 0
+        value = float("nan")
+        for batch in maths.split_batches(participants, self.B, rng):
+            ents = [cache.of(n) for n in batch]
+            res = maths.search_batch(
+                vec_sum, sq_sum, loss_sum, len(fixed),
+                [[cache.vector(n, e.round)[: layout.d_obj] for e in es] for n, es in zip(batch, ents, strict=True)],
+                [[e.loss for e in es] for es in ents],
+                [[e.round for e in es] for es in ents],
+                self.L,
+            )
+            combos += res.combinations
+            value = res.value
+            for n, es, k in zip(batch, ents, res.choice, strict=True):
+                e = es[k]
+                chosen[n] = e.round
+                vec_sum += np.asarray(cache.vector(n, e.round)[: layout.d_obj], dtype=np.float64)
+                sq_sum += e.sq
+                loss_sum += e.loss
+                fixed.append(n)
+        return chosen, {"fedcda-combinations": combos, "fedcda-last-batch-objective": value}
+
+    def _optimal(self, participants: list[int]) -> tuple[dict[int, int], dict[str, float]]:
+        """Exhaustive Eq. 6 over every seen client's cache jointly (the 'optimal' ablation)."""
+        cache, layout = self.cache, self.layout
+        assert cache is not None and layout is not None
+        clients = cache.clients()
+        ents = [cache.of(n) for n in clients]
+        res = maths.search_batch(
+            np.zeros(layout.d_obj), 0.0, 0.0, 0,
+            [[cache.vector(n, e.round)[: layout.d_obj] for e in es] for n, es in zip(clients, ents, strict=True)],
+            [[e.loss for e in es] for es in ents],
+            [[e.round for e in es] for es in ents],
+            self.L,
+        )
+        chosen = {n: es[k].round for n, es, k in zip(clients, ents, res.choice, strict=True)}
+        return chosen, {"fedcda-combinations": res.combinations}
+
+    def _resum(self) -> None:
+        """Recompute the sum of selected vectors from scratch (after 'optimal' moved
+        non-participants' selections too)."""
+        assert self.cache is not None and self.layout is not None
+        total = np.zeros(self.layout.dim)
+        for n, r in sorted(self.selected.items()):
+            total += self.cache.vector(n, r)
+        self.sel_sum = total
+
+    def global_model(self) -> Params:
+        """Uniform mean of every seen client's selected model (Alg. 1 line 10)."""
+        assert self.cache is not None and self.layout is not None and self.sel_sum is not None
+        m = len(self.selected)
+        ints: Params = {}
+        for k in self.layout.int_keys:
+            ints[k] = np.max(
+                np.stack([self.cache.entry(n, r).ints[k] for n, r in sorted(self.selected.items())]),
+                axis=0,
+            )
+        return self.layout.unpack(self.sel_sum / m, ints, self.order)
+
+    def _log_round(self, server_round: int, participants: list[int], warm: bool,
+                   info: dict[str, float], seconds: float) -> None:
+        cache, layout = self.cache, self.layout
+        assert cache is not None and layout is not None and self.sel_sum is not None
+        sel = sorted(self.selected.items())
+        loss_sum = sum(cache.entry(n, r).loss for n, r in sel)
+        sq_sum = sum(cache.entry(n, r).sq for n, r in sel)
+        loss, div = maths.objective_terms(loss_sum, sq_sum, self.sel_sum[: layout.d_obj], len(sel), self.L)
+        stale = sum(1 for n in participants if self.selected[n] != server_round)
+        self.round_metrics = {
+            "fedcda-warmup": float(warm),
+            "fedcda-objective": loss + div,
+            "fedcda-loss-term": loss,
+            "fedcda-divergence-term": div,
+            "fedcda-earlier-models": float(stale),
+            "fedcda-clients-in-mean": float(len(sel)),
+            "fedcda-aggregation-s": seconds,
+            **info,
+        }
+
+    # ------------------------------------------------------------------ state
+
+    def checkpoint_written(self) -> None:
+        if self.cache is not None:
+            self.cache.collect()
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["fedcda"] = {
+            "layout": self.layout,
+            "order": self.order,
+            "selected": dict(self.selected),
+            "sel_sum": None if self.sel_sum is None else self.sel_sum.copy(),
+            "cache": None if self.cache is None else self.cache.state_dict(),
+            "cache_dir": None if self.cache is None or self.cache.directory is None
+            else str(self.cache.directory),
+        }
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        s = state["fedcda"]
+        self.layout = s["layout"]
+        self.order = tuple(s["order"])
+        self.selected = {int(k): int(v) for k, v in s["selected"].items()}
+        self.sel_sum = None if s["sel_sum"] is None else np.array(s["sel_sum"], dtype=np.float64)
+        self.cache = None
+        if s["cache"] is not None:
+            from pathlib import Path
+
+            directory = Path(s["cache_dir"]) if s["cache_dir"] else None
+            if directory is not None and self.workdir is not None:
+                directory = self.workdir / "fedcda-cache"
+            self.cache = ModelCache(int(s["cache"]["capacity"]), directory)
+            self.cache.load_state_dict(s["cache"])

@@ -1,0 +1,359 @@
+"""FedCDA: golden tests of the objective (Eqs. 5, 6, 8), the searches and the strategy.
+
+Reference: Wang et al., "FedCDA: Federated Learning with Cross-Round
+Divergence-Aware Aggregation", ICLR 2024; ``../shared/specs/fedcda.md`` §2.4 and §6.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from fedsys import fedcda as m
+from fedsys.aggregate import weighted_average
+from fedsys.config import ConfigError, build
+from fedsys.flwr_io import ClientUpdate
+from fedsys.model_cache import ModelCache
+from fedsys.params import Params
+from strategies.fedavg import FedAvgStrategy
+from strategies.fedcda import FedCDAStrategy
+
+RNG = np.random.default_rng(1234)
+
+
+def eq6_direct(models: list[np.ndarray], losses: list[float], lam: float) -> float:
+    return m.eq5_objective(np.stack(models), np.asarray(losses), lam)
+
+
+# ---------------------------------------------------------------- objective
+
+
+def test_cached_objective_equals_eq5_on_random_models() -> None:
+    for trial in range(5):
+        n, d = 3 + trial, 50 + 10 * trial
+        models = RNG.normal(size=(n, d)) * (trial + 1)
+        losses = RNG.uniform(0, 2, size=n)
+        lam = [0.0, 0.5, 1.0, 3.0, 10.0][trial]
+        cached = m.objective(losses.sum(), float(np.sum(models**2)), models.sum(axis=0), n, lam)
+        assert cached == pytest.approx(eq6_direct(list(models), list(losses), lam), rel=1e-12, abs=1e-12)
+        loss, div = m.objective_terms(losses.sum(), float(np.sum(models**2)), models.sum(axis=0), n, lam)
+        assert loss == pytest.approx(losses.mean())
+        assert div == pytest.approx(0.5 * lam * np.mean(np.sum((models - models.mean(0)) ** 2, 1)))
+
+
+def test_search_is_exact_for_close_models_far_from_the_origin() -> None:
+    """Centring: models 30 units from the origin differing by 1e-3 are still ranked
+    correctly (the uncentred mean||w||^2 - ||mean w||^2 loses ~1e-6 of the value)."""
+    base = RNG.normal(size=20_000) * 30
+    fixed = [base + 1e-3 * RNG.normal(size=base.size) for _ in range(3)]
+    cands = [[(base + 1e-3 * RNG.normal(size=base.size)).astype(np.float32) for _ in range(3)]
+             for _ in range(2)]
+    res = m.search_batch(np.sum(fixed, axis=0), sum(m.sq_norm(x) for x in fixed), 0.0, 3,
+                         cands, [[0.0] * 3] * 2, [[0, 1, 2]] * 2, 1.0)
+    vals = {}
+    for choice in itertools.product(range(3), range(3)):
+        ms = fixed + [cands[i][k].astype(np.float64) for i, k in enumerate(choice)]
+        c = np.mean(ms, axis=0)
+        vals[choice] = 0.5 * np.mean([np.sum((x - c) ** 2) for x in ms])
+    assert res.choice == min(vals, key=vals.__getitem__)
+    assert res.value == pytest.approx(min(vals.values()), rel=1e-5)
+
+
+def brute_force_batch(fixed: list[np.ndarray], fixed_losses: list[float], cands, losses, lam):
+    best, best_choice = np.inf, None
+    for choice in itertools.product(*[range(len(c)) for c in cands]):
+        ms = fixed + [cands[i][k] for i, k in enumerate(choice)]
+        fs = fixed_losses + [losses[i][k] for i, k in enumerate(choice)]
+        j = eq6_direct(ms, fs, lam)
+        if j < best - 1e-12:
+            best, best_choice = j, choice
+    return best, best_choice
+
+
+@pytest.mark.parametrize("sizes", [(3,), (3, 3), (2, 3, 1), (3, 3, 3, 3)])
+def test_search_batch_equals_brute_force_of_eq8(sizes: tuple[int, ...]) -> None:
+    d = 40
+    fixed = [RNG.normal(size=d) for _ in range(3)]
+    fixed_losses = list(RNG.uniform(0, 1, 3))
+    cands = [[RNG.normal(size=d) for _ in range(k)] for k in sizes]
+    losses = [list(RNG.uniform(0, 1, k)) for k in sizes]
+    res = m.search_batch(
+        np.sum(fixed, axis=0), sum(m.sq_norm(x) for x in fixed), sum(fixed_losses), len(fixed),
+        cands, losses, [list(range(k)) for k in sizes], 1.0,
+    )
+    best, choice = brute_force_batch(fixed, fixed_losses, cands, losses, 1.0)
+    assert res.choice == choice
+    assert res.value == pytest.approx(best, rel=1e-10)
+    assert res.combinations == int(np.prod(sizes))
+
+
+def test_search_with_nothing_fixed_is_exhaustive_eq6() -> None:
+    cands = [[RNG.normal(size=10) for _ in range(3)] for _ in range(4)]
+    losses = [list(RNG.uniform(0, 1, 3)) for _ in range(4)]
+    res = m.search_batch(np.zeros(10), 0.0, 0.0, 0, cands, losses, [[1, 2, 3]] * 4, 0.7)
+    best, choice = brute_force_batch([], [], cands, losses, 0.7)
+    assert res.choice == choice and res.value == pytest.approx(best)
+
+
+def test_ties_prefer_newer_models() -> None:
+    x = RNG.normal(size=8)
+    cands = [[x.copy(), x.copy(), x.copy()], [x.copy(), x.copy()]]
+    res = m.search_batch(x.copy(), m.sq_norm(x), 0.0, 1, cands, [[0.1] * 3, [0.1] * 2],
+                         [[4, 7, 9], [8, 9]], 1.0)
+    assert res.choice == (2, 1)
+
+
+def test_search_limit_is_an_error() -> None:
+    with pytest.raises(m.SearchTooLargeError, match="combinations"):
+        m.search_batch(np.zeros(2), 0, 0, 0, [[np.zeros(2)] * 40] * 6, [[0.0] * 40] * 6,
+                       [[0] * 40] * 6, 1.0)
+
+
+def test_split_batches_is_array_split_of_a_permutation() -> None:
+    rng = np.random.default_rng(0)
+    parts = m.split_batches([5, 9, 2, 7], 3, rng)
+    assert sorted(len(b) for b in parts) == [1, 1, 2] and [len(b) for b in parts] == [2, 1, 1]
+    assert sorted(x for b in parts for x in b) == [2, 5, 7, 9]
+    assert m.batch_sizes(10, 3) == [4, 3, 3] and m.batch_sizes(2, 3) == [1, 1]
+    assert m.split_batches([3, 1], 5, rng) and len(m.split_batches([3, 1], 5, rng)) == 2
+
+
+def test_layout_round_trip_puts_trainable_first() -> None:
+    p: Params = {
+        "conv.weight": RNG.normal(size=(2, 3)).astype(np.float32),
+        "bn.running_mean": RNG.normal(size=2).astype(np.float32),
+        "bn.num_batches_tracked": np.array(5, dtype=np.int64),
+        "fc.bias": RNG.normal(size=4).astype(np.float32),
+    }
+    lay = m.Layout.of(p)
+    assert lay.float_keys == ("conv.weight", "fc.bias", "bn.running_mean")
+    assert lay.d_obj == 10 and lay.dim == 12 and lay.int_keys == ("bn.num_batches_tracked",)
+    vec, ints = lay.pack(p)
+    back = lay.unpack(vec, ints, list(p))
+    assert list(back) == list(p)
+    for k in p:
+        assert back[k].dtype == p[k].dtype and np.array_equal(back[k], p[k])
+
+
+# ---------------------------------------------------------------- cache
+
+
+@pytest.mark.parametrize("disk", [False, True])
+def test_cache_rolls_oldest_out(tmp_path, disk: bool) -> None:
+    c = ModelCache(3, tmp_path / "c" if disk else None)
+    for r in range(1, 6):
+        c.add(7, r, np.full(4, r, np.float32), 0.1 * r, 4.0 * r * r, {})
+    assert [e.round for e in c.of(7)] == [3, 4, 5]
+    assert np.array_equal(c.vector(7, 4), np.full(4, 4, np.float32))
+    with pytest.raises(KeyError):
+        c.entry(7, 2)
+    if disk:
+        assert c.collect() == 2  # rounds 1 and 2 leave the disk only when collected
+        assert sorted(p.name for p in (tmp_path / "c").glob("*.npy")) == [
+            "c000007-r000003.npy", "c000007-r000004.npy", "c000007-r000005.npy"]
+        assert c.nbytes_in_ram() == 0
+    restored = ModelCache(1, tmp_path / "c" if disk else None)
+    restored.load_state_dict(c.state_dict())
+    assert [e.round for e in restored.of(7)] == [3, 4, 5]
+    assert np.array_equal(restored.vector(7, 5), c.vector(7, 5))
+
+
+# ---------------------------------------------------------------- strategy
+
+
+def cfg(**kw: object):
+    base = {"dataset": "synthetic", "model": "mlp", "num-clients": 6, "clients-per-round": 3,
+            "num-server-rounds": 10, "seed": 5, "strategy": "fedcda", "fedcda.warmup": 0}
+    return build({**base, **kw})
+
+
+def model(v: np.ndarray | float, n: int = 3) -> Params:
+    w = np.broadcast_to(np.asarray(v, np.float32), (4,)).copy()
+    return {"w": w, "count": np.array(n, np.int64)}
+
+
+def upd(pid: int, v: np.ndarray | float, loss: float = 0.0, n: int = 3, ex: int = 10) -> ClientUpdate:
+    return ClientUpdate(100 + pid, pid, model(v, n), ex, {"train-loss": loss})
+
+
+def test_warmup_equals_fedavg_exactly() -> None:
+    c = cfg(**{"fedcda.warmup": 3})
+    cda, avg = FedCDAStrategy(c), FedAvgStrategy(c)
+    for r in range(1, 4):
+        ups = [upd(p, RNG.normal(size=4), ex=int(RNG.integers(5, 50))) for p in (0, 2, 4)]
+        a, b = cda.aggregate(r, ups), avg.aggregate(r, ups)
+        assert a is not None and b is not None
+        for k in a:
+            assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k])
+        assert cda.round_metrics["fedcda-warmup"] == 1.0
+
+
+def test_global_is_uniform_mean_of_seen_clients_and_unseen_are_left_out() -> None:
+    s = FedCDAStrategy(cfg(**{"fedcda.selection": "newest"}))
+    g = s.aggregate(1, [upd(0, 1.0, ex=1), upd(1, 2.0, ex=100), upd(3, 6.0, ex=1)])
+    assert g is not None
+    np.testing.assert_allclose(g["w"], 3.0)  # uniform, not example-weighted; 2, 4, 5 unseen
+    g = s.aggregate(2, [upd(0, 4.0), upd(5, 8.0, n=9)])
+    assert g is not None
+    np.testing.assert_allclose(g["w"], (4 + 2 + 6 + 8) / 4)  # 1 and 3 keep their models
+    assert g["count"] == 9 and g["count"].dtype == np.int64  # integer buffers: max
+    assert s.round_metrics["fedcda-clients-in-mean"] == 4
+
+
+def test_rejected_participant_keeps_previous_selection() -> None:
+    s = FedCDAStrategy(cfg())
+    s.aggregate(1, [upd(0, 1.0), upd(1, 5.0)])
+    sel_before = dict(s.selected)
+    # round 2: client 1 was sampled but its reply was rejected -> not among the updates
+    s.aggregate(2, [upd(0, 2.0)])
+    assert s.selected[1] == sel_before[1] == 1
+    assert [e.round for e in s.cache.of(1)] == [1]  # no partial model cached
+
+
+def make_known_case() -> tuple[FedCDAStrategy, FedCDAStrategy]:
+    """Client 0's newest model drifted far away; its round-1 model sits with the others."""
+    out = []
+    for sel in ("approximate", "newest"):
+        s = FedCDAStrategy(cfg(**{"fedcda.selection": sel}))
+        s.aggregate(1, [upd(0, 1.0), upd(1, 1.1), upd(2, 0.9)])
+        s.aggregate(2, [upd(0, 50.0)])
+        out.append(s)
+    return out[0], out[1]
+
+
+def test_approximate_picks_the_known_answer_and_newest_does_not() -> None:
+    approx, newest = make_known_case()
+    assert approx.selected[0] == 1 and newest.selected[0] == 2
+    assert approx.round_metrics["fedcda-earlier-models"] == 1
+    assert newest.round_metrics["fedcda-earlier-models"] == 0
+    assert approx.round_metrics["fedcda-objective"] < newest.round_metrics["fedcda-objective"]
+    np.testing.assert_allclose(approx.global_model()["w"], 1.0, rtol=1e-6)
+
+
+def random_fill(s: FedCDAStrategy, rounds: int, clients: list[int], d: int = 6, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    for r in range(1, rounds + 1):
+        part = sorted(rng.choice(clients, size=min(3, len(clients)), replace=False).tolist())
+        s.aggregate(r, [upd(p, rng.normal(size=4) * 3, loss=float(rng.uniform())) for p in part])
+
+
+def test_optimal_equals_brute_force_over_all_caches() -> None:
+    s = FedCDAStrategy(cfg(**{"fedcda.selection": "optimal", "fedcda.warmup": 4,
+                              "num-clients": 4, "fedcda.smoothness": 0.5}))
+    random_fill(s, 6, [0, 1, 2, 3])
+    cache = s.cache
+    clients = cache.clients()
+    cands = [[np.asarray(cache.vector(n, e.round), np.float64) for e in cache.of(n)] for n in clients]
+    losses = [[e.loss for e in cache.of(n)] for n in clients]
+    best, choice = brute_force_batch([], [], cands, losses, 0.5)
+    assert {n: cache.of(n)[k].round for n, k in zip(clients, choice, strict=True)} == s.selected
+    np.testing.assert_allclose(s.global_model()["w"],
+                               np.mean([cands[i][k] for i, k in enumerate(choice)], axis=0), rtol=1e-6)
+    assert s.round_metrics["fedcda-objective"] == pytest.approx(best, rel=1e-9)
+
+
+def test_greedy_with_one_client_per_batch_equals_per_client_greedy() -> None:
+    clients = [0, 1, 2, 3, 4, 5]
+    s = FedCDAStrategy(cfg(**{"fedcda.batches": 3, "fedcda.warmup": 5}))
+    random_fill(s, 5, clients)  # warmup: caches filled, newest selected
+    before = dict(s.selected)
+    cache = s.cache
+    rng = np.random.default_rng(77)
+    ups = [upd(p, rng.normal(size=4) * 3, loss=float(rng.uniform())) for p in (1, 3, 4)]
+    # Expected: the same permutation the strategy draws, one client at a time.
+    from fedsys.task import derive_seed
+    from strategies.fedcda import BATCH_TAG
+    order = m.split_batches([1, 3, 4], 3, np.random.default_rng(derive_seed(5, 6, BATCH_TAG)))
+    s.aggregate(6, ups)
+    fixed = {n: np.asarray(cache.vector(n, r), np.float64) for n, r in before.items() if n not in (1, 3, 4)}
+    floss = {n: cache.entry(n, r).loss for n, r in before.items() if n not in (1, 3, 4)}
+    for (n,) in order:
+        best, best_r = np.inf, None
+        for e in cache.of(n):
+            j = eq6_direct([*fixed.values(), np.asarray(cache.vector(n, e.round), np.float64)],
+                           [*floss.values(), e.loss], 1.0)
+            if j < best - 1e-12:
+                best, best_r = j, e.round
+        assert s.selected[n] == best_r
+        fixed[n] = np.asarray(cache.vector(n, best_r), np.float64)
+        floss[n] = cache.entry(n, best_r).loss
+
+
+def test_approximate_batches_exclude_later_batches() -> None:
+    """Eq. 8: with B = P, the first client's choice ignores the later participants."""
+    s = FedCDAStrategy(cfg(**{"fedcda.batches": 2, "fedcda.warmup": 1}))
+    s.aggregate(1, [upd(0, 0.0), upd(1, 0.0), upd(2, 0.0)])
+    before = s.global_model()
+    s.aggregate(2, [upd(0, 0.1), upd(1, 0.2), upd(2, 0.3)])
+    assert set(s.selected.values()) <= {1, 2}
+    assert s.round_metrics["fedcda-combinations"] == 2 * 2 + 2  # batches of sizes (2, 1)
+    assert before is not None
+
+
+def test_random_and_newest_modes() -> None:
+    s = FedCDAStrategy(cfg(**{"fedcda.selection": "random"}))
+    random_fill(s, 8, [0, 1, 2])
+    assert all(r in [e.round for e in s.cache.of(n)] for n, r in s.selected.items())
+    s2 = FedCDAStrategy(cfg(**{"fedcda.selection": "random"}))
+    random_fill(s2, 8, [0, 1, 2])
+    assert s.selected == s2.selected  # seeded
+
+
+def test_warmup_newest_all_mode_averages_seen_clients_uniformly() -> None:
+    s = FedCDAStrategy(cfg(**{"fedcda.warmup": 5, "fedcda.warmup-mode": "newest-all"}))
+    s.aggregate(1, [upd(0, 1.0, ex=1), upd(1, 3.0, ex=9)])
+    g = s.aggregate(2, [upd(0, 5.0)])
+    assert g is not None
+    np.testing.assert_allclose(g["w"], 4.0)
+
+
+def update_stream(rounds: int, clients: list[int], seed: int) -> list[list[ClientUpdate]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(rounds):
+        part = sorted(rng.choice(clients, size=3, replace=False).tolist())
+        out.append([upd(q, rng.normal(size=4) * 3, loss=float(rng.uniform())) for q in part])
+    return out
+
+
+@pytest.mark.parametrize("cache", ["ram", "disk"])
+def test_state_dict_resume_is_identical(tmp_path, cache: str) -> None:
+    c = cfg(**{"fedcda.cache": cache, "fedcda.warmup": 2, "output-dir": str(tmp_path)})
+    stream = update_stream(8, [0, 1, 2, 3, 4, 5], seed=3)
+    full = FedCDAStrategy(c)
+    full.workdir = tmp_path / "full"
+    for r, ups in enumerate(stream, 1):
+        full.aggregate(r, ups)
+    part = FedCDAStrategy(c)
+    part.workdir = tmp_path / "part"
+    for r, ups in enumerate(stream[:6], 1):
+        part.aggregate(r, ups)
+        part.round = r
+        if r == 4:
+            state = part.state_dict()
+            part.checkpoint_written()
+    # killed after round 6; a fresh strategy resumes from the round-4 checkpoint
+    part = FedCDAStrategy(c)
+    part.workdir = tmp_path / "part"
+    part.load_state_dict(state)
+    for r, ups in enumerate(stream[4:], 5):
+        part.aggregate(r, ups)
+    assert part.selected == full.selected
+    a, b = part.global_model(), full.global_model()
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert np.array_equal(part.sel_sum, full.sel_sum)
+
+
+def test_impossible_search_sizes_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match=r"optimal.*num-clients"):
+        FedCDAStrategy(cfg(**{"fedcda.selection": "optimal", "num-clients": 40}))
+    with pytest.raises(ConfigError, match=r"fedcda\.batches"):
+        FedCDAStrategy(cfg(**{"num-clients": 100, "clients-per-round": 60, "fedcda.batches": 1}))
+
+
+def test_weighted_average_reference_is_unchanged() -> None:
+    # guard: the FedAvg used in warmup is the library's weighted mean
+    a, b = model(1.0), model(3.0)
+    np.testing.assert_allclose(weighted_average([a, b], [1, 3])["w"], 2.5)
