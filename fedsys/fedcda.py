@@ -123,8 +123,7 @@ class Layout:
 
 def sq_norm(vec: NDArray[np.floating]) -> float:
     """``||vec||^2`` in float64."""
-    v = np.asarray(vec, dtype=np.float64)
-    return float(v @ v)
+    return float(np.einsum("i,i->", vec, vec, dtype=np.float64))
 
 
 def objective(loss_sum: float, sq_sum: float, vec_sum: F64, count: int, smoothness: float) -> float:
@@ -169,44 +168,41 @@ def eq5_objective(models: F64, losses: F64, smoothness: float) -> float:
 
 @dataclass(frozen=True)
 class CentredGram:
-    """Inner products of candidates and the fixed sum, about the candidates' mean.
+    """Gram matrix of a batch's candidates about the mean ``c`` of the fixed models.
 
-    The divergence is translation-invariant, so the search works on ``x - c`` with
-    ``c`` the mean of the batch's candidates: norms are then of the size of the
-    differences between models, and nothing cancels (spec §6 item 10).
+    The divergence does not change under translation, so the search works on
+    ``x - c``: norms are then of the size of the differences between models and
+    nothing cancels (spec §6 item 10).  Centring on ``c = S / count`` also makes the
+    fixed sum vanish (``S - count*c = 0``), so no inner products with ``S`` are
+    needed.  With nothing fixed, ``c`` is the first candidate.
     """
 
     g: F64  # Gram matrix of the centred candidates
-    a: F64  # <S - count*c, x - c> per candidate
-    anchor_sq: float  # ||S - count*c||^2
-    anchor_dot_c: float  # <S, c>
-    c_sq: float  # ||c||^2
+    c_sq: float  # ||c||^2, only to report J's value
 
 
-def centred_gram(vectors: Sequence[NDArray[np.floating]], anchor: F64, count: int) -> CentredGram:
+def centred_gram(vectors: Sequence[NDArray[np.floating]], fixed_sum: F64, count: int) -> CentredGram:
     """One blocked pass over the candidates: :class:`CentredGram` in float64.
 
-    Block by block over the coordinates, so memory stays at
-    ``len(vectors) * GRAM_BLOCK`` doubles even for memory-mapped ResNet-sized models;
-    the Gram matrix of a block is one matrix product.
+    Block by block over the coordinates (memory ``len(vectors) * GRAM_BLOCK``
+    doubles even for memory-mapped ResNet-sized models); each block is converted and
+    centred in one pass and multiplied in one matrix product.
     """
     k = len(vectors)
     dim = int(vectors[0].shape[0])
     g = np.zeros((k, k))
-    a = np.zeros(k)
-    anchor_sq = anchor_dot_c = c_sq = 0.0
+    c_sq = 0.0
+    buf = np.empty((k, min(dim, GRAM_BLOCK)))
     for lo in range(0, dim, GRAM_BLOCK):
         hi = min(dim, lo + GRAM_BLOCK)
-        xb = np.stack([np.asarray(v[lo:hi], dtype=np.float64) for v in vectors])
-        cb = xb.mean(axis=0)
+        xb = buf[:, : hi - lo]
+        cb = fixed_sum[lo:hi] / count if count > 0 else np.asarray(vectors[0][lo:hi], np.float64)
+        for i, v in enumerate(vectors):
+            xb[i] = v[lo:hi]
         xb -= cb
-        sb = anchor[lo:hi] - count * cb
         g += xb @ xb.T
-        a += xb @ sb
-        anchor_sq += float(sb @ sb)
-        anchor_dot_c += float(anchor[lo:hi] @ cb)
         c_sq += float(cb @ cb)
-    return CentredGram(g, a, anchor_sq, anchor_dot_c, c_sq)
+    return CentredGram(g, c_sq)
 
 
 @dataclass(frozen=True)
@@ -235,10 +231,11 @@ def search_batch(
     plus the batch is smallest.  Ties go to the combination of newer models (larger
     sum of ``rounds``), then to the first one enumerated (spec §6 item 9).
 
-    With centred quantities (:class:`CentredGram`, ``M = fixed_count + m``)::
+    With the candidates centred on the fixed models' mean (:class:`CentredGram`,
+    ``M = fixed_count + m``, the fixed sum then vanishes)::
 
         J = const + sum_i lin[c_i] + sum_{i<j} pair[c_i, c_j]
-        lin[c]     = F_c/M + (L/2) (G_cc/M - (2 a_c + G_cc)/M^2)
+        lin[c]     = F_c/M + (L/2) (G_cc/M - G_cc/M^2)
         pair[c,c'] = -L G_cc' / M^2
 
     evaluated for all combinations at once, level by level (one broadcast add per
@@ -277,10 +274,10 @@ def search_batch(
     lam = smoothness
     f = np.array([x for c in losses for x in c], dtype=np.float64)
     s = np.diag(cg.g)
-    # Centred sum of the fixed squared norms: ||w - c||^2 summed (only shifts J).
-    fixed_sq_c = fixed_sq - 2.0 * cg.anchor_dot_c + fixed_count * cg.c_sq
-    const = fixed_loss / m + 0.5 * lam * (fixed_sq_c / m - cg.anchor_sq / m**2)
-    lin = f / m + 0.5 * lam * (s / m - (2.0 * cg.a + s) / m**2)
+    # Sum of the fixed models' ||w - c||^2 (S = count*c); it only shifts J.
+    fixed_sq_c = fixed_sq - fixed_count * cg.c_sq
+    const = fixed_loss / m + 0.5 * lam * fixed_sq_c / m
+    lin = f / m + 0.5 * lam * (s / m - s / m**2)
     pair = -lam * cg.g / m**2
     offs = np.cumsum([0, *sizes])
     idx = [np.arange(offs[i], offs[i + 1]) for i in range(len(sizes))]

@@ -94,13 +94,17 @@ class ModelCache:
 
     # ----------------------------------------------------------------- update
 
-    def add(self, client: int, rnd: int, vec: Vec, loss: float, sq: float, ints: Params) -> Entry:
-        """Cache a new model of ``client``; the oldest goes when K are held."""
+    def add(self, client: int, rnd: int, vec: Vec, loss: float, sq: float, ints: Params,
+            owned: bool = False) -> Entry:
+        """Cache a new model of ``client``; the oldest goes when K are held.
+
+        ``owned=True`` hands ``vec`` over to a RAM store without a copy.
+        """
         q = self.entries.setdefault(client, deque())
         if any(e.round == rnd for e in q):
             raise ValueError(f"client {client} already has a model from round {rnd}")
         if self.directory is None:
-            self._ram[(client, rnd)] = np.array(vec, copy=True)
+            self._ram[(client, rnd)] = vec if owned else np.array(vec, copy=True)
         else:
             path = self._path(client, rnd)
             tmp = path.with_suffix(".tmp.npy")

@@ -124,7 +124,7 @@ class FedCDAStrategy(FedsysStrategy):
             vec, ints = layout.pack(u.params)
             loss = float(u.metrics.get("train-loss", 0.0))
             cache.add(u.partition_id, server_round, vec, loss, maths.sq_norm(vec[: layout.d_obj]),
-                      ints)
+                      ints, owned=True)
         warm = server_round <= self.cfg.fedcda__warmup
         info: dict[str, float] = {}
         if warm or self.selection == "newest":
@@ -136,22 +136,26 @@ class FedCDAStrategy(FedsysStrategy):
             chosen, info = self._approximate(server_round, participants)
         else:
             chosen, info = self._optimal(participants)
-        for n, r in chosen.items():
-            self.selected[n] = r
-            if self.selection != "optimal" or warm:
-                self.sel_sum += cache.vector(n, r)
+        self.selected.update(chosen)
         if self.selection == "optimal" and not warm:
             self._resum()
+        elif self.selection == "approximate" and not warm:
+            # _approximate left the new sum's objective part in self.sel_sum already
+            for n, r in chosen.items():
+                self.sel_sum[layout.d_obj :] += cache.vector(n, r)[layout.d_obj :]
+        else:
+            for n, r in chosen.items():
+                self.sel_sum += cache.vector(n, r)
         self._log_round(server_round, participants, warm, info, time.perf_counter() - t0)
         if warm and self.cfg.fedcda__warmup_mode == "fedavg":
             return weighted_average([u.params for u in updates], [u.num_examples for u in updates])
         return self.global_model()
 
-    def _fixed_sums(self, clients: list[int]) -> tuple[np.ndarray, float, float]:
-        assert self.cache is not None and self.layout is not None
+    def _fixed_sums(self, clients: list[int]) -> tuple[float, float]:
+        assert self.cache is not None
         sq = sum(self.cache.entry(n, self.selected[n]).sq for n in clients)
         loss = sum(self.cache.entry(n, self.selected[n]).loss for n in clients)
-        return np.zeros(self.layout.d_obj), float(sq), float(loss)
+        return float(sq), float(loss)
 
     def _approximate(self, server_round: int, participants: list[int]) -> tuple[dict[int, int], dict[str, float]]:
         """Eq. 8: greedy batches, each searched exhaustively."""
@@ -159,8 +163,8 @@ class FedCDAStrategy(FedsysStrategy):
         assert cache is not None and layout is not None and self.sel_sum is not None
         pset = set(participants)
         fixed = [n for n in self.selected if n not in pset]
-        vec_sum = np.array(self.sel_sum[: layout.d_obj])  # participants already taken out
-        _, sq_sum, loss_sum = self._fixed_sums(fixed)
+        vec_sum = self.sel_sum[: layout.d_obj]  # a view: participants already taken out
+        sq_sum, loss_sum = self._fixed_sums(fixed)
         rng = np.random.default_rng(derive_seed(self.cfg.seed, server_round, BATCH_TAG))
         chosen: dict[int, int] = {}
         combos = 0
@@ -179,7 +183,7 @@ class FedCDAStrategy(FedsysStrategy):
             for n, es, k in zip(batch, ents, res.choice, strict=True):
                 e = es[k]
                 chosen[n] = e.round
-                vec_sum += np.asarray(cache.vector(n, e.round)[: layout.d_obj], dtype=np.float64)
+                vec_sum += cache.vector(n, e.round)[: layout.d_obj]  # updates self.sel_sum
                 sq_sum += e.sq
                 loss_sum += e.loss
                 fixed.append(n)

@@ -83,15 +83,20 @@ def _fedsys(*args: str, **kw: object) -> subprocess.Popen[bytes]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)  # type: ignore[call-overload]
 
 
-def test_killed_run_resumes_to_identical_weights(tmp_path):
-    sets = [f"--set={k}={v}" for k, v in {**BASE, "output-dir": tmp_path, "strategy": "fedavg",
+@pytest.mark.parametrize(("strategy", "label"), [
+    ("fedavg", "fedavg"),
+    # FedCDA with its cache on disk: cache, selections and sums come back exactly
+    ("fedcda[fedcda.warmup=2;fedcda.cache=disk]", "fedcda-warmup-2-cache-disk"),
+])
+def test_killed_run_resumes_to_identical_weights(tmp_path, strategy, label):
+    sets = [f"--set={k}={v}" for k, v in {**BASE, "output-dir": tmp_path, "strategy": strategy,
                                            "num-server-rounds": 6, "local-epochs": 15,
                                            "clients-per-round": 2}.items()]
     ref = _fedsys("run", *sets, "--set=name=ref")
     assert ref.wait(timeout=300) == 0, ref.stderr.read().decode()[-2000:]
 
     victim = _fedsys("run", *sets, "--set=name=victim")
-    ck = tmp_path / "victim" / "fedavg" / "checkpoint.pt"
+    ck = tmp_path / "victim" / label / "checkpoint.pt"
     deadline = time.time() + 240
     while time.time() < deadline:
         if ck.exists() and checkpoint.load(ck)["round"] >= 2:
@@ -101,20 +106,23 @@ def test_killed_run_resumes_to_identical_weights(tmp_path):
     victim.wait(timeout=60)
     killed_at = checkpoint.load(ck)["round"]
     assert 2 <= killed_at < 6, "the kill must land mid-run"
-    assert not (tmp_path / "victim" / "fedavg" / "model.pt").exists()
+    assert not (tmp_path / "victim" / label / "model.pt").exists()
 
     resumed = _fedsys("resume", str(tmp_path / "victim"))
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read().decode()[-2000:]
 
-    a = torch.load(tmp_path / "ref" / "fedavg" / "model.pt")
-    b = torch.load(tmp_path / "victim" / "fedavg" / "model.pt")
+    a = torch.load(tmp_path / "ref" / label / "model.pt")
+    b = torch.load(tmp_path / "victim" / label / "model.pt")
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    ra = metrics.read_jsonl(tmp_path / "ref" / "fedavg" / "metrics.jsonl")
-    rb = metrics.read_jsonl(tmp_path / "victim" / "fedavg" / "metrics.jsonl")
+    ra = metrics.read_jsonl(tmp_path / "ref" / label / "metrics.jsonl")
+    rb = metrics.read_jsonl(tmp_path / "victim" / label / "metrics.jsonl")
     assert [r["round"] for r in rb] == list(range(7))
     assert [r["accuracy"] for r in ra] == [r["accuracy"] for r in rb]
+    if label.startswith("fedcda"):
+        assert [r.get("fedcda-objective") for r in ra] == [r.get("fedcda-objective") for r in rb]
+        assert ra[-1]["fedcda-warmup"] == 0.0  # selection was running when killed/resumed
 
 
 class ChainStrategy(FedAvgStrategy):

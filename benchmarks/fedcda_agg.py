@@ -1,0 +1,208 @@
+"""FedCDA server cost: aggregation time and peak server memory per round, against FedAvg.
+
+Part 1, time: for P sampled clients per round, K = 3 cached models per client and
+B in {3, P} batches, one selection round of :class:`strategies.fedcda.FedCDAStrategy`
+(cache update, Eq. 8 batch searches, new global model) is timed against
+:class:`strategies.fedavg.FedAvgStrategy`'s aggregation of the same P updates, for
+the FMNIST CNN (582,026 parameters) and ResNet-18 (11.2 M).  The N = 2P clients'
+caches are filled by warmup rounds first; the models are random perturbations of
+one initial model (no training: only the server's arithmetic is measured).
+
+Part 2, memory: a fresh process fills FedCDA's cache for N clients (K = 3 each,
+P = 20 per round) and runs selection rounds; its peak resident memory is read from
+``ru_maxrss``, for the RAM and the disk cache, next to FedAvg's.
+
+Usage::
+
+    python benchmarks/fedcda_agg.py [--quick] [--record]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fedsys.config import build  # noqa: E402
+from fedsys.fedcda import batch_sizes  # noqa: E402
+from fedsys.flwr_io import ClientUpdate  # noqa: E402
+from fedsys.models import build_model  # noqa: E402
+from fedsys.params import Params, from_torch  # noqa: E402
+from strategies.fedavg import FedAvgStrategy  # noqa: E402
+from strategies.fedcda import FedCDAStrategy  # noqa: E402
+
+MODELS = {"fmnist-cnn": ("fmnist-cnn", 1, 28), "resnet18": ("resnet18", 3, 32)}
+
+
+def base_model(name: str) -> Params:
+    arch, ch, size = MODELS[name]
+    return from_torch(build_model(arch, (ch, size, size), 10, seed=0).state_dict())
+
+
+class UpdateMaker:
+    """Cheap distinct client models: base + a*noise1 + b*noise2 (no RNG per model)."""
+
+    def __init__(self, base: Params, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.base = base
+        self.noise = [
+            {k: (rng.standard_normal(v.shape, dtype=np.float32) * 0.01 if v.dtype.kind == "f"
+                 else np.zeros_like(v)) for k, v in base.items()} for _ in range(2)
+        ]
+        self.rng = np.random.default_rng(seed + 1)
+
+    def __call__(self, pid: int) -> ClientUpdate:
+        a, b = self.rng.normal(size=2).astype(np.float32)
+        p = {k: (v + a * self.noise[0][k] + b * self.noise[1][k]).astype(v.dtype) if v.dtype.kind == "f"
+             else v.copy() for k, v in self.base.items()}
+        return ClientUpdate(pid, pid, p, 100, {"train-loss": float(abs(a))})
+
+
+def fill(strategy: FedCDAStrategy, make: UpdateMaker, n: int, p: int, k: int) -> int:
+    """Warmup rounds over clients 0..n-1 in turn until each holds k models."""
+    rnd = 0
+    for _ in range(k):
+        for lo in range(0, n, p):
+            rnd += 1
+            strategy.aggregate(rnd, [make(c) for c in range(lo, min(n, lo + p))])
+    return rnd
+
+
+def time_case(model: str, p: int, b: int, repeats: int, tmp: Path) -> tuple[float, float, int]:
+    base = base_model(model)
+    make = UpdateMaker(base)
+    n = 2 * p
+    cfg = build({"strategy": "fedcda", "num-clients": n, "clients-per-round": p,
+                 "fedcda.batches": b, "fedcda.memory": 3, "fedcda.warmup": 0,
+                 "output-dir": str(tmp), "model": model})
+    cda = FedCDAStrategy(cfg)
+    cda.workdir = tmp / f"{model}-{p}-{b}"
+    rnd = fill(cda, make, n, p, 3)
+    cda.cfg = cfg  # warmup 0: every later round selects
+    avg = FedAvgStrategy(cfg)
+    t_cda, t_avg, combos = [], [], 0
+    rng = np.random.default_rng(7)
+    for _ in range(repeats):
+        rnd += 1
+        ups = [make(int(c)) for c in sorted(rng.choice(n, size=p, replace=False))]
+        t0 = time.perf_counter()
+        avg.aggregate(rnd, ups)
+        t_avg.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        cda.aggregate(rnd, ups)
+        t_cda.append(time.perf_counter() - t0)
+        combos = int(cda.round_metrics.get("fedcda-combinations", 0))
+    return float(np.median(t_avg)), float(np.median(t_cda)), combos
+
+
+def memory_child(args: argparse.Namespace) -> None:
+    """Run in a fresh process: fill and run rounds, print peak RSS in MiB."""
+    base = base_model(args.model)
+    make = UpdateMaker(base)
+    cfg = build({"strategy": "fedcda", "num-clients": args.n, "clients-per-round": 20,
+                 "fedcda.cache": args.cache, "fedcda.warmup": 0, "output-dir": args.tmp})
+    if args.cache == "none":
+        s: FedAvgStrategy | FedCDAStrategy = FedAvgStrategy(cfg)
+        for r in range(1, 3 * args.n // 20 + 3):
+            s.aggregate(r, [make(c % args.n) for c in range(20 * r, 20 * r + 20)])
+        disk = 0
+    else:
+        s = FedCDAStrategy(cfg)
+        s.workdir = Path(args.tmp) / "cda"
+        rnd = fill(s, make, args.n, 20, 3)
+        for r in range(rnd + 1, rnd + 3):
+            s.aggregate(r, [make(c) for c in range(20)])
+            s.checkpoint_written()
+        assert s.cache is not None
+        disk = s.cache.nbytes_on_disk()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"{peak:.0f} {disk}")
+
+
+def memory_case(model: str, n: int, cache: str) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory(dir=ROOT / "runs" if (ROOT / "runs").exists() else None) as tmp:
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", "--model", model, "--n", str(n),
+             "--cache", cache, "--tmp", tmp],
+            check=True, capture_output=True, text=True,
+        ).stdout.split()
+    return float(out[-2]), float(out[-1]) / 2**20
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small cases only (a check that it runs)")
+    ap.add_argument("--record", action="store_true", help="write the tables to docs/performance.md")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--full", action="store_true", help="also ResNet-18 at P = 50, B = 3")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model", default="fmnist-cnn", help=argparse.SUPPRESS)
+    ap.add_argument("--n", type=int, default=100, help=argparse.SUPPRESS)
+    ap.add_argument("--cache", default="ram", help=argparse.SUPPRESS)
+    ap.add_argument("--tmp", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        memory_child(args)
+        return
+    ps = [4, 20] if args.quick else [4, 20, 50]
+    models = ["fmnist-cnn"] if args.quick else ["fmnist-cnn", "resnet18"]
+    rows = ["| model | P | B | batch sizes | combinations | FedAvg s | FedCDA s | ratio FedCDA/FedAvg |",
+            "|---|---:|---:|---|---:|---:|---:|---:|"]
+    with tempfile.TemporaryDirectory() as tmpd:
+        for model in models:
+            for p in ps:
+                for b in sorted({3, p}):
+                    if model == "resnet18" and p == 50 and b == 3 and not args.full:
+                        continue  # 3^17 combinations per batch: minutes; see --full
+                    ta, tc, combos = time_case(model, p, b, args.repeats, Path(tmpd))
+                    sizes = batch_sizes(p, b)
+                    line = (f"| {model} | {p} | {b} | {min(sizes)}..{max(sizes)} | {combos:,} | "
+                            f"{ta:.3f} | {tc:.3f} | {tc / ta:.2f} |")
+                    print(line, flush=True)
+                    rows.append(line)
+    mem = ["| model | N | cache | peak RSS MiB | cache on disk MiB |", "|---|---:|---|---:|---:|"]
+    cases = ([("fmnist-cnn", 100, "none"), ("fmnist-cnn", 100, "ram"), ("fmnist-cnn", 100, "disk")]
+             if args.quick else
+             [("fmnist-cnn", n, c) for n in (100, 1000) for c in ("none", "ram", "disk")]
+             + [("resnet18", 20, c) for c in ("none", "ram", "disk")])
+    for model, n, cache in cases:
+        rss, disk = memory_case(model, n, cache)
+        label = "FedAvg (no cache)" if cache == "none" else cache
+        line = f"| {model} | {n} | {label} | {rss:.0f} | {disk:.0f} |"
+        print(line, flush=True)
+        mem.append(line)
+    if args.record:
+        cmd = "python benchmarks/fedcda_agg.py " + " ".join(sys.argv[1:])
+        doc = ROOT / "docs" / "performance.md"
+        text = doc.read_text()
+        head = "\n## FedCDA aggregation"
+        if head in text:
+            start = text.index(head)
+            nxt = text.find("\n## ", start + len(head))
+            text = text[:start] + (text[nxt:] if nxt >= 0 else "\n")
+        text = text.rstrip("\n") + "\n" + (
+            f"{head} (K = 3, server side only)\n\n"
+            f"Command: `{cmd}`  \nMachine: {platform.machine()}, {os.cpu_count()} cores, "
+            f"{time.strftime('%Y-%m-%d')}\n\n"
+            "Time of one selection round (median of the repeats), N = 2P clients with full "
+            "caches, RAM cache:\n\n" + "\n".join(rows) + "\n\n"
+            "Peak resident memory of a server process that fills the caches of N clients "
+            "(K = 3 each, 20 per round) and runs selection rounds:\n\n" + "\n".join(mem) + "\n"
+        )
+        doc.write_text(text)
+        print(f"recorded in {doc}")
+
+
+if __name__ == "__main__":
+    main()
