@@ -68,6 +68,10 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
             "use client-num-gpus=0 and device=auto (or cpu)")
     dataset(cfg)
     partitions(cfg)
+    from strategies import REGISTRY
+
+    for _, vcfg in cfg.variants():  # strategy-specific checks (search sizes, K >= 2, ...)
+        REGISTRY[vcfg.strategy](vcfg)
 
 
 def cmd_run(args: argparse.Namespace, cfg: cfgmod.RunConfig | None = None) -> int:

@@ -289,7 +289,7 @@ def search_batch(
         for i in range(j):
             shape = [1] * (j + 1)
             shape[i], shape[j] = sizes[i], sizes[j]
-            total = total + pair[np.ix_(idx[i], ij)].reshape(shape)
+            total += pair[np.ix_(idx[i], ij)].reshape(shape)
     flat_j = total.ravel()
     best = float(flat_j.min())
     ties = np.flatnonzero(flat_j == best)

@@ -73,18 +73,18 @@ class FedCDAStrategy(FedsysStrategy):
     def _check_search_size(self) -> None:
         c = self.cfg
         if self.selection == "optimal":
-            n, key = c.num_clients, "num-clients"
+            n = c.num_clients
+            fix = "lower 'num-clients' or 'fedcda.memory' ('optimal' is for small federations)"
         elif self.selection == "approximate":
-            n, key = max(maths.batch_sizes(c.clients_per_round, self.B)), "fedcda.batches"
+            n = max(maths.batch_sizes(c.clients_per_round, self.B))
+            fix = "raise 'fedcda.batches' or lower 'fedcda.memory'"
         else:
             return
         combos = float(self.K) ** n
         if combos > maths.MAX_COMBINATIONS:
             raise ConfigError(
                 f"fedcda.selection={self.selection} would search K^{n} = {combos:.3g} "
-                f"combinations per batch (limit {maths.MAX_COMBINATIONS:.3g}); raise "
-                f"'{key}' accordingly or lower 'fedcda.memory'"
-                + (" ('optimal' is for small federations)" if self.selection == "optimal" else "")
+                f"combinations per batch (limit {maths.MAX_COMBINATIONS:.3g}); {fix}"
             )
 
     def summary(self) -> None:

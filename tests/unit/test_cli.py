@@ -28,6 +28,10 @@ def test_help_lists_the_commands(capsys):
         (["resume", "/nonexistent/run"], "not a fedsys run directory"),
         (["run", "--set", "dataset=synthetic", "--set", "partition=dirichlet",
           "--set", "num-clients=20", "--set", "dirichlet-min-size=500"], "dirichlet-min-size=500"),
+        (["run", "--set", "dataset=synthetic", "--set", "num-clients=30",
+          "--set", "strategy=fedavg,fedcda[fedcda.selection=optimal]"], "lower 'num-clients'"),
+        (["run", "--set", "strategy=fedcda[seed=4]"], "may not change 'seed'"),
+        (["run", "--set", "strategy=fedcda[fedcda.memory=0]"], "'fedcda.memory' must be > 0"),
     ],
 )
 def test_bad_input_gives_one_clear_line_and_exit_code_2(args, needle, capsys):

@@ -347,7 +347,7 @@ def test_state_dict_resume_is_identical(tmp_path, cache: str) -> None:
 
 
 def test_impossible_search_sizes_are_config_errors() -> None:
-    with pytest.raises(ConfigError, match=r"optimal.*num-clients"):
+    with pytest.raises(ConfigError, match=r"optimal.*lower 'num-clients'"):
         FedCDAStrategy(cfg(**{"fedcda.selection": "optimal", "num-clients": 40}))
     with pytest.raises(ConfigError, match=r"fedcda\.batches"):
         FedCDAStrategy(cfg(**{"num-clients": 100, "clients-per-round": 60, "fedcda.batches": 1}))
