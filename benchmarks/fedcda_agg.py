@@ -111,7 +111,8 @@ def memory_child(args: argparse.Namespace) -> None:
     base = base_model(args.model)
     make = UpdateMaker(base)
     cfg = build({"strategy": "fedcda", "num-clients": args.n, "clients-per-round": 20,
-                 "fedcda.cache": args.cache, "fedcda.warmup": 0, "output-dir": args.tmp})
+                 "fedcda.cache": "ram" if args.cache == "none" else args.cache,
+                 "fedcda.warmup": 0, "output-dir": args.tmp})
     if args.cache == "none":
         s: FedAvgStrategy | FedCDAStrategy = FedAvgStrategy(cfg)
         for r in range(1, 3 * args.n // 20 + 3):
@@ -146,6 +147,7 @@ def main() -> None:
     ap.add_argument("--record", action="store_true", help="write the tables to docs/performance.md")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--full", action="store_true", help="also ResNet-18 at P = 50, B = 3")
+    ap.add_argument("--part", choices=("time", "memory", "all"), default="all")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", default="fmnist-cnn", help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, default=100, help=argparse.SUPPRESS)
@@ -159,50 +161,61 @@ def main() -> None:
     models = ["fmnist-cnn"] if args.quick else ["fmnist-cnn", "resnet18"]
     rows = ["| model | P | B | batch sizes | combinations | FedAvg s | FedCDA s | ratio FedCDA/FedAvg |",
             "|---|---:|---:|---|---:|---:|---:|---:|"]
-    with tempfile.TemporaryDirectory() as tmpd:
-        for model in models:
-            for p in ps:
-                for b in sorted({3, p}):
-                    if model == "resnet18" and p == 50 and b == 3 and not args.full:
-                        continue  # 3^17 combinations per batch: minutes; see --full
-                    ta, tc, combos = time_case(model, p, b, args.repeats, Path(tmpd))
-                    sizes = batch_sizes(p, b)
-                    line = (f"| {model} | {p} | {b} | {min(sizes)}..{max(sizes)} | {combos:,} | "
-                            f"{ta:.3f} | {tc:.3f} | {tc / ta:.2f} |")
-                    print(line, flush=True)
-                    rows.append(line)
+    if args.part in ("time", "all"):
+        with tempfile.TemporaryDirectory() as tmpd:
+            for model in models:
+                for p in ps:
+                    for b in sorted({3, p}):
+                        if model == "resnet18" and p == 50 and b == 3 and not args.full:
+                            continue  # 3^17 combinations per batch: minutes; see --full
+                        ta, tc, combos = time_case(model, p, b, args.repeats, Path(tmpd))
+                        sizes = batch_sizes(p, b)
+                        line = (f"| {model} | {p} | {b} | {min(sizes)}..{max(sizes)} | {combos:,} | "
+                                f"{ta:.3f} | {tc:.3f} | {tc / ta:.2f} |")
+                        print(line, flush=True)
+                        rows.append(line)
     mem = ["| model | N | cache | peak RSS MiB | cache on disk MiB |", "|---|---:|---|---:|---:|"]
     cases = ([("fmnist-cnn", 100, "none"), ("fmnist-cnn", 100, "ram"), ("fmnist-cnn", 100, "disk")]
              if args.quick else
              [("fmnist-cnn", n, c) for n in (100, 1000) for c in ("none", "ram", "disk")]
              + [("resnet18", 20, c) for c in ("none", "ram", "disk")])
-    for model, n, cache in cases:
-        rss, disk = memory_case(model, n, cache)
-        label = "FedAvg (no cache)" if cache == "none" else cache
-        line = f"| {model} | {n} | {label} | {rss:.0f} | {disk:.0f} |"
-        print(line, flush=True)
-        mem.append(line)
+    if args.part in ("memory", "all"):
+        for model, n, cache in cases:
+            rss, disk = memory_case(model, n, cache)
+            label = "FedAvg (no cache)" if cache == "none" else cache
+            line = f"| {model} | {n} | {label} | {rss:.0f} | {disk:.0f} |"
+            print(line, flush=True)
+            mem.append(line)
     if args.record:
         cmd = "python benchmarks/fedcda_agg.py " + " ".join(sys.argv[1:])
-        doc = ROOT / "docs" / "performance.md"
-        text = doc.read_text()
-        head = "\n## FedCDA aggregation"
-        if head in text:
-            start = text.index(head)
-            nxt = text.find("\n## ", start + len(head))
-            text = text[:start] + (text[nxt:] if nxt >= 0 else "\n")
-        text = text.rstrip("\n") + "\n" + (
-            f"{head} (K = 3, server side only)\n\n"
-            f"Command: `{cmd}`  \nMachine: {platform.machine()}, {os.cpu_count()} cores, "
-            f"{time.strftime('%Y-%m-%d')}\n\n"
-            "Time of one selection round (median of the repeats), N = 2P clients with full "
-            "caches, RAM cache:\n\n" + "\n".join(rows) + "\n\n"
-            "Peak resident memory of a server process that fills the caches of N clients "
-            "(K = 3 each, 20 per round) and runs selection rounds:\n\n" + "\n".join(mem) + "\n"
-        )
-        doc.write_text(text)
-        print(f"recorded in {doc}")
+        stamp = (f"Command: `{cmd}`  \nMachine: {platform.machine()}, {os.cpu_count()} cores, "
+                 f"{time.strftime('%Y-%m-%d')}\n\n")
+        if args.part in ("time", "all"):
+            record("### FedCDA aggregation time", stamp + (
+                "One selection round (cache update, Eq. 8 searches, new global model), median "
+                "of the repeats, N = 2P clients with full caches (RAM), against FedAvg's "
+                "aggregation of the same P updates:\n\n") + "\n".join(rows) + "\n")
+        if args.part in ("memory", "all"):
+            record("### FedCDA server memory", stamp + (
+                "Peak resident memory of a fresh server process that fills the caches of N "
+                "clients (K = 3 each, 20 per round) and runs selection rounds:\n\n")
+                + "\n".join(mem) + "\n")
 
+
+def record(head: str, body: str) -> None:
+    """Replace (or append) the section ``head`` of docs/performance.md."""
+    doc = ROOT / "docs" / "performance.md"
+    text = doc.read_text()
+    if head in text:
+        start = text.index(head)
+        nxt = min([i for i in (text.find("\n## ", start + 1), text.find("\n### ", start + 1))
+                   if i >= 0], default=-1)
+        text = text[:start].rstrip("\n") + "\n" + (text[nxt:] if nxt >= 0 else "")
+    if "\n## FedCDA server cost" not in text:
+        text = text.rstrip("\n") + "\n\n## FedCDA server cost\n"
+    text = text.rstrip("\n") + f"\n\n{head}\n\n{body}"
+    doc.write_text(text)
+    print(f"recorded in {doc}")
 
 if __name__ == "__main__":
     main()

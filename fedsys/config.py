@@ -58,7 +58,8 @@ def _unit(x: Any) -> bool:
 
 # The registries are filled by strategies/ and clients/; the names are listed here
 # so the config can be validated without importing torch or flwr.
-STRATEGIES = ("fedavg", "fedprox", "fedcda", "fedcross")
+STRATEGIES = ("fedavg", "fedprox", "fedcda", "fedcross", "ima")
+IMA_BASES = ("fedavg", "fedprox", "fedcda", "fedcross")
 TRAINERS = ("auto", "sgd", "fedprox")
 DATASETS = ("fashion-mnist", "cifar10", "cifar100", "synthetic")
 MODELS = ("fmnist-cnn", "cifar-cnn", "resnet18", "mlp")
@@ -108,6 +109,9 @@ OPTIONS: tuple[Option, ...] = (
            check=_nonneg, rule=">= 0"),
     Option("batch-size", int, 32, "Local batch size.", check=_pos, rule="> 0"),
     Option("lr", float, 0.05, "Client learning rate.", check=_pos, rule="> 0"),
+    Option("lr-decay", float, 1.0,
+           "Per-round client lr decay gamma: lr_t = lr * gamma^t (t = round - 1; 1 = none).",
+           check=lambda x: 0.0 < x <= 1.0, rule="in (0, 1]"),
     Option("momentum", float, 0.0, "Client SGD momentum.", check=_unit, rule="in [0, 1]"),
     Option("weight-decay", float, 0.0, "Client L2 weight decay.", check=_nonneg, rule=">= 0"),
     Option("fedprox.mu", float, 0.01, "FedProx proximal coefficient mu.", check=_nonneg,
@@ -156,6 +160,26 @@ OPTIONS: tuple[Option, ...] = (
     Option("fedcross.dynamic-alpha-rounds", int, 0,
            "FedCross: rounds over which alpha rises linearly from 0.5 to fedcross.alpha, "
            "starting after the propeller rounds (0 = off).", check=_nonneg, rule=">= 0"),
+    # IMA (Zhou et al., iterative moving averaging of global models)
+    Option("ima.base", str, "fedavg", "IMA: the strategy whose global models are averaged.",
+           choices=IMA_BASES),
+    Option("ima.window", int, 5, "IMA: P, global models in the moving-average window.",
+           check=_pos, rule="> 0"),
+    Option("ima.start-fraction", float, 0.75,
+           "IMA: t_s as a fraction of num-server-rounds (t_s = floor(f*T)).",
+           check=_unit, rule="in [0, 1]"),
+    Option("ima.start-round", int, -1,
+           "IMA: t_s as a 0-indexed round (>= 0 overrides ima.start-fraction).",
+           check=lambda x: x >= -1, rule=">= -1"),
+    Option("ima.lr-decay", float, 0.97,
+           "IMA: extra per-round client lr decay from t_s on (1 = none).",
+           check=lambda x: 0.0 < x <= 1.0, rule="in (0, 1]"),
+    Option("ima.average", bool, True,
+           "IMA: average the window; false keeps only the lr schedule (the 'same decay, "
+           "no averaging' control)."),
+    Option("ima.code-start-rule", bool, False,
+           "IMA: also wait until t >= P before averaging (the authors' code) instead of "
+           "averaging the min(P, t+1) models there are."),
     # evaluation
     Option("fraction-evaluate", float, 0.0,
            "Fraction of nodes asked for federated evaluation each round.",
@@ -214,6 +238,7 @@ class RunConfig:
     local_steps: int
     batch_size: int
     lr: float
+    lr_decay: float
     momentum: float
     weight_decay: float
     fedprox__mu: float
@@ -232,6 +257,13 @@ class RunConfig:
     fedcross__propellers: int
     fedcross__propeller_beta: float
     fedcross__dynamic_alpha_rounds: int
+    ima__base: str
+    ima__window: int
+    ima__start_fraction: float
+    ima__start_round: int
+    ima__lr_decay: float
+    ima__average: bool
+    ima__code_start_rule: bool
     fraction_evaluate: float
     eval_batch_size: int
     device: str

@@ -173,8 +173,9 @@ class FedsysStrategy(Strategy):
         return out
 
     def client_lr(self, server_round: int) -> float:
-        """Client learning rate of ``server_round`` (constant here; IMA overrides)."""
-        return self.cfg.lr
+        """Client learning rate of ``server_round``: ``lr * lr-decay^(round - 1)``
+        (IMA adds its own late decay)."""
+        return float(self.cfg.lr * self.cfg.lr_decay ** (server_round - 1))
 
     # ------------------------------------------------------------------ Flower API
 

@@ -1,0 +1,158 @@
+"""IMA: window maths, start-round boundaries, the lr schedule of spec §2.4, and
+composition with the base strategies (bit-for-bit before t_s)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedsys import ima
+from fedsys.config import build
+from fedsys.flwr_io import ClientUpdate
+from fedsys.params import Params
+from strategies import BASES, REGISTRY
+from strategies.ima import ImaMixin
+
+RNG = np.random.default_rng(7)
+
+
+def model(v: float | np.ndarray, n: int = 1) -> Params:
+    return {"w": np.broadcast_to(np.asarray(v, np.float32), (3,)).copy(),
+            "bn.num_batches_tracked": np.array(n, np.int64)}
+
+
+def upd(pid: int, v: float | np.ndarray, ex: int = 10, n: int = 1) -> ClientUpdate:
+    return ClientUpdate(100 + pid, pid, model(v, n), ex, {"train-loss": 0.5})
+
+
+def cfg(**kw: object):
+    base = {"dataset": "synthetic", "model": "mlp", "num-clients": 6, "clients-per-round": 3,
+            "num-server-rounds": 8, "seed": 1, "strategy": "ima", "lr": 0.01}
+    return build({**base, **kw})
+
+
+# ---------------------------------------------------------------- maths
+
+
+@pytest.mark.parametrize(("total", "t_s", "at_ts", "fma_end", "ima_end"), [
+    (300, 225, 1.042e-3, 4.954e-4, 1.094e-4),
+    (400, 300, 4.904e-4, 1.813e-4, 2.404e-5),
+    (200, 150, 2.215e-3, 1.353e-3, 4.978e-4),
+])
+def test_lr_schedule_matches_the_worked_numbers(total, t_s, at_ts, fma_end, ima_end) -> None:
+    assert ima.start_round(total, 0.75) == t_s
+    assert ima.client_lr(t_s, 0.01, 0.99, t_s, 0.97) == pytest.approx(at_ts, rel=2e-3)
+    assert ima.client_lr(total - 1, 0.01, 0.99, None, 0.97) == pytest.approx(fma_end, rel=2e-3)
+    assert ima.client_lr(total - 1, 0.01, 0.99, t_s, 0.97) == pytest.approx(ima_end, rel=2e-3)
+    assert ima.client_lr(t_s - 1, 0.01, 0.99, t_s, 0.97) == pytest.approx(0.01 * 0.99 ** (t_s - 1))
+
+
+def test_start_round_explicit_overrides_fraction() -> None:
+    assert ima.start_round(100, 0.75, explicit=3) == 3
+    assert ima.start_round(100, 0.0) == 0 and ima.start_round(10, 1.0) == 10
+
+
+def test_window_mean_averages_floats_and_takes_ints_from_newest() -> None:
+    ms = [model(float(i), n=i) for i in range(1, 5)]
+    out = ima.window_mean(ms)
+    np.testing.assert_allclose(out["w"], 2.5)
+    assert out["w"].dtype == np.float32
+    assert out["bn.num_batches_tracked"] == 4 and out["bn.num_batches_tracked"].dtype == np.int64
+
+
+def test_averaging_active_boundaries() -> None:
+    assert not ima.averaging_active(4, 5, 5) and ima.averaging_active(5, 5, 5)
+    assert ima.averaging_active(0, 0, 5)  # t_s = 0: averages what there is from round 1
+    assert not ima.averaging_active(2, 1, 5, strict_code_rule=True)  # code waits for t >= P
+    assert ima.averaging_active(5, 1, 5, strict_code_rule=True)
+
+
+# ---------------------------------------------------------------- strategy
+
+
+def run(strategy, stream: list[list[ClientUpdate]]) -> list[Params]:
+    outs = []
+    for r, ups in enumerate(stream, 1):
+        out = strategy.aggregate(r, ups)
+        strategy.params = out
+        outs.append(out)
+    return outs
+
+
+def stream(rounds: int = 8, seed: int = 0) -> list[list[ClientUpdate]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(rounds):
+        part = sorted(rng.choice(6, size=3, replace=False).tolist())
+        out.append([upd(p, rng.normal(size=3), ex=int(rng.integers(5, 30))) for p in part])
+    return out
+
+
+def test_window_rolls_and_holds_base_models_not_ima_outputs() -> None:
+    s = REGISTRY["ima"](cfg(**{"ima.start-round": 2, "ima.window": 3}))
+    fma = [float(v) for v in (1, 2, 3, 4, 5)]
+    outs = run(s, [[upd(0, v)] for v in fma])
+    np.testing.assert_allclose([o["w"][0] for o in outs], [1, 2, 2, 3, 4])  # means of (1,2,3),(2,3,4),(3,4,5)
+    assert [w["w"][0] for w in s.windows[0]] == [3.0, 4.0, 5.0]
+
+
+def test_start_before_window_fills_averages_what_is_there() -> None:
+    s = REGISTRY["ima"](cfg(**{"ima.start-round": 0, "ima.window": 5}))
+    outs = run(s, [[upd(0, v)] for v in (2.0, 4.0, 9.0)])
+    np.testing.assert_allclose([o["w"][0] for o in outs], [2.0, 3.0, 5.0])
+    code = REGISTRY["ima"](cfg(**{"ima.start-round": 0, "ima.window": 2, "ima.code-start-rule": True}))
+    outs = run(code, [[upd(0, v)] for v in (2.0, 4.0, 9.0)])
+    np.testing.assert_allclose([o["w"][0] for o in outs], [2.0, 4.0, 6.5])
+
+
+def test_averaging_off_is_the_decay_only_control() -> None:
+    c = cfg(**{"ima.start-round": 0, "ima.average": False, "lr-decay": 0.9, "ima.lr-decay": 0.5})
+    s = REGISTRY["ima"](c)
+    avg = BASES["fedavg"](c)
+    st = stream()
+    for a, b in zip(run(s, st), run(avg, st), strict=True):
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert s.client_lr(3) == pytest.approx(0.01 * 0.5**2)  # t_s = 0: only the IMA decay
+    assert avg.client_lr(3) == pytest.approx(0.01 * 0.9**2)
+
+
+@pytest.mark.parametrize("base", ["fedavg", "fedprox", "fedcda"])
+def test_composition_is_the_base_bit_for_bit_before_t_s(base: str) -> None:
+    extra = {"fedcda.warmup": 2} if base == "fedcda" else {}
+    c = cfg(**{"ima.base": base, "ima.start-round": 5, **extra})
+    s, b = REGISTRY["ima"](c), BASES[base](c)
+    assert isinstance(s, ImaMixin) and isinstance(s, BASES[base])
+    assert s.trainer == b.trainer
+    st = stream()
+    outs_s, outs_b = run(s, st), run(b, st)
+    for r in range(5):  # rounds 1..5 are t = 0..4 < t_s
+        assert all(np.array_equal(outs_s[r][k], outs_b[r][k]) for k in outs_b[r])
+        assert s.client_lr(r + 1) == b.client_lr(r + 1)
+    assert not np.array_equal(outs_s[6]["w"], outs_b[6]["w"])  # averaging from t = 5
+    if base == "fedcda":
+        assert s.selected == b.selected  # IMA never touches the base's own state
+
+
+def test_ima_state_round_trip_resumes_identically() -> None:
+    c = cfg(**{"ima.start-round": 2, "ima.window": 3})
+    st = stream(8, seed=3)
+    full = REGISTRY["ima"](c)
+    ref = run(full, st)
+    part = REGISTRY["ima"](c)
+    run(part, st[:4])
+    part.round = 4
+    state = part.state_dict()
+    resumed = REGISTRY["ima"](c)
+    resumed.load_state_dict(state)
+    outs = run_from(resumed, st, 5)
+    for a, b in zip(outs, ref[4:], strict=True):
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def run_from(strategy, st, first: int) -> list[Params]:
+    outs = []
+    for r in range(first, len(st) + 1):
+        out = strategy.aggregate(r, st[r - 1])
+        strategy.params = out
+        outs.append(out)
+    return outs
