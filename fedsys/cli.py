@@ -19,6 +19,7 @@ EPILOG = """examples:
   fedsys compare runs/default runs/quick              one table, one plot
   fedsys partition configs/default.yaml               per-client class histogram
   fedsys data fetch fashion-mnist                     get the dataset
+  fedsys landscape runs/ima --rounds 58 59 60          loss plane through three global models
   fedsys keys                                         every config key and its default
 """
 
@@ -208,6 +209,10 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--data-dir", default="", help="data root to search and download into")
     f.add_argument("--no-apt", action="store_true", help="never call apt-get")
     f.set_defaults(fn=cmd_data)
+
+    from fedsys import landscape_tool
+
+    landscape_tool.add_parser(sub)
 
     k = sub.add_parser("keys", help="list every config key with its default and allowed values")
     k.add_argument("--toml", action="store_true",

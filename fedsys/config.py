@@ -87,6 +87,19 @@ OPTIONS: tuple[Option, ...] = (
     Option("resume", bool, False, "Continue from the run directory's checkpoint."),
     Option("checkpoint-every", int, 1, "Write a checkpoint every k rounds.", check=_pos,
            rule="> 0"),
+    Option("save-models", str, "none",
+           "Keep models for 'fedsys landscape': 'global' (each round's global model) or "
+           "'all' (also every accepted client model) under <strategy>/models/.",
+           choices=("none", "global", "all")),
+    Option("save-models-from", int, 1, "First round whose models save-models keeps.",
+           check=_pos, rule="> 0"),
+    Option("estimators", bool, False,
+           "Log per-round landscape estimators (IMA spec 3.4): largest and mean "
+           "client-to-global distance, and the client models' loss on training data they "
+           "do not hold."),
+    Option("estimators-subset", int, 2000,
+           "Samples of other clients' training data per client for the held-out loss.",
+           check=_pos, rule="> 0"),
     # data
     Option("dataset", str, "fashion-mnist", "Dataset.", choices=DATASETS),
     Option("data-dir", str, "", "Data root searched first (empty: $FEDSYS_DATA, system)."),
@@ -223,6 +236,10 @@ class RunConfig:
     round_timeout: float
     resume: bool
     checkpoint_every: int
+    save_models: str
+    save_models_from: int
+    estimators: bool
+    estimators_subset: int
     dataset: str
     data_dir: str
     num_clients: int

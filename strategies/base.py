@@ -76,6 +76,10 @@ class FedsysStrategy(Strategy):
         self._expected: dict[int, int] = {}
         self.workdir: Path | None = None
         self.round_metrics: dict[str, float] = {}
+        self.last_updates: list[ClientUpdate] = []
+        #: Optional per-round analysis (see ``estimators``): ``(round, updates, new
+        #: global model) -> metrics``, set by the runner.
+        self.estimator_fn: Callable[[int, list[ClientUpdate], Params], dict[str, float]] | None = None
 
     # ------------------------------------------------------------------ nodes
 
@@ -239,6 +243,9 @@ class FedsysStrategy(Strategy):
             log(WARNING, "[%s] round %d: no usable update; model unchanged", self.name, server_round)
         else:
             self.params = new
+            if self.estimator_fn is not None:
+                self.round_metrics.update(self.estimator_fn(server_round, updates, new))
+        self.last_updates = updates
         n = sum(u.num_examples for u in updates)
         metrics: dict[str, float | int] = {"clients-ok": len(updates), "clients-rejected": len(rejected)}
         if updates and n > 0:

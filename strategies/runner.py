@@ -51,6 +51,51 @@ def make_evaluate_fn(cfg: RunConfig) -> Any:
     return evaluate_fn
 
 
+def make_estimator_fn(cfg: RunConfig) -> Any:
+    """Per-round estimators of the IMA spec §3.4 (``estimators: true``).
+
+    ``est-max-distance`` / ``est-mean-distance``: L2 distance of the accepted client
+    models to the new global model; ``est-heldout-loss``: the example-weighted mean
+    cross-entropy of each client model on ``estimators-subset`` training samples of
+    the other clients (data it does not hold); ``est-own-loss`` the same on its own
+    data.  Subsamples are seeded, so runs are comparable.
+    """
+    import numpy as np
+
+    from fedsys.landscape import distances
+    from fedsys.task import derive_seed, partitions
+
+    ds = dataset(cfg)
+    parts = partitions(cfg)
+    net = model(cfg, ds)
+    device = pick_device(cfg.device)
+    n_all = len(ds.y_train)
+
+    def fn(server_round: int, updates: list[Any], glob: Any) -> dict[str, float]:
+        dmax, dmean = distances([u.params for u in updates], glob)
+        held, own, w = 0.0, 0.0, 0
+        for u in updates:
+            rng = np.random.default_rng(derive_seed(cfg.seed, u.partition_id, 0xE57))
+            mask = np.ones(n_all, bool)
+            mask[parts[u.partition_id]] = False
+            other = rng.choice(np.flatnonzero(mask), size=min(cfg.estimators_subset, int(mask.sum())),
+                               replace=False)
+            mine = rng.choice(parts[u.partition_id],
+                              size=min(cfg.estimators_subset, len(parts[u.partition_id])),
+                              replace=False)
+            net.load_state_dict(to_torch(u.params))
+            io, im = torch.from_numpy(other), torch.from_numpy(np.asarray(mine))
+            lo, _ = evaluate(net, ds, ds.x_train[io], ds.y_train[io], cfg.eval_batch_size, device)
+            lm, _ = evaluate(net, ds, ds.x_train[im], ds.y_train[im], cfg.eval_batch_size, device)
+            held += lo * u.num_examples
+            own += lm * u.num_examples
+            w += u.num_examples
+        return {"est-max-distance": dmax, "est-mean-distance": dmean,
+                "est-heldout-loss": held / max(w, 1), "est-own-loss": own / max(w, 1)}
+
+    return fn
+
+
 class RoundRecorder:
     """Hook: metrics files, a progress line, and atomic checkpoints each round."""
 
@@ -64,6 +109,7 @@ class RoundRecorder:
         metrics.append_jsonl(self.out / "metrics.jsonl", rec)
         rnd, total = int(record["round"]), self.cfg.num_server_rounds
         if rnd > 0:
+            self.save_models(strategy, rnd)
             elapsed = time.monotonic() - self.t0
             done = rnd - self.done_at_start
             eta = elapsed / max(done, 1) * (total - rnd)
@@ -76,6 +122,18 @@ class RoundRecorder:
         else:
             log(INFO, "[%s] round 0 | acc %.4f | loss %.4f", self.name,
                 record.get("accuracy", float("nan")), record.get("loss", float("nan")))
+
+    def save_models(self, strategy: FedsysStrategy, rnd: int) -> None:
+        """Keep this round's global (and client) models for ``fedsys landscape``."""
+        if self.cfg.save_models == "none" or rnd < self.cfg.save_models_from:
+            return
+        d = self.out / "models"
+        d.mkdir(exist_ok=True)
+        if strategy.params is not None:
+            torch.save(to_torch(strategy.params), d / f"global-r{rnd:04d}.pt")
+        if self.cfg.save_models == "all":
+            for u in strategy.last_updates:
+                torch.save(to_torch(u.params), d / f"client-r{rnd:04d}-p{u.partition_id:04d}.pt")
 
     def save(self, strategy: FedsysStrategy) -> None:
         checkpoint.save(self.out / "checkpoint.pt", {
@@ -111,6 +169,8 @@ def run_strategy(grid: Grid, cfg: RunConfig, name: str) -> list[dict[str, Any]]:
     else:
         (out / "metrics.jsonl").unlink(missing_ok=True)
     strategy.hooks.append(recorder)
+    if cfg.estimators:
+        strategy.estimator_fn = make_estimator_fn(cfg)
     initial = from_torch(model(cfg).state_dict())
     if strategy.round < cfg.num_server_rounds:
         strategy.start(grid, flwr_io.to_record(initial), cfg.num_server_rounds,

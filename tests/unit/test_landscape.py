@@ -1,0 +1,82 @@
+"""Landscape geometry (IMA spec §3.1-3.2): the plane's basis is orthonormal and puts the
+three models at their stated coordinates; lines, grids, levels and the CLI's errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedsys import landscape as ls
+from fedsys.cli import main
+
+RNG = np.random.default_rng(11)
+
+
+def test_plane_basis_is_orthonormal_and_places_the_models() -> None:
+    t1, t2, t3 = (RNG.normal(size=500) for _ in range(3))
+    p = ls.plane_basis(t1, t2, t3)
+    assert p.u @ p.u == pytest.approx(1.0) and p.v @ p.v == pytest.approx(1.0)
+    assert p.u @ p.v == pytest.approx(0.0, abs=1e-12)
+    for (x, y), t in zip(p.coords, (t1, t2, t3), strict=True):
+        np.testing.assert_allclose(ls.plane_point(p, x, y), t, atol=1e-10)
+    assert p.coords[0] == (0.0, 0.0) and p.coords[1][1] == 0.0
+    assert p.coords[1][0] == pytest.approx(np.linalg.norm(t2 - t1))
+    cx, cy = p.centroid
+    np.testing.assert_allclose(ls.plane_point(p, cx, cy), (t1 + t2 + t3) / 3, atol=1e-10)
+
+
+def test_degenerate_planes_are_refused() -> None:
+    a, b = RNG.normal(size=10), RNG.normal(size=10)
+    with pytest.raises(ValueError, match="identical"):
+        ls.plane_basis(a, a, b)
+    with pytest.raises(ValueError, match="collinear"):
+        ls.plane_basis(a, b, 2 * b - a)
+
+
+def test_grid_covers_the_models_with_margins() -> None:
+    p = ls.plane_basis(*(RNG.normal(size=20) for _ in range(3)))
+    gx, gy = ls.plane_grid(p, size=21, margin=0.25)
+    assert len(gx) == len(gy) == 21
+    for x, y in p.coords:  # strictly inside: the margins are positive
+        assert gx[0] < x < gx[-1]
+        assert gy[0] < y < gy[-1]
+
+
+def test_interpolation_endpoints_and_midpoint() -> None:
+    a, b = RNG.normal(size=7), RNG.normal(size=7)
+    pts = ls.interpolate(a, b, [0.0, 0.5, 1.0, 1.5])
+    np.testing.assert_allclose(pts[0], a)
+    np.testing.assert_allclose(pts[1], (a + b) / 2)
+    np.testing.assert_allclose(pts[2], b)
+    np.testing.assert_allclose(pts[3], b + 0.5 * (b - a))
+
+
+def test_vector_round_trip_keeps_dtypes_and_integers() -> None:
+    m = {"w": RNG.normal(size=(2, 3)).astype(np.float32), "n": np.array(4, np.int64),
+         "b": RNG.normal(size=2).astype(np.float32)}
+    v = ls.to_vector(m)
+    assert v.dtype == np.float64 and v.size == 8
+    back = ls.from_vector(v, m)
+    assert list(back) == list(m) and back["n"] == 4 and back["w"].dtype == np.float32
+    np.testing.assert_array_equal(back["w"], m["w"])
+
+
+def test_contour_levels_increase_from_min_to_max() -> None:
+    vals = RNG.uniform(0.3, 9.0, size=(5, 5))
+    lv = ls.contour_levels(vals, vmax=5.0, log_alpha=-5.0)
+    assert lv[0] == pytest.approx(vals.min()) and lv[-2] == pytest.approx(5.0) and lv[-1] == 1e10
+    assert np.all(np.diff(lv) > 0)
+
+
+def test_distances() -> None:
+    g = {"w": np.zeros(3, np.float32)}
+    mx, mean = ls.distances([{"w": np.array([3, 4, 0], np.float32)}, {"w": np.ones(3, np.float32)}], g)
+    assert mx == pytest.approx(5.0) and mean == pytest.approx((5 + np.sqrt(3)) / 2)
+
+
+def test_landscape_cli_says_what_is_missing(tmp_path, capsys) -> None:
+    (tmp_path / "config.yaml").write_text("strategy: fedavg\ndataset: synthetic\nmodel: mlp\n")
+    assert main(["landscape", str(tmp_path)]) == 2
+    assert "save-models: global" in capsys.readouterr().err
+    assert main(["landscape", "--models", "a.pt"]) == 2
+    assert "exactly 3" in capsys.readouterr().err
