@@ -58,8 +58,8 @@ def _unit(x: Any) -> bool:
 
 # The registries are filled by strategies/ and clients/; the names are listed here
 # so the config can be validated without importing torch or flwr.
-STRATEGIES = ("fedavg", "fedprox", "fedcda", "fedcross", "ima")
-IMA_BASES = ("fedavg", "fedprox", "fedcda", "fedcross")
+STRATEGIES = ("fedavg", "fedprox", "fedcda", "fedcross", "fedadam", "fedyogi", "ima")
+IMA_BASES = ("fedavg", "fedprox", "fedcda", "fedcross", "fedadam", "fedyogi")
 TRAINERS = ("auto", "sgd", "fedprox")
 DATASETS = ("fashion-mnist", "cifar10", "cifar100", "synthetic")
 MODELS = ("fmnist-cnn", "cifar-cnn", "resnet18", "mlp")
@@ -173,6 +173,18 @@ OPTIONS: tuple[Option, ...] = (
     Option("fedcross.dynamic-alpha-rounds", int, 0,
            "FedCross: rounds over which alpha rises linearly from 0.5 to fedcross.alpha, "
            "starting after the propeller rounds (0 = off).", check=_nonneg, rule=">= 0"),
+    # FedAdam / FedYogi server optimiser (Reddi et al., ICLR 2021)
+    Option("fedopt.lr", float, 0.01, "FedAdam/FedYogi: server learning rate.", check=_pos,
+           rule="> 0"),
+    Option("fedopt.tau", float, 1e-3, "FedAdam/FedYogi: adaptivity tau.", check=_pos,
+           rule="> 0"),
+    Option("fedopt.beta1", float, 0.9, "FedAdam/FedYogi: first-moment decay.", check=_unit,
+           rule="in [0, 1]"),
+    Option("fedopt.beta2", float, 0.99, "FedAdam/FedYogi: second-moment decay.",
+           check=_unit, rule="in [0, 1]"),
+    Option("fedopt.bias-correction", bool, False,
+           "FedAdam/FedYogi: Adam bias correction as Flower's legacy FedAdam (the IMA "
+           "code uses none)."),
     # IMA (Zhou et al., iterative moving averaging of global models)
     Option("ima.base", str, "fedavg", "IMA: the strategy whose global models are averaged.",
            choices=IMA_BASES),
@@ -274,6 +286,11 @@ class RunConfig:
     fedcross__propellers: int
     fedcross__propeller_beta: float
     fedcross__dynamic_alpha_rounds: int
+    fedopt__lr: float
+    fedopt__tau: float
+    fedopt__beta1: float
+    fedopt__beta2: float
+    fedopt__bias_correction: bool
     ima__base: str
     ima__window: int
     ima__start_fraction: float

@@ -8,11 +8,13 @@ from fedsys.config import RunConfig
 from strategies.base import FedsysStrategy
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedcda import FedCDAStrategy
+from strategies.fedopt import FedAdamStrategy, FedYogiStrategy
 from strategies.fedprox import FedProxStrategy
 
 #: Strategies with their own aggregation (IMA can sit on any of them).
 BASES: dict[str, type[FedsysStrategy]] = {
-    cls.name: cls for cls in (FedAvgStrategy, FedProxStrategy, FedCDAStrategy)
+    cls.name: cls
+    for cls in (FedAvgStrategy, FedProxStrategy, FedCDAStrategy, FedAdamStrategy, FedYogiStrategy)
 }
 
 from strategies.ima import ima_strategy  # noqa: E402  (needs BASES at call time only)
@@ -20,5 +22,5 @@ from strategies.ima import ima_strategy  # noqa: E402  (needs BASES at call time
 #: ``strategy`` name -> constructor taking the run config.
 REGISTRY: dict[str, Callable[[RunConfig], FedsysStrategy]] = {**BASES, "ima": ima_strategy}
 
-__all__ = ["BASES", "REGISTRY", "FedAvgStrategy", "FedCDAStrategy", "FedProxStrategy",
-           "FedsysStrategy"]
+__all__ = ["BASES", "REGISTRY", "FedAdamStrategy", "FedAvgStrategy", "FedCDAStrategy",
+           "FedProxStrategy", "FedYogiStrategy", "FedsysStrategy"]

@@ -67,7 +67,18 @@ class ImaMixin(FedsysStrategy):
             return ima.window_mean(list(win))
         return model
 
+    def transform_mean(self, server_round: int, mean: Params) -> Params:
+        """Server-optimiser bases (FedAdam, FedYogi): IMA averages the window of
+        client means before the optimiser step (spec §2.5)."""
+        out = self._push(0, mean, server_round - 1)
+        self.ima_active = out is not mean
+        return out
+
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
+        if getattr(self, "server_optimizer", False):
+            new = super().aggregate(server_round, updates)
+            self.round_metrics = {**self.round_metrics, "ima-active": float(self.ima_active)}
+            return new
         fma = super().aggregate(server_round, updates)
         if fma is None:
             return None
