@@ -85,8 +85,10 @@ def _fedsys(*args: str, **kw: object) -> subprocess.Popen[bytes]:
 
 @pytest.mark.parametrize(("strategy", "label"), [
     ("fedavg", "fedavg"),
-    # FedCDA with its cache on disk: cache, selections and sums come back exactly
-    ("fedcda[fedcda.warmup=2;fedcda.cache=disk]", "fedcda-warmup-2-cache-disk"),
+    # IMA over FedCDA with its cache on disk: the IMA window, FedCDA's cache, selections
+    # and sums all come back exactly
+    ("ima[ima.base=fedcda;ima.start-round=3;ima.window=2;fedcda.warmup=2;fedcda.cache=disk]",
+     "ima-base-fedcda-start-round-3-window-2-warmup-2-cache-disk"),
 ])
 def test_killed_run_resumes_to_identical_weights(tmp_path, strategy, label):
     sets = [f"--set={k}={v}" for k, v in {**BASE, "output-dir": tmp_path, "strategy": strategy,
@@ -120,9 +122,10 @@ def test_killed_run_resumes_to_identical_weights(tmp_path, strategy, label):
     rb = metrics.read_jsonl(tmp_path / "victim" / label / "metrics.jsonl")
     assert [r["round"] for r in rb] == list(range(7))
     assert [r["accuracy"] for r in ra] == [r["accuracy"] for r in rb]
-    if label.startswith("fedcda"):
+    if label.startswith("ima"):
         assert [r.get("fedcda-objective") for r in ra] == [r.get("fedcda-objective") for r in rb]
         assert ra[-1]["fedcda-warmup"] == 0.0  # selection was running when killed/resumed
+        assert [r.get("ima-active") for r in rb][1:] == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
 
 
 class ChainStrategy(FedAvgStrategy):
