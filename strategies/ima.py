@@ -88,9 +88,13 @@ class ImaMixin(FedsysStrategy):
             out = self._push(0, fma, t)
         else:
             changed: set[int] = set(getattr(self, "last_updated_slots", range(len(slots))))
+            averaged = False
             for i in sorted(changed):
-                slots[i] = self._push(i, slots[i], t)
-            out = ima.window_mean(slots) if changed else fma
+                new = self._push(i, slots[i], t)
+                averaged = averaged or new is not slots[i]
+                slots[i] = new
+            # the base's own global model unless a slot was replaced (bit for bit before t_s)
+            out = ima.window_mean(slots) if averaged else fma
         self.ima_active = out is not fma
         self.round_metrics = {**self.round_metrics, "ima-active": float(self.ima_active),
                               "ima-window": float(max((len(w) for w in self.windows.values()),

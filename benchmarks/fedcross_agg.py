@@ -1,0 +1,172 @@
+"""FedCross server cost: one cross-aggregation round against FedAvg, and bytes sent.
+
+For K middleware models (K = clients per round) in {10, 50, 100}, one round of
+:meth:`strategies.fedcross.FedCrossStrategy.aggregate` (similarity from the K x K Gram
+matrix, lowest-similarity selection, mixing, uniform mean of the K slots, metrics) is
+timed against :meth:`strategies.fedavg.FedAvgStrategy.aggregate`
+(:func:`fedsys.aggregate.weighted_average`) on the same K uploads, for the FMNIST
+CNN (582,026 parameters) and ResNet-18 (11.2 M).  The uploads are seeded random
+perturbations of one initial model (no training: only the server's arithmetic is
+measured).  The FedCross time is also split into its two parts, timed separately
+with the functions the strategy calls: the similarities (:func:`fedsys.fedcross.similarity`)
+and the mixing with the global mean (:func:`fedsys.fedcross.cross_aggregate`).
+
+Bytes sent per round are summed over the payloads the two strategies build for K
+nodes (``payload_for``): FedCross sends each node its own slot, FedAvg the global
+model; both are K models down (and K up), so the two must be equal.
+
+Usage::
+
+    python benchmarks/fedcross_agg.py [--models fmnist-cnn,resnet18] [--ks 10,50,100]
+                                      [--repeats 3] [--record]
+
+On cores shared with other busy processes, run it with ``OPENBLAS_NUM_THREADS=1``
+(spinning BLAS threads are then many times slower than one).  K = 100 at ResNet-18
+size holds about 9 GB of models (K uploads and K slots).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fedsys import fedcross as maths  # noqa: E402
+from fedsys.config import build  # noqa: E402
+from fedsys.flwr_io import ClientUpdate  # noqa: E402
+from fedsys.models import build_model  # noqa: E402
+from fedsys.params import Params, from_torch, num_bytes  # noqa: E402
+from strategies.fedavg import FedAvgStrategy  # noqa: E402
+from strategies.fedcross import FedCrossStrategy  # noqa: E402
+
+MODELS = {"fmnist-cnn": ("fmnist-cnn", 1, 28), "resnet18": ("resnet18", 3, 32)}
+TARGET = ("resnet18", 100, 2.0)  # model, K, seconds
+
+
+def base_model(name: str) -> Params:
+    arch, ch, size = MODELS[name]
+    return from_torch(build_model(arch, (ch, size, size), 10, seed=0).state_dict())
+
+
+def uploads(base: Params, k: int, seed: int = 0) -> list[ClientUpdate]:
+    """K distinct float32 models: base + a_i * n1 + b_i * n2 (two seeded noise models)."""
+    rng = np.random.default_rng(seed)
+    noise = [{key: rng.standard_normal(v.shape, dtype=np.float32) * 0.01
+              for key, v in base.items() if v.dtype.kind == "f"} for _ in range(2)]
+    out = []
+    for i in range(k):
+        a, b = (float(x) for x in rng.normal(size=2))
+        p = {key: (v + np.float32(a) * noise[0][key] + np.float32(b) * noise[1][key]).astype(v.dtype)
+             if v.dtype.kind == "f" else v + i for key, v in base.items()}
+        out.append(ClientUpdate(i, i, p, 100 + i, {"train-loss": 1.0}))
+    return out
+
+
+def time_case(model: str, k: int, repeats: int) -> dict[str, float]:
+    base = base_model(model)
+    ups = uploads(base, k)
+    cfg = build({"strategy": "fedcross", "num-clients": k, "clients-per-round": k})
+    cross, avg = FedCrossStrategy(cfg), FedAvgStrategy(cfg)
+    cross.params = avg.params = base
+    cross._ensure_slots()
+    cross.assignment = {i: i for i in range(k)}
+    sent_cross = sum(num_bytes(cross.payload_for(i, i, 1)) for i in range(k))
+    sent_avg = sum(num_bytes(avg.payload_for(i, i, 1)) for i in range(k))
+    t: dict[str, list[float]] = {"fedavg": [], "fedcross": [], "sim": [], "mix": []}
+    models = [u.params for u in ups]
+    by_slot = dict(enumerate(models))
+    for rnd in range(2, 2 + repeats):
+        t0 = time.perf_counter()
+        avg.aggregate(rnd, ups)
+        t["fedavg"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        cross.aggregate(rnd, ups)
+        t["fedcross"].append(time.perf_counter() - t0)
+        # the two parts, with the functions the strategy calls
+        t0 = time.perf_counter()
+        sim, _ = maths.similarity(models)
+        t["sim"].append(time.perf_counter() - t0)
+        a = maths.cross_matrix(maths.select_collaborators(sim, "lowest", rnd), 0.99)
+        t0 = time.perf_counter()
+        maths.cross_aggregate(cross.slots, by_slot, a)
+        t["mix"].append(time.perf_counter() - t0)
+    res = {key: float(np.median(v)) for key, v in t.items()}
+    res.update(params=float(sum(v.size for v in base.values() if v.dtype.kind == "f")),
+               sent_cross=float(sent_cross), sent_avg=float(sent_avg))
+    if sent_cross != sent_avg:
+        raise AssertionError(f"bytes sent differ: FedCross {sent_cross}, FedAvg {sent_avg}")
+    return res
+
+
+def record(body: str) -> None:
+    """Replace (or append) the section "## FedCross aggregation" of docs/performance.md."""
+    head = "## FedCross aggregation"
+    doc = ROOT / "docs" / "performance.md"
+    text = doc.read_text()
+    if head in text:
+        start = text.index(head)
+        nxt = text.find("\n## ", start + 1)
+        text = text[:start].rstrip("\n") + "\n" + (text[nxt:] if nxt >= 0 else "")
+    text = text.rstrip("\n") + f"\n\n{head}\n\n{body}"
+    doc.write_text(text)
+    print(f"recorded in {doc}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="fmnist-cnn,resnet18")
+    ap.add_argument("--ks", default="10,50,100")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--record", action="store_true", help="write the table to docs/performance.md")
+    args = ap.parse_args()
+    threads = (f"mixing with {maths.MIX_THREADS} torch thread(s), Gram products with numpy's "
+               f"BLAS (OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')})")
+    print(threads)
+    rows = ["| model | parameters | K | FedAvg s | FedCross s | ratio FedCross/FedAvg | "
+            "similarity s | mixing + mean s | MB sent FedAvg | MB sent FedCross |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    print("\n".join(rows), flush=True)
+    verdict = ""
+    for model in args.models.split(","):
+        for k in (int(x) for x in args.ks.split(",")):
+            r = time_case(model, k, args.repeats)
+            line = (f"| {model} | {int(r['params']):,} | {k} | {r['fedavg']:.3f} | "
+                    f"{r['fedcross']:.3f} | {r['fedcross'] / r['fedavg']:.2f} | {r['sim']:.3f} | "
+                    f"{r['mix']:.3f} | {r['sent_avg'] / 2**20:.1f} | {r['sent_cross'] / 2**20:.1f} |")
+            print(line, flush=True)
+            rows.append(line)
+            if (model, k) == TARGET[:2]:
+                ok = "met" if r["fedcross"] < TARGET[2] else "NOT met"
+                verdict = (f"Target (ResNet-18, K = 100, under {TARGET[2]:.0f} s): {ok}, "
+                           f"{r['fedcross']:.2f} s.\n")
+                print(verdict, end="")
+    if args.record:
+        env = ("OPENBLAS_NUM_THREADS=" + os.environ["OPENBLAS_NUM_THREADS"] + " "
+               if "OPENBLAS_NUM_THREADS" in os.environ else "")
+        cmd = env + "python benchmarks/fedcross_agg.py " + " ".join(sys.argv[1:])
+        body = (
+            f"Command: `{cmd}`  \nMachine: {platform.machine()}, {os.cpu_count()} cores, "
+            f"torch {torch.__version__}, {threads}, {time.strftime('%Y-%m-%d')}\n\n"
+            "One aggregation round, median of the repeats: FedCross (K x K Gram matrix of "
+            "the uploads, lowest-similarity selection, mixing written into the K slots, "
+            "uniform mean of the slots, round metrics) against FedAvg's example-weighted "
+            "mean of the same K uploads. The part columns time the similarity and the "
+            "mixing-plus-mean functions alone. Bytes sent are the K payloads of one round "
+            "(FedCross: each node its own slot; FedAvg: the global model), equal by "
+            "construction and checked by the script.\n\n" + "\n".join(rows) + "\n\n" + verdict
+        )
+        record(body)
+
+
+if __name__ == "__main__":
+    main()
