@@ -13,7 +13,7 @@ from fedsys import config as cfgmod
 from fedsys import metrics
 
 EPILOG = """examples:
-  fedsys run configs/default.yaml                     FedAvg vs FedProx on Fashion-MNIST
+  fedsys run configs/default.yaml                     FedAvg, FedProx, FedCross, IMA on Fashion-MNIST
   fedsys run configs/default.yaml --set num-server-rounds=5 --set name=quick
   fedsys resume runs/default                          continue an interrupted run
   fedsys compare runs/default runs/quick              one table, one plot
@@ -213,6 +213,10 @@ def parser() -> argparse.ArgumentParser:
     from fedsys import landscape_tool
 
     landscape_tool.add_parser(sub)
+
+    from fedsys import deploy_cli
+
+    deploy_cli.add_parser(sub)
 
     k = sub.add_parser("keys", help="list every config key with its default and allowed values")
     k.add_argument("--toml", action="store_true",
