@@ -1,13 +1,29 @@
 """A real Flower deployment as local processes on 127.0.0.1.
 
-One SuperLink and N SuperNodes, each with its own ``FLWR_HOME`` (as if on separate
-machines), started from a neutral directory and stopped by PID.  ``flwr run`` then
-submits the fedsys app to it.  Used by the deployment tests and by operators who
-want to try the deployment path without Docker.
+The same topology as ``docker-compose.yml``, one process per container: a SuperLink,
+the server-side SuperExec that runs the fedsys ServerApp, and N SuperNodes, each
+with its own client-side SuperExec that runs the fedsys ClientApp (Flower's
+``--isolation process``).  Every component has its own ``FLWR_HOME`` (as if on a
+separate machine), is started from a neutral directory and is stopped by PID.
+
+Optionally TLS (a private CA and a SuperLink certificate, ``deploy/make-certs.sh``)
+and node authentication (one key pair per SuperNode, registered with the SuperLink
+by ``deploy/node-keys.sh``, plus a shared secret between the SuperLink and its
+SuperExec).  Everything lives in one deployment directory::
+
+    deploy.json            state: ports, flags, PIDs (read by later invocations)
+    certs/ keys/ secret    TLS material, SuperNode keys, SuperExec secret
+    cli/config.toml        the ``flwr`` CLI's connection ``fedsys-local``
+    home/<component>/      each component's FLWR_HOME and working directory
+    logs/<component>.log   each component's output
+    superlink.db           SuperLink state (runs, registered nodes)
+
+Used by ``fedsys deploy`` (:mod:`fedsys.deploy_cli`) and the deployment tests.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -15,16 +31,27 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
+from fedsys.config import ConfigError
 from fedsys.simulation import FLWR_ENV
 
 HOST = "127.0.0.1"
+CONNECTION = "fedsys-local"
+STATE_FILE = "deploy.json"
+SCRIPTS = Path(__file__).resolve().parents[1] / "deploy"
+SUPERLINK, SERVER_EXEC = "superlink", "superexec-server"
+
+
+class DeployError(ConfigError):
+    """A deployment could not be started, found or used (printed as ``error: ...``)."""
 
 
 def free_port() -> int:
-    """An unused TCP port on 127.0.0.1."""
+    """Return an unused TCP port on 127.0.0.1."""
     with socket.socket() as s:
         s.bind((HOST, 0))
         return int(s.getsockname()[1])
@@ -46,109 +73,412 @@ def _bin(name: str) -> str:
     return str(here) if here.exists() else (shutil.which(name) or name)
 
 
+def node_name(i: int) -> str:
+    """Name of SuperNode ``i`` (also its key file and its ``--name`` at registration)."""
+    return f"supernode-{i}"
+
+
+def node_exec_name(i: int) -> str:
+    """Name of the client-side SuperExec of SuperNode ``i``."""
+    return f"superexec-{i}"
+
+
+@dataclass
+class Component:
+    """One started process: its command line, PID and kernel start time."""
+
+    args: list[str]
+    pid: int = 0
+    start_time: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+
+
 @dataclass
 class LocalDeployment:
-    """SuperLink + SuperNodes as processes, all state under ``root``."""
+    """SuperLink, server SuperExec and SuperNodes with their SuperExecs, under ``root``.
+
+    Parameters
+    ----------
+    root : Path
+        The deployment directory (state, logs, certificates, keys).
+    num_nodes : int
+        Number of SuperNodes; node ``i`` holds ``partition-id=i`` of ``num_nodes``.
+    data_dir : str
+        ``data-dir`` passed to every SuperNode in its node config (empty: none).
+    tls : bool
+        Serve the SuperLink over HTTPS with a certificate from a private CA.
+    auth : bool
+        SuperNode authentication (registered keys only) and a SuperExec secret.
+    port : int
+        The SuperLink's port (Fleet, Control and Runtime APIs); 0 picks a free one.
+    gpus : str
+        Comma-separated CUDA device ids dealt round robin to the client SuperExecs
+        (``CUDA_VISIBLE_DEVICES``); empty leaves the environment as it is.
+    """
 
     root: Path
     num_nodes: int = 2
     data_dir: str = ""
-    port: int = field(default_factory=free_port)
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    tls: bool = False
+    auth: bool = False
+    port: int = 0
+    gpus: str = ""
+    node_ports: list[int] = field(default_factory=list)
+    components: dict[str, Component] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root).resolve()
+        if self.port == 0:
+            self.port = free_port()
+
+    # ------------------------------------------------------------------ paths
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the SuperLink."""
+        return f"{HOST}:{self.port}"
+
+    @property
+    def cli_home(self) -> Path:
+        """``FLWR_HOME`` of the ``flwr`` CLI, holding the connection ``fedsys-local``."""
+        return self.root / "cli"
+
+    @property
+    def ca_cert(self) -> Path:
+        """The CA certificate every client needs to verify the SuperLink."""
+        return self.root / "certs" / "ca.crt"
+
+    def key_file(self, i: int) -> Path:
+        """Private key of SuperNode ``i`` (its ``.pub`` is registered)."""
+        return self.root / "keys" / node_name(i)
+
+    def log_file(self, name: str) -> Path:
+        """Output of one component."""
+        return self.root / "logs" / f"{name}.log"
 
     @property
     def env(self) -> dict[str, str]:
+        """Environment of every Flower process (telemetry and runtime installs off)."""
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         return {**os.environ, **FLWR_ENV, "PATH": path}
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
-        home = self.root / name
+    # ------------------------------------------------------------------ state
+
+    def save(self) -> None:
+        """Write ``deploy.json`` so later invocations find this deployment."""
+        state = {
+            "num_nodes": self.num_nodes, "data_dir": self.data_dir, "tls": self.tls,
+            "auth": self.auth, "port": self.port, "gpus": self.gpus,
+            "node_ports": self.node_ports,
+            "components": {k: asdict(c) for k, c in self.components.items()},
+        }
+        tmp = self.root / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        tmp.replace(self.root / STATE_FILE)
+
+    @classmethod
+    def load(cls, root: Path) -> LocalDeployment:
+        """Read the deployment that ``up`` wrote to ``root``."""
+        path = Path(root) / STATE_FILE
+        if not path.exists():
+            raise DeployError(f"no deployment in {root} (start one with 'fedsys deploy up')")
+        s = json.loads(path.read_text())
+        dep = cls(Path(root), num_nodes=s["num_nodes"], data_dir=s["data_dir"], tls=s["tls"],
+                  auth=s["auth"], port=s["port"], gpus=s.get("gpus", ""),
+                  node_ports=list(s["node_ports"]))
+        dep.components = {k: Component(**c) for k, c in s["components"].items()}
+        return dep
+
+    # ------------------------------------------------------------------ commands
+
+    def names(self) -> list[str]:
+        """Component names in start order."""
+        nodes = [n for i in range(self.num_nodes) for n in (node_name(i), node_exec_name(i))]
+        return [SUPERLINK, SERVER_EXEC, *nodes]
+
+    def _client_tls(self, flag: str) -> list[str]:
+        return [flag, str(self.ca_cert)] if self.tls else ["--insecure"]
+
+    def command(self, name: str) -> tuple[list[str], dict[str, str]]:
+        """Command line and extra environment of one component."""
+        secret = ["--superexec-auth-secret-file", str(self.root / "secret")] if self.auth else []
+        if name == SUPERLINK:
+            certs = self.root / "certs"
+            tls = (["--ssl-ca-certfile", str(self.ca_cert), "--ssl-certfile",
+                    str(certs / "server.pem"), "--ssl-keyfile", str(certs / "server.key")]
+                   if self.tls else ["--insecure"])
+            auth = ["--enable-supernode-auth", *secret] if self.auth else []
+            return [_bin("flower-superlink"), *tls, *auth, "--isolation", "process",
+                    "--database", str(self.root / "superlink.db"),
+                    "--disable-runtime-dependency-installation",
+                    "--host", HOST, "--port", str(self.port)], {}
+        if name == SERVER_EXEC:
+            return [_bin("flower-superexec"), *self._client_tls("--root-certificates"),
+                    *secret, "--runtime-api-address", self.address], {}
+        kind, _, idx = name.rpartition("-")
+        i = int(idx)
+        if kind == "supernode":
+            cfg = f"partition-id={i} num-partitions={self.num_nodes}"
+            if self.data_dir:
+                cfg += f' data-dir="{self.data_dir}"'
+            auth = ["--auth-supernode-private-key", str(self.key_file(i))] if self.auth else []
+            return [_bin("flower-supernode"), *self._client_tls("--root-certificates"), *auth,
+                    "--superlink", self.address, "--isolation", "process",
+                    "--host", HOST, "--port", str(self.node_ports[i]),
+                    "--node-config", cfg], {}
+        env = {}
+        if self.gpus:
+            ids = [g.strip() for g in self.gpus.split(",") if g.strip()]
+            env["CUDA_VISIBLE_DEVICES"] = ids[i % len(ids)]
+        return [_bin("flower-superexec"), "--insecure",
+                "--runtime-api-address", f"{HOST}:{self.node_ports[i]}"], env
+
+    # ------------------------------------------------------------------ processes
+
+    def start(self, name: str) -> Component:
+        """Start one component; a running instance of it is killed first (restart)."""
+        self.kill(name)
+        args, extra = self.command(name)
+        home = self.root / "home" / name
         home.mkdir(parents=True, exist_ok=True)
-        log = (self.root / f"{name}.log").open("wb")
-        p = subprocess.Popen(args, cwd=home, env={**self.env, "FLWR_HOME": str(home)},
-                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log = self.log_file(name)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = {**self.env, **extra, "FLWR_HOME": str(home)}
+        with log.open("ab") as out:
+            p = subprocess.Popen(args, cwd=home, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
         self.procs[name] = p
-        (self.root / f"{name}.pid").write_text(str(p.pid))
-        return p
+        comp = Component(args, p.pid, _start_time(p.pid), extra)
+        self.components[name] = comp
+        self.save()
+        return comp
 
-    def start_superlink(self) -> None:
-        self._spawn("superlink", [_bin("flower-superlink"), "--insecure",
-                                  "--disable-runtime-dependency-installation",
-                                  "--host", HOST, "--port", str(self.port)])
-        wait_port(self.port)
+    def is_running(self, name: str) -> bool:
+        """Whether the recorded process of ``name`` still runs (same PID, same start)."""
+        c = self.components.get(name)
+        return c is not None and c.pid > 0 and _same_process(c.pid, c.start_time)
 
-    def start_supernode(self, i: int) -> None:
-        cfg = f"partition-id={i} num-partitions={self.num_nodes}"
-        if self.data_dir:
-            cfg += f' data-dir="{self.data_dir}"'
-        self._spawn(f"node{i}", [_bin("flower-supernode"), "--insecure",
-                                 "--superlink", f"{HOST}:{self.port}",
-                                 "--port", str(free_port()), "--node-config", cfg])
+    def all_pids(self) -> list[int]:
+        """PIDs of every running component and of all their descendants (Flower
+        detaches its SuperExec children into their own sessions, so process groups
+        are not enough)."""
+        roots = [self.components[n].pid for n in self.components if self.is_running(n)]
+        return sorted({d for r in roots for d in descendants(r)})
 
-    def up(self) -> None:
-        """Start the SuperLink, then the SuperNodes, and register the CLI connection."""
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Signal one component and its descendants, and wait until they are gone."""
+        if self.is_running(name):
+            pids = descendants(self.components[name].pid)
+            _signal_all(pids, sig)
+            self._reap(pids, 30.0)
+        self.procs.pop(name, None)
+
+    def _reap(self, pids: list[int], timeout: float) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and any(_alive(p) for p in pids):
+            for p in self.procs.values():
+                p.poll()
+            time.sleep(0.1)
+
+    def down(self) -> int:
+        """Stop every process and its descendants (SIGTERM, then SIGKILL after 15 s).
+
+        Returns the number of processes that were stopped.
+        """
+        pids = self.all_pids()
+        _signal_all(pids, signal.SIGTERM)
+        self._reap(pids, 15.0)
+        _signal_all([p for p in pids if _alive(p)], signal.SIGKILL)
+        self._reap(pids, 10.0)
+        for p in self.procs.values():
+            p.poll()
+        self.procs.clear()
+        for c in self.components.values():
+            c.pid = c.start_time = 0
+        if self.components:
+            self.save()
+        left = [p for p in pids if _alive(p)]
+        if left:
+            raise DeployError(f"processes {left} survived SIGKILL")
+        return len(pids)
+
+    # ------------------------------------------------------------------ set-up
+
+    def _script(self, name: str, *args: str) -> None:
+        script = SCRIPTS / name
+        if not script.exists():
+            raise DeployError(f"{script} not found: run fedsys deploy from a fedsys checkout")
+        env = {**self.env, "FLWR_HOME": str(self.cli_home), "FLWR_BIN": _bin("flwr")}
+        proc = subprocess.run(["bash", str(script), *args], env=env, cwd=self.root,
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise DeployError(f"{name} failed:\n{proc.stdout}{proc.stderr}".strip())
+
+    def write_connection(self) -> None:
+        """Write the CLI's ``config.toml`` with the connection ``fedsys-local``."""
+        self.cli_home.mkdir(parents=True, exist_ok=True)
+        tls = f'root-certificates = "{self.ca_cert}"' if self.tls else "insecure = true"
+        (self.cli_home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n'
+            f'[superlink.{CONNECTION}]\naddress = "{self.address}"\n{tls}\n'
+        )
+
+    def refuse_if_running(self) -> None:
+        """Raise :class:`DeployError` if a deployment in ``root`` still runs."""
+        old = LocalDeployment.load(self.root) if (self.root / STATE_FILE).exists() else None
+        if old is not None and any(old.is_running(n) for n in old.components):
+            raise DeployError(f"a deployment is running in {self.root}; "
+                              "'fedsys deploy down' stops it")
+
+    def up(self, wait: float = 120.0) -> None:
+        """Start everything, register node keys (``auth``), wait until all nodes are online."""
+        self.refuse_if_running()
         self.root.mkdir(parents=True, exist_ok=True)
-        self.start_superlink()
-        for i in range(self.num_nodes):
-            self.start_supernode(i)
-        cli = self.root / "cli"
-        cli.mkdir(exist_ok=True)
-        (cli / "config.toml").write_text(
-            '[superlink]\ndefault = "fedsys-local"\n\n'
-            f'[superlink.fedsys-local]\naddress = "{HOST}:{self.port}"\ninsecure = true\n'
-        )
+        self.node_ports = [free_port() for _ in range(self.num_nodes)]
+        self.components = {}
+        self.save()
+        if self.tls:
+            self._script("make-certs.sh", "-d", str(self.root / "certs"))
+        if self.auth:
+            secret = self.root / "secret"
+            if not secret.exists():
+                secret.touch(mode=0o600)
+                secret.write_bytes(os.urandom(32).hex().encode())
+        self.write_connection()
+        self.start(SUPERLINK)
+        wait_port(self.port)
+        if self.auth:
+            self._script("node-keys.sh", "-d", str(self.root / "keys"), "-r", CONNECTION,
+                         *[node_name(i) for i in range(self.num_nodes)])
+        for name in self.names()[1:]:
+            self.start(name)
+        self.wait_online(self.num_nodes, wait)
 
-    def flwr_run(self, app_dir: Path, run_config: dict[str, object], timeout: float = 600) -> str:
-        """``flwr run APP fedsys-local --stream``; returns its output."""
-        rc = " ".join(f"{k}={_toml(v)}" for k, v in run_config.items())
-        cli = self.root / "cli"
-        proc = subprocess.run(
-            [_bin("flwr"), "run", str(app_dir), "fedsys-local", "--stream", "--run-config", rc],
-            cwd=cli, env={**self.env, "FLWR_HOME": str(cli)}, capture_output=True,
-            text=True, timeout=timeout, check=False,
-        )
-        out = proc.stdout + proc.stderr
+    # ------------------------------------------------------------------ flwr CLI
+
+    def flwr(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+        """Run ``flwr ARGS`` with the deployment's CLI home."""
+        return subprocess.run([_bin("flwr"), *args], cwd=self.cli_home,
+                              env={**self.env, "FLWR_HOME": str(self.cli_home),
+                                   "COLUMNS": os.environ.get("COLUMNS", "160")},
+                              capture_output=True, text=True, timeout=timeout, check=False)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """``flwr supernode list`` as dicts (``node-id``, ``status``, ...)."""
+        proc = self.flwr("supernode", "list", CONNECTION, "--format", "json")
+        try:
+            return list(json.loads(proc.stdout)["nodes"])
+        except (ValueError, KeyError):
+            raise DeployError(f"flwr supernode list failed:\n{proc.stdout}{proc.stderr}") from None
+
+    def wait_online(self, n: int, timeout: float = 120.0) -> list[dict[str, Any]]:
+        """Wait until ``n`` SuperNodes are online; fail early if a component died."""
+        end = time.monotonic() + timeout
+        while True:
+            dead = [c for c in self.components if not self.is_running(c)]
+            if dead:
+                tail = self.log_file(dead[0]).read_text(errors="replace")[-1500:]
+                raise DeployError(f"{', '.join(dead)} exited; {self.log_file(dead[0])}:\n{tail}")
+            nodes = self.nodes()
+            online = [x for x in nodes if x.get("status") == "online"]
+            if len(online) >= n:
+                return online
+            if time.monotonic() > end:
+                raise DeployError(f"{len(online)} of {n} SuperNodes online after {timeout:.0f} s")
+            time.sleep(1.0)
+
+    def submit(self, app_dir: Path, run_config: Mapping[str, object],
+               log: Path | None = None) -> subprocess.Popen[str]:
+        """Start ``flwr run APP fedsys-local --stream`` in the background.
+
+        Its output goes to ``log`` (default ``logs/flwr-run.log``), or to a pipe
+        when ``log`` is ``None`` and the caller reads ``stdout``.
+        """
+        self.cli_home.mkdir(parents=True, exist_ok=True)
+        rc_file = self.cli_home / f"run-config-{time.time_ns()}.toml"
+        rc_file.write_text(run_config_toml(run_config))
+        out = log.open("w") if log is not None else None
+        try:
+            return subprocess.Popen(
+                [_bin("flwr"), "run", str(app_dir), CONNECTION, "--stream",
+                 "--run-config", str(rc_file)],
+                cwd=self.cli_home, env={**self.env, "FLWR_HOME": str(self.cli_home)},
+                stdout=out or subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                start_new_session=True,
+            )
+        finally:
+            if out is not None:
+                out.close()
+
+    def flwr_run(self, app_dir: Path, run_config: Mapping[str, object], timeout: float = 600,
+                 echo: bool = False) -> str:
+        """``flwr run APP fedsys-local --stream``; return its output (``echo``: also print it)."""
+        log = self.root / "logs" / f"flwr-run-{time.time_ns()}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        proc = self.submit(app_dir, run_config, log)
+        end = time.monotonic() + timeout
+        with log.open(errors="replace") as f:
+            while True:
+                done = proc.poll() is not None
+                chunk = f.read()
+                if echo and chunk:
+                    print(chunk, end="", flush=True)
+                if done:
+                    break
+                if time.monotonic() > end:
+                    _signal_all(descendants(proc.pid), signal.SIGKILL)
+                    proc.wait()
+                    raise RuntimeError(f"flwr run took longer than {timeout:.0f} s; "
+                                       f"output in {log}")
+                time.sleep(0.2)
+        out = log.read_text(errors="replace")
         if proc.returncode != 0:
             raise RuntimeError(f"flwr run failed (exit {proc.returncode}):\n{out[-3000:]}")
         return out
 
-    def all_pids(self) -> list[int]:
-        """PIDs of every component and of all their descendants (Flower detaches
-        its SuperExec children into their own sessions, so process groups are not
-        enough)."""
-        return sorted({d for p in self.procs.values() for d in descendants(p.pid)})
 
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        """Kill one component and its descendants."""
-        p = self.procs.pop(name, None)
-        if p is not None:
-            _signal_all(descendants(p.pid), sig)
-            p.wait(timeout=30)
+def run_config_toml(run_config: Mapping[str, object]) -> str:
+    """A ``--run-config`` TOML file: one dotted key per line (Flower flattens it)."""
+    lines = []
+    for k, v in run_config.items():
+        if isinstance(v, bool):
+            lit = "true" if v else "false"
+        elif isinstance(v, int | float):
+            lit = repr(v)
+        else:
+            lit = json.dumps(str(v))
+        lines.append(f"{k} = {lit}")
+    return "\n".join(lines) + "\n"
 
-    def down(self) -> None:
-        """Stop every process and its descendants (SIGTERM, then SIGKILL)."""
-        pids = self.all_pids()
-        _signal_all(pids, signal.SIGTERM)
-        end = time.monotonic() + 15
-        while time.monotonic() < end and any(_alive(p) for p in pids):
-            for p in self.procs.values():
-                p.poll()
-            time.sleep(0.2)
-        _signal_all([p for p in pids if _alive(p)], signal.SIGKILL)
-        for p in self.procs.values():
-            p.wait(timeout=10)
-        self.procs.clear()
+
+# ---------------------------------------------------------------------- /proc helpers
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()
+
+
+def _start_time(pid: int) -> int:
+    f = _stat_fields(pid)
+    return int(f[19]) if f else 0
+
+
+def _same_process(pid: int, start_time: int) -> bool:
+    f = _stat_fields(pid)
+    return f is not None and f[0] != "Z" and int(f[19]) == start_time
 
 
 def _ppid_map() -> dict[int, int]:
     out: dict[int, int] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2 :].split()
-        out[int(stat.parent.name)] = int(fields[1])
+        f = _stat_fields(int(stat.parent.name))
+        if f is not None:
+            out[int(stat.parent.name)] = int(f[1])
     return out
 
 
@@ -166,11 +496,8 @@ def descendants(pid: int) -> list[int]:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return state[state.rindex(")") + 2] != "Z"
+    f = _stat_fields(pid)
+    return f is not None and f[0] != "Z"
 
 
 def _signal_all(pids: list[int], sig: int) -> None:
@@ -179,11 +506,3 @@ def _signal_all(pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
-
-
-def _toml(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    return "'" + str(v) + "'"

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Make SuperNode key pairs and register their public keys with the SuperLink.
+#
+#   deploy/node-keys.sh [-d DIR] [-r CONNECTION] NAME ...
+#
+# For each NAME, DIR/NAME (private key, stays on that site) and DIR/NAME.pub are made
+# unless they exist (ECDSA P-384, OpenSSH format, as Flower expects).  With
+# -r CONNECTION each public key is registered through `flwr supernode register`
+# against that SuperLink connection of the `flwr` CLI ($FLWR_HOME/config.toml);
+# a key that is already registered is left as it is.  The SuperLink assigns the node
+# id at registration, so a SuperNode keeps its id when it restarts.
+#   deploy/node-keys.sh -d deploy/keys site0 site1                 # make keys
+#   deploy/node-keys.sh -d deploy/keys -r fedsys site0 site1       # and register them
+set -euo pipefail
+
+dir="deploy/keys"
+conn=""
+while getopts "d:r:h" opt; do
+  case "$opt" in
+    d) dir="$OPTARG" ;;
+    r) conn="$OPTARG" ;;
+    h) sed -n '2,15p' "$0"; exit 0 ;;
+    *) exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+[ "$#" -gt 0 ] || { echo "error: name at least one SuperNode" >&2; exit 2; }
+
+mkdir -p "$dir"
+flwr_bin="${FLWR_BIN:-flwr}"
+for name in "$@"; do
+  case "$name" in
+    *[!A-Za-z0-9_.-]*|"") echo "error: bad SuperNode name '$name'" >&2; exit 2 ;;
+  esac
+  if [ ! -s "$dir/$name" ]; then
+    ssh-keygen -q -t ecdsa -b 384 -N "" -C "$name" -f "$dir/$name"
+  fi
+  chmod 644 "$dir/$name.pub" 2>/dev/null || true
+  if [ -n "$conn" ]; then
+    if out=$("$flwr_bin" supernode register "$dir/$name.pub" "$conn" --name "$name" 2>&1); then
+      echo "registered $name: $(printf '%s\n' "$out" | grep -io 'node[^0-9]*[0-9][0-9]*' | head -1)"
+    elif printf '%s' "$out" | grep -qi "already"; then
+      echo "$name was registered before"
+    else
+      printf '%s\n' "$out" >&2
+      echo "error: could not register $name with '$conn'" >&2
+      exit 1
+    fi
+  fi
+done

@@ -1,0 +1,212 @@
+"""``fedsys deploy``: a real Flower deployment as processes on 127.0.0.1.
+
+``up`` starts a SuperLink, its SuperExec and N SuperNodes with their SuperExecs
+(the topology of ``docker-compose.yml``), ``run`` submits the fedsys app with a
+YAML experiment and prints the results table, ``status`` shows what runs, ``down``
+stops everything.  State lives in ``--dir`` (default ``runs/deploy``), so later
+invocations find the deployment.  ``run --superlink HOST:PORT`` submits to any
+SuperLink instead, e.g. the docker-compose one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fedsys import config as cfgmod
+from fedsys.deploy import (
+    CONNECTION,
+    SUPERLINK,
+    DeployError,
+    LocalDeployment,
+    run_config_toml,
+)
+
+DEFAULT_DIR = "runs/deploy"
+APP_DIR = Path(__file__).resolve().parents[1]
+
+EPILOG = """examples:
+  fedsys deploy up --nodes 3 --tls --auth          SuperLink + 3 SuperNodes, HTTPS, node keys
+  fedsys deploy run configs/smoke.yaml --set num-clients=3 --set clients-per-round=3
+  fedsys deploy status                             processes, SuperNodes, runs
+  fedsys deploy down                               stop everything
+  fedsys deploy run configs/smoke.yaml --superlink 127.0.0.1:9093 \\
+      --root-certificates deploy/certs/ca.crt      submit to the docker-compose SuperLink
+"""
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``fedsys deploy`` and its actions on the top-level subparsers."""
+    d = sub.add_parser(
+        "deploy", help="a real Flower deployment as processes on 127.0.0.1",
+        description=__doc__.split("\n\n")[1].replace("\n", " ") if __doc__ else None,
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    dsub = d.add_subparsers(dest="deploy_cmd", required=True, metavar="ACTION")
+
+    def with_dir(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--dir", default=DEFAULT_DIR,
+                       help=f"deployment directory: state, logs, certificates (default "
+                       f"{DEFAULT_DIR})")
+
+    up = dsub.add_parser("up", help="start SuperLink, SuperExecs and SuperNodes")
+    up.add_argument("--nodes", type=int, default=2, help="SuperNodes (default 2)")
+    up.add_argument("--tls", action="store_true",
+                    help="HTTPS with a private CA (certificates in DIR/certs)")
+    up.add_argument("--auth", action="store_true",
+                    help="only registered SuperNode keys (DIR/keys) may connect; "
+                    "SuperExec secret")
+    up.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one)")
+    up.add_argument("--data-dir", default="", help="data-dir in every SuperNode's node config")
+    up.add_argument("--gpus", default="",
+                    help="CUDA device ids dealt round robin to the SuperNodes, e.g. 0,1")
+    up.add_argument("--wait", type=float, default=120.0,
+                    help="seconds to wait for all SuperNodes to come online")
+    with_dir(up)
+    up.set_defaults(fn=cmd_up)
+
+    r = dsub.add_parser("run", help="submit a YAML experiment and print the results table",
+                        description="Submit the fedsys app with CONFIG's keys (flwr run "
+                        "--stream), stream its log, and print the results table.")
+    r.add_argument("config", help="YAML experiment file (configs/*.yaml)")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config key (repeatable); see 'fedsys keys'")
+    r.add_argument("--superlink", metavar="HOST:PORT",
+                   help="submit to this SuperLink instead of the one in --dir")
+    tls = r.add_mutually_exclusive_group()
+    tls.add_argument("--root-certificates", metavar="CA",
+                     help="CA certificate of --superlink (HTTPS)")
+    tls.add_argument("--insecure", action="store_true", help="--superlink speaks plain HTTP")
+    r.add_argument("--app", default=str(APP_DIR),
+                   help="Flower app directory (default: this fedsys checkout)")
+    r.add_argument("--timeout", type=float, default=24 * 3600.0,
+                   help="seconds before the submission is given up")
+    with_dir(r)
+    r.set_defaults(fn=cmd_run)
+
+    s = dsub.add_parser("status", help="components, SuperNodes and runs")
+    with_dir(s)
+    s.set_defaults(fn=cmd_status)
+
+    dn = dsub.add_parser("down", help="stop every process of the deployment")
+    with_dir(dn)
+    dn.set_defaults(fn=cmd_down)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """``fedsys deploy up``."""
+    if args.nodes < 1:
+        raise DeployError("--nodes must be at least 1")
+    dep = LocalDeployment(Path(args.dir), num_nodes=args.nodes, data_dir=args.data_dir,
+                          tls=args.tls, auth=args.auth, port=args.port, gpus=args.gpus)
+    dep.refuse_if_running()
+    t0 = time.monotonic()
+    mode = ", ".join(m for m, on in (("TLS", args.tls), ("node auth", args.auth)) if on)
+    print(f"fedsys deploy: SuperLink on {dep.address} ({mode or 'insecure'}), "
+          f"{args.nodes} SuperNodes, state in {dep.root}", flush=True)
+    try:
+        dep.up(wait=args.wait)
+    except BaseException:
+        dep.down()
+        raise
+    _components(dep)
+    print(f"up in {time.monotonic() - t0:.0f} s; 'fedsys deploy run CONFIG' submits, "
+          f"'fedsys deploy down' stops.\n"
+          f"flwr CLI: FLWR_HOME={dep.cli_home} flwr ls {CONNECTION}")
+    return 0
+
+
+def _remote(args: argparse.Namespace) -> LocalDeployment:
+    """A CLI-only handle on a SuperLink that ``up`` did not start."""
+    if not (args.root_certificates or args.insecure):
+        raise DeployError("--superlink needs --root-certificates CA (HTTPS) or --insecure")
+    host, _, port = args.superlink.rpartition(":")
+    if not host or not port.isdigit():
+        raise DeployError(f"--superlink must be HOST:PORT, got {args.superlink!r}")
+    dep = LocalDeployment(Path(args.dir) / "remote", port=int(port))
+    cli = dep.cli_home
+    cli.mkdir(parents=True, exist_ok=True)
+    tls = (f'root-certificates = "{Path(args.root_certificates).resolve()}"'
+           if args.root_certificates else "insecure = true")
+    (cli / "config.toml").write_text(
+        f'[superlink]\ndefault = "{CONNECTION}"\n\n'
+        f'[superlink.{CONNECTION}]\naddress = "{args.superlink}"\n{tls}\n')
+    return dep
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``fedsys deploy run CONFIG``."""
+    from fedsys.cli import _load_runs, _table
+
+    cfg = cfgmod.load(Path(args.config), args.set or [])
+    from strategies import REGISTRY
+
+    for _, vcfg in cfg.variants():  # strategy-specific checks before anything is sent
+        REGISTRY[vcfg.strategy](vcfg)
+    if args.superlink:
+        dep = _remote(args)
+    else:
+        dep = LocalDeployment.load(Path(args.dir))
+        if not all(dep.is_running(n) for n in dep.names()):
+            raise DeployError(f"the deployment in {dep.root} is not (fully) running; "
+                              "see 'fedsys deploy status'")
+        if cfg.num_clients != dep.num_nodes:
+            print(f"warning: num-clients is {cfg.num_clients} but the deployment has "
+                  f"{dep.num_nodes} SuperNodes (each holds partition i of {dep.num_nodes})",
+                  file=sys.stderr)
+    app = Path(args.app).resolve()
+    if not (app / "pyproject.toml").exists():
+        raise DeployError(f"{app} is not a Flower app directory (no pyproject.toml); use --app")
+    (dep.cli_home / "last-run-config.toml").parent.mkdir(parents=True, exist_ok=True)
+    (dep.cli_home / "last-run-config.toml").write_text(run_config_toml(cfg.to_dict()))
+    t0 = time.monotonic()
+    where = args.superlink or dep.address
+    print(f"fedsys deploy: submitting {cfg.strategies} to {where} -> {cfg.run_dir}", flush=True)
+    try:
+        dep.flwr_run(app, cfg.to_dict(), timeout=args.timeout, echo=True)
+    except RuntimeError as exc:
+        print(f"error: {str(exc).splitlines()[0]}\n  checkpoints are in {cfg.run_dir}; submit "
+              f"again with --set resume=true to continue", file=sys.stderr)
+        return 1
+    _table(_load_runs(cfg.run_dir), f"{cfg.name} ({time.monotonic() - t0:.0f} s, deployment)")
+    print(f"results: {cfg.run_dir}/results.md")
+    return 0
+
+
+def _components(dep: LocalDeployment) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"deployment {dep.root} (SuperLink {dep.address})")
+    for col in ("component", "pid", "state", "log"):
+        t.add_column(col)
+    for name in dep.names():
+        c = dep.components.get(name)
+        up = dep.is_running(name)
+        t.add_row(name, str(c.pid) if c and up else "-", "running" if up else "stopped",
+                  str(dep.log_file(name)))
+    Console(width=max(Console().width, 110)).print(t)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """``fedsys deploy status``."""
+    dep = LocalDeployment.load(Path(args.dir))
+    _components(dep)
+    if not dep.is_running(SUPERLINK):
+        print("the SuperLink is not running")
+        return 0
+    for what in (("supernode", "list", CONNECTION), ("ls", CONNECTION)):
+        proc = dep.flwr(*what)
+        print(proc.stdout.rstrip() or proc.stderr.rstrip())
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    """``fedsys deploy down``."""
+    dep = LocalDeployment.load(Path(args.dir))
+    n = dep.down()
+    print(f"stopped {n} processes; nothing of {dep.root} is running")
+    return 0

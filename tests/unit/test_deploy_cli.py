@@ -1,0 +1,149 @@
+"""``fedsys deploy`` without a Flower runtime: commands, state, scripts, errors."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fedsys import cli
+from fedsys.deploy import (
+    SCRIPTS,
+    SERVER_EXEC,
+    SUPERLINK,
+    Component,
+    LocalDeployment,
+    _alive,
+    _start_time,
+    node_exec_name,
+    node_name,
+    run_config_toml,
+)
+
+
+def test_run_config_toml_is_what_flower_reads() -> None:
+    cfg = {"name": 'a "quoted" name', "output-dir": "/tmp/x y", "fedcross.alpha": 0.5,
+           "num-server-rounds": 3, "resume": True, "strategy": "fedavg,fedcda[fedcda.memory=2]"}
+    data = tomllib.loads(run_config_toml(cfg))
+    from flwr.common.config import flatten_dict
+
+    assert flatten_dict(data) == cfg
+
+
+def test_secure_commands_carry_tls_and_auth(tmp_path: Path) -> None:
+    dep = LocalDeployment(tmp_path, num_nodes=2, tls=True, auth=True, port=9999,
+                          node_ports=[1001, 1002], data_dir="/data/site", gpus="3,5")
+    link, _ = dep.command(SUPERLINK)
+    assert "--insecure" not in link
+    for flag in ("--ssl-certfile", "--ssl-keyfile", "--ssl-ca-certfile",
+                 "--enable-supernode-auth", "--superexec-auth-secret-file"):
+        assert flag in link
+    assert link[link.index("--isolation") + 1] == "process"
+    assert link[link.index("--host") + 1] == "127.0.0.1"
+    sx, _ = dep.command(SERVER_EXEC)
+    assert sx[sx.index("--root-certificates") + 1] == str(dep.ca_cert)
+    assert sx[sx.index("--runtime-api-address") + 1] == "127.0.0.1:9999"
+    node, _ = dep.command(node_name(1))
+    assert node[node.index("--auth-supernode-private-key") + 1] == str(dep.key_file(1))
+    assert node[node.index("--node-config") + 1] == (
+        'partition-id=1 num-partitions=2 data-dir="/data/site"')
+    assert node[node.index("--port") + 1] == "1002"
+    ex, env = dep.command(node_exec_name(1))
+    assert ex[ex.index("--runtime-api-address") + 1] == "127.0.0.1:1002"
+    assert env == {"CUDA_VISIBLE_DEVICES": "5"}
+    assert dep.command(node_exec_name(0))[1] == {"CUDA_VISIBLE_DEVICES": "3"}
+
+
+def test_insecure_commands(tmp_path: Path) -> None:
+    dep = LocalDeployment(tmp_path, num_nodes=1, node_ports=[1001])
+    for name in dep.names():
+        args, env = dep.command(name)
+        assert "--insecure" in args and env == {}
+        assert not any(a.startswith("--ssl") or "auth" in a for a in args)
+    assert dep.names() == [SUPERLINK, SERVER_EXEC, node_name(0), node_exec_name(0)]
+
+
+def test_state_round_trip_and_pid_identity(tmp_path: Path) -> None:
+    dep = LocalDeployment(tmp_path, num_nodes=1, tls=True, port=1234, node_ports=[4321])
+    me = os.getpid()
+    dep.components = {SUPERLINK: Component(["x"], me, _start_time(me)),
+                      SERVER_EXEC: Component(["y"], me, _start_time(me) + 1)}
+    dep.save()
+    back = LocalDeployment.load(tmp_path)
+    assert (back.port, back.tls, back.node_ports) == (1234, True, [4321])
+    assert back.is_running(SUPERLINK)
+    assert not back.is_running(SERVER_EXEC)  # same PID, other start time: a reused PID
+    assert not back.is_running(node_name(0))
+
+
+def test_down_stops_components_and_their_descendants(tmp_path: Path) -> None:
+    dep = LocalDeployment(tmp_path, num_nodes=1)
+    p = subprocess.Popen(["bash", "-c", "sleep 300 & sleep 300 & wait"], start_new_session=True)
+    dep.procs[SUPERLINK] = p
+    dep.components[SUPERLINK] = Component(["bash"], p.pid, _start_time(p.pid))
+    dep.save()
+    end = time.monotonic() + 10
+    while len(pids := LocalDeployment.load(tmp_path).all_pids()) < 3:
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    assert LocalDeployment.load(tmp_path).down() == 3  # found again from deploy.json
+    assert not [q for q in pids if _alive(q)]
+    p.wait(timeout=10)
+    assert not LocalDeployment.load(tmp_path).is_running(SUPERLINK)
+
+
+@pytest.mark.skipif(not (shutil.which("openssl") and shutil.which("ssh-keygen")),
+                    reason="needs openssl and ssh-keygen")
+def test_certificate_and_key_scripts(tmp_path: Path) -> None:
+    certs, keys = tmp_path / "certs", tmp_path / "keys"
+    subprocess.run(["bash", str(SCRIPTS / "make-certs.sh"), "-d", str(certs),
+                    "DNS:fl.example.org", "IP:203.0.113.7"], check=True, capture_output=True)
+    text = subprocess.run(["openssl", "x509", "-in", str(certs / "server.pem"), "-noout",
+                           "-text"], check=True, capture_output=True, text=True).stdout
+    for san in ("DNS:localhost", "IP Address:127.0.0.1", "DNS:fl.example.org",
+                "IP Address:203.0.113.7"):
+        assert san in text
+    subprocess.run(["openssl", "verify", "-CAfile", str(certs / "ca.crt"),
+                    str(certs / "server.pem")], check=True, capture_output=True)
+    assert (certs / "superexec.secret").stat().st_mode & 0o077 == 0
+    assert (certs / "server.key").stat().st_mode & 0o077 == 0
+    before = (certs / "server.pem").read_bytes()
+    subprocess.run(["bash", str(SCRIPTS / "make-certs.sh"), "-d", str(certs)], check=True,
+                   capture_output=True)
+    assert (certs / "server.pem").read_bytes() == before  # kept without -f
+    subprocess.run(["bash", str(SCRIPTS / "node-keys.sh"), "-d", str(keys), "site-a", "site-b"],
+                   check=True, capture_output=True)
+    assert (keys / "site-a.pub").read_text().startswith("ecdsa-sha2-nistp384 ")
+    assert (keys / "site-b").stat().st_mode & 0o077 == 0
+    bad = subprocess.run(["bash", str(SCRIPTS / "node-keys.sh"), "-d", str(keys), "a b"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "bad SuperNode name" in bad.stderr
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["deploy", "status", "--dir", str(tmp_path)]) == 2
+    assert "error: no deployment in" in capsys.readouterr().err
+    assert cli.main(["deploy", "up", "--nodes", "0", "--dir", str(tmp_path)]) == 2
+    assert "error: --nodes must be at least 1" in capsys.readouterr().err
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("strategy: fedavg\ndataset: synthetic\nmodel: mlp\n")
+    assert cli.main(["deploy", "run", str(cfg), "--superlink", "127.0.0.1:1",
+                     "--dir", str(tmp_path)]) == 2
+    assert "--root-certificates" in capsys.readouterr().err
+    assert cli.main(["deploy", "run", str(cfg), "--dir", str(tmp_path)]) == 2
+    assert "no deployment in" in capsys.readouterr().err
+    assert cli.main(["deploy", "run", str(cfg), "--set", "nope=1", "--dir", str(tmp_path)]) == 2
+    assert "unknown config key 'nope'" in capsys.readouterr().err
+
+
+def test_deploy_help_lists_the_actions() -> None:
+    out = subprocess.run([sys.executable, "-m", "fedsys", "deploy", "--help"],
+                         capture_output=True, text=True, check=True).stdout
+    for action in ("up", "run", "status", "down"):
+        assert action in out
