@@ -70,9 +70,12 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
     dataset(cfg)
     partitions(cfg)
     from strategies import REGISTRY
+    from strategies.runner import branch_point
 
     for _, vcfg in cfg.variants():  # strategy-specific checks (search sizes, K >= 2, ...)
         REGISTRY[vcfg.strategy](vcfg)
+        if vcfg.branch_from and not vcfg.resume:
+            branch_point(vcfg)
 
 
 def cmd_run(args: argparse.Namespace, cfg: cfgmod.RunConfig | None = None) -> int:

@@ -87,6 +87,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("resume", bool, False, "Continue from the run directory's checkpoint."),
     Option("checkpoint-every", int, 1, "Write a checkpoint every k rounds.", check=_pos,
            rule="> 0"),
+    Option("keep-checkpoint", int, 0,
+           "Also keep the checkpoint of this round as <strategy>/checkpoint-rNNNN.pt, a "
+           "branch point for 'branch-from' (0: none).", check=_nonneg, rule=">= 0"),
+    Option("branch-from", str, "",
+           "Start from a kept checkpoint (<run>/<strategy>/checkpoint-rNNNN.pt) of a run "
+           "that is identical up to that round, instead of from round 0: the earlier "
+           "rounds' metrics are copied, the rest is trained.  Only keys that have not "
+           "acted yet may differ (ima.average and ima.lr-decay before IMA starts)."),
     Option("save-models", str, "none",
            "Keep models for 'fedsys landscape': 'global' (each round's global model) or "
            "'all' (also every accepted client model) under <strategy>/models/.",
@@ -248,6 +256,8 @@ class RunConfig:
     round_timeout: float
     resume: bool
     checkpoint_every: int
+    keep_checkpoint: int
+    branch_from: str
     save_models: str
     save_models_from: int
     estimators: bool

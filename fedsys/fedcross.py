@@ -60,6 +60,10 @@ BLOCK_BYTES = 8 << 20
 #: float32 models summed in float32 before each float64 add (:func:`uniform_mean`).
 MEAN_GROUP = 8
 
+#: Elements of one entry mixed and averaged at a time by :func:`cross_aggregate`: a
+#: slot's chunk is still in cache when it is added to the mean (256 KB of float32).
+MIX_CHUNK = 1 << 16
+
 #: torch threads while mixing: the element-wise mixing is memory-bound, and on cores
 #: shared with busy processes several OpenMP threads spin-wait (many times slower).
 MIX_THREADS = 1
@@ -129,6 +133,7 @@ def _anchored_blocks(
     """
     k_models = len(models)
     dtype = _work_dtype(models[0], keys)
+    floats = {key: is_float(models[0][key]) for key in keys}
     width = max(1024, block_bytes // (k_models * dtype.itemsize))
     buf = np.empty(k_models * width, dtype)
     segs: list[tuple[str, int, int]] = []
@@ -141,8 +146,9 @@ def _anchored_blocks(
             cols = slice(off, off + e - s)
             ref = np.ravel(models[0][key])[s:e]
             x[0, cols] = ref
+            floating = floats[key]
             for j in range(1, k_models):
-                if is_float(ref):
+                if floating:
                     np.subtract(np.ravel(models[j][key])[s:e], ref, out=x[j, cols])
                 else:  # integer entries (layer-pairs similarity): convert first
                     x[j, cols] = np.ravel(models[j][key])[s:e]
@@ -446,22 +452,43 @@ def _rows(a: F64, n: int) -> tuple[F64, I64]:
     return a, np.asarray(first[np.reshape(inverse, -1)], dtype=np.int64)
 
 
-def _combine(models: Sequence[Params], key: str, row: F64, own: int, dst: NDArray[np.generic]) -> None:
-    """``dst = sum_j row[j] * models[j][key]`` (one lerp for two-term affine rows)."""
+class _Row(NamedTuple):
+    """One row of a mixing matrix as a recipe: its nonzero terms, own model first."""
+
+    terms: tuple[tuple[int, float], ...]
+    kind: str  # "copy" (one term of weight 1), "lerp" (two terms summing to 1), "sum"
+
+
+def _plan(row: F64, own: int) -> _Row:
     nz = [int(j) for j in np.flatnonzero(row)]
     if own in nz:  # start from the own model: lerp is exact at weight 0
         nz.remove(own)
         nz.insert(0, own)
+    terms = tuple((j, float(row[j])) for j in nz)
     if len(nz) == 1 and row[nz[0]] == 1.0:
-        np.copyto(dst, models[nz[0]][key])
-    elif len(nz) == 2 and abs(row[nz[0]] + row[nz[1]] - 1.0) < 1e-12:
-        torch.lerp(torch.from_numpy(models[nz[0]][key]), torch.from_numpy(models[nz[1]][key]),
-                   float(row[nz[1]]), out=torch.from_numpy(dst))
+        return _Row(terms, "copy")
+    if len(nz) == 2 and abs(row[nz[0]] + row[nz[1]] - 1.0) < 1e-12:
+        return _Row(terms, "lerp")
+    return _Row(terms, "sum")
+
+
+def _apply(plan: _Row, src: Sequence[NDArray[np.generic]], dst: NDArray[np.generic]) -> None:
+    """``dst = sum_j w_j * src[j]`` over the plan's terms (one lerp for two-term affine rows)."""
+    if plan.kind == "copy":
+        np.copyto(dst, src[plan.terms[0][0]])
+    elif plan.kind == "lerp":
+        (i, _), (j, w) = plan.terms
+        torch.lerp(torch.from_numpy(src[i]), torch.from_numpy(src[j]), w, out=torch.from_numpy(dst))
     else:
         acc = np.zeros(dst.shape, dtype=np.float64)
-        for j in nz:
-            acc += row[j] * models[j][key].astype(np.float64)
+        for j, w in plan.terms:
+            acc += w * src[j].astype(np.float64)
         np.copyto(dst, acc, casting="unsafe")
+
+
+def _combine(models: Sequence[Params], key: str, row: F64, own: int, dst: NDArray[np.generic]) -> None:
+    """``dst = sum_j row[j] * models[j][key]`` (one lerp for two-term affine rows)."""
+    _apply(_plan(row, own), [m[key] for m in models], dst)
 
 
 def _mean(arrays: Iterable[NDArray[np.generic]], ref: NDArray[np.generic]) -> NDArray[np.generic]:
@@ -539,7 +566,9 @@ def cross_aggregate(slots: Sequence[Params], uploads: Mapping[int, Params], a: F
     Slot ``ok[p]`` (``ok`` = the uploading slots in increasing order) becomes row p of
     ``A V`` (:func:`mix`, written into the slot's own arrays); the other slots keep
     their models.  The result is :func:`uniform_mean` of all slots (bit for bit),
-    computed entry by entry right after each entry is mixed, while it is in cache.
+    computed chunk by chunk (:data:`MIX_CHUNK` elements of an entry) right after the
+    chunk is mixed, while it is in cache; every element goes through the same
+    operations in the same order as in :func:`mix` and :func:`uniform_mean`.
 
     Parameters
     ----------
@@ -563,21 +592,44 @@ def cross_aggregate(slots: Sequence[Params], uploads: Mapping[int, Params], a: F
     for key in slots[0]:
         if _starts(out, key) & _starts(models, key):
             raise ValueError(f"slots share memory with the uploads (entry {key!r})")
+    plans = [_plan(a[p], p) for p in range(len(ok))]
 
-    def produce(key: str, ref: NDArray[np.generic]) -> Iterator[NDArray[np.generic]]:
-        for k, slot in enumerate(slots):
+    def produce(src: Sequence[NDArray[np.generic]], dst: Sequence[NDArray[np.generic]],
+                floating: bool) -> Iterator[NDArray[np.generic]]:
+        """Slot by slot: write the mixed piece of an uploading slot, yield every slot's."""
+        for k, piece in enumerate(dst):
             p = pos.get(k)
             if p is not None:
-                if not is_float(ref):
-                    np.copyto(slot[key], models[p][key])
+                if not floating:
+                    np.copyto(piece, src[p])
                 elif first[p] != p:  # an identical row was done already
-                    np.copyto(slot[key], out[first[p]][key])
+                    np.copyto(piece, dst[ok[first[p]]])
                 else:
-                    _combine(models, key, a[p], p, slot[key])
-            yield slot[key]
+                    _apply(plans[p], src, piece)
+            yield piece
 
+    glob: Params = {}
     with _torch_threads(MIX_THREADS):
-        return {key: _mean(produce(key, ref), ref) for key, ref in slots[0].items()}
+        for key, ref in slots[0].items():
+            if not is_float(ref):
+                glob[key] = _mean(produce([m[key] for m in models], [s[key] for s in slots], False),
+                                  ref)
+                continue
+            arrays = [m[key] for m in models] + [s[key] for s in slots]
+            if not all(x.flags.c_contiguous for x in arrays):  # no flat views: whole entries
+                glob[key] = _mean(produce([m[key] for m in models], [s[key] for s in slots],
+                                          True), ref)
+                continue
+            # chunk by chunk: each mixed piece is added to the mean while it is in cache
+            src = [m[key].reshape(-1) for m in models]
+            dst = [s[key].reshape(-1) for s in slots]
+            res = np.empty(ref.size, dtype=ref.dtype)
+            for lo in range(0, ref.size, MIX_CHUNK):
+                hi = min(ref.size, lo + MIX_CHUNK)
+                res[lo:hi] = _mean(produce([x[lo:hi] for x in src], [x[lo:hi] for x in dst], True),
+                                   res[lo:hi])
+            glob[key] = res.reshape(ref.shape)
+    return glob
 
 
 def uniform_mean(models: Sequence[Params]) -> Params:

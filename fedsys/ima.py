@@ -32,9 +32,11 @@ def client_lr(t: int, lr0: float, decay: float, t_s: int | None, ima_decay: floa
     """Client learning rate of 0-indexed round ``t`` (spec §2.4).
 
     ``lr0 * decay**t`` before ``t_s`` (and always when ``t_s`` is ``None``);
-    ``lr0 * decay**t_s * ima_decay**(t - t_s)`` from ``t_s`` on.
+    ``lr0 * decay**t_s * ima_decay**(t - t_s)`` from ``t_s`` on (computed as
+    ``lr0 * decay**t`` when ``ima_decay == decay``, so that IMA without averaging and
+    without extra decay is the base strategy bit for bit).
     """
-    if t_s is None or t < t_s:
+    if t_s is None or t < t_s or ima_decay == decay:  # the same number, bit for bit
         return float(lr0 * decay**t)
     return float(lr0 * decay**t_s * ima_decay ** (t - t_s))
 

@@ -117,7 +117,7 @@ class RoundRecorder:
                 " | elapsed %s | ETA %s", self.name, rnd, total, record.get("accuracy", float("nan")),
                 record.get("loss", float("nan")), int(record.get("clients-ok", 0)),
                 int(record.get("clients-rejected", 0)), _fmt(elapsed), _fmt(eta))
-            if rnd % self.cfg.checkpoint_every == 0 or rnd == total:
+            if rnd % self.cfg.checkpoint_every == 0 or rnd in (total, self.cfg.keep_checkpoint):
                 self.save(strategy)
         else:
             log(INFO, "[%s] round 0 | acc %.4f | loss %.4f", self.name,
@@ -136,13 +136,72 @@ class RoundRecorder:
                 torch.save(to_torch(u.params), d / f"client-r{rnd:04d}-p{u.partition_id:04d}.pt")
 
     def save(self, strategy: FedsysStrategy) -> None:
-        checkpoint.save(self.out / "checkpoint.pt", {
+        payload = {
             "round": strategy.round,
             "strategy": strategy.state_dict(),
             "config": self.cfg.to_dict(),
             "rng": checkpoint.rng_state(),
-        })
+        }
+        checkpoint.save(self.out / "checkpoint.pt", payload)
+        if strategy.round == self.cfg.keep_checkpoint:
+            checkpoint.save(kept_checkpoint(self.out, strategy.round), payload)
         strategy.checkpoint_written()
+
+
+def kept_checkpoint(out: Path, rnd: int) -> Path:
+    """Where ``keep-checkpoint`` keeps the checkpoint of round ``rnd``."""
+    return out / f"checkpoint-r{rnd:04d}.pt"
+
+
+#: Keys that never change the numbers of a run (where and how it is stored).
+BRANCH_FREE = frozenset({"name", "output-dir", "resume", "branch-from", "keep-checkpoint",
+                         "checkpoint-every", "save-models", "save-models-from"})
+#: Keys that act only from IMA's start round t_s on.
+BRANCH_LATE = frozenset({"ima.average", "ima.lr-decay"})
+
+
+def branch_point(cfg: RunConfig) -> dict[str, Any]:
+    """Load and check the checkpoint ``cfg.branch_from`` names.
+
+    A branch is exact only if the parent run is this run up to the checkpoint's round:
+    every key must be equal except :data:`BRANCH_FREE` ones and, while IMA has not
+    started (round <= t_s), :data:`BRANCH_LATE` ones.
+
+    Raises
+    ------
+    ConfigError
+        The file is missing or unreadable, or the two runs differ before its round.
+    """
+    from fedsys.config import ConfigError
+    from fedsys.ima import start_round
+
+    path = Path(cfg.branch_from).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"config key 'branch-from': no checkpoint at {path} (keep one with "
+                          "'keep-checkpoint: ROUND' in the parent run)")
+    try:
+        ckpt = checkpoint.load(path)
+        parent, rnd = dict(ckpt["config"]), int(ckpt["round"])
+    except Exception as exc:
+        raise ConfigError(f"config key 'branch-from': {path} is not a fedsys checkpoint "
+                          f"({type(exc).__name__}: {exc})") from exc
+    mine = cfg.to_dict()
+    differ = sorted(k for k in set(mine) | set(parent)
+                    if k not in BRANCH_FREE and mine.get(k) != parent.get(k))
+    t_s = start_round(cfg.num_server_rounds, cfg.ima__start_fraction, cfg.ima__start_round)
+    late_ok = cfg.strategy == "ima" and rnd <= t_s
+    bad = [k for k in differ if not (late_ok and k in BRANCH_LATE)]
+    if bad:
+        detail = ", ".join(f"{k}: {parent.get(k)!r} there, {mine.get(k)!r} here" for k in bad)
+        raise ConfigError(f"config key 'branch-from': {path} (round {rnd}) comes from a run "
+                          f"that differs before that round ({detail})")
+    if rnd >= cfg.num_server_rounds:
+        raise ConfigError(f"config key 'branch-from': {path} is at round {rnd}, not before the "
+                          f"last round {cfg.num_server_rounds}")
+    if cfg.fedcda__cache == "disk" and "fedcda" in (cfg.strategy, cfg.ima__base):
+        raise ConfigError("config key 'branch-from': FedCDA's disk cache lives in the parent's "
+                          "run directory; branch with fedcda.cache: ram")
+    return ckpt
 
 
 def run_strategy(grid: Grid, cfg: RunConfig, name: str) -> list[dict[str, Any]]:
@@ -166,6 +225,16 @@ def run_strategy(grid: Grid, cfg: RunConfig, name: str) -> list[dict[str, Any]]:
         metrics.write_jsonl(out / "metrics.jsonl", kept)
         recorder.done_at_start = strategy.round
         log(INFO, "[%s] resuming after round %d from %s", name, strategy.round, ckpt_path)
+    elif cfg.branch_from:
+        ckpt = branch_point(cfg)
+        strategy.load_state_dict(ckpt["strategy"])
+        checkpoint.set_rng_state(ckpt["rng"])
+        src = Path(cfg.branch_from).expanduser().parent / "metrics.jsonl"
+        kept = [{**r, "strategy": name} for r in metrics.read_jsonl(src)
+                if r["round"] <= strategy.round] if src.exists() else []
+        metrics.write_jsonl(out / "metrics.jsonl", kept)
+        recorder.done_at_start = strategy.round
+        log(INFO, "[%s] branched after round %d from %s", name, strategy.round, cfg.branch_from)
     else:
         (out / "metrics.jsonl").unlink(missing_ok=True)
     strategy.hooks.append(recorder)

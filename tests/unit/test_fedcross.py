@@ -175,7 +175,9 @@ def test_mix_writes_into_out_and_refuses_aliasing():
         fc.cross_matrix(np.array([0, 0]), 0.9)
 
 
-def test_cross_aggregate_is_mix_into_the_slots_plus_their_mean():
+@pytest.mark.parametrize("chunk", [3, 7, 1 << 16])  # chunks that cut entries, and whole ones
+def test_cross_aggregate_is_mix_into_the_slots_plus_their_mean(chunk, monkeypatch):
+    monkeypatch.setattr(fc, "MIX_CHUNK", chunk)
     k = 6
     slots = models(k, seed=20, dtype=np.float32)
     ups = {i: m for i, m in zip([0, 2, 3, 5], models(4, seed=21, dtype=np.float32), strict=True)}
