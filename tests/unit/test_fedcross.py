@@ -175,14 +175,16 @@ def test_mix_writes_into_out_and_refuses_aliasing():
         fc.cross_matrix(np.array([0, 0]), 0.9)
 
 
+@pytest.mark.parametrize("mixing", ["cross", "identical-rows"])
 @pytest.mark.parametrize("chunk", [3, 7, 1 << 16])  # chunks that cut entries, and whole ones
-def test_cross_aggregate_is_mix_into_the_slots_plus_their_mean(chunk, monkeypatch):
+def test_cross_aggregate_is_mix_into_the_slots_plus_their_mean(chunk, mixing, monkeypatch):
     monkeypatch.setattr(fc, "MIX_CHUNK", chunk)
     k = 6
     slots = models(k, seed=20, dtype=np.float32)
     ups = {i: m for i, m in zip([0, 2, 3, 5], models(4, seed=21, dtype=np.float32), strict=True)}
     ok = sorted(ups)
-    a = fc.cross_matrix(fc.select_collaborators(None, "in-order", 2, n=4), 0.9)
+    a = (fc.cross_matrix(fc.select_collaborators(None, "in-order", 2, n=4), 0.9) if mixing == "cross"
+         else fc.propeller_matrix(2, 4, 3))  # 3 propellers of 4: identical rows, the mean
     before = [copy(x) for x in slots]
     want = fc.mix([ups[i] for i in ok], a)
     ids = [id(x["fc.weight"]) for x in slots]
