@@ -33,6 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fedsys import metrics  # noqa: E402
 from fedsys.config import build  # noqa: E402
 from fedsys.fedcda import batch_sizes  # noqa: E402
 from fedsys.flwr_io import ClientUpdate  # noqa: E402
@@ -205,19 +206,16 @@ def main() -> None:
 
 
 def record(head: str, body: str) -> None:
-    """Replace (or append) the section ``head`` of docs/performance.md."""
+    """Replace (in place) or append the section ``head`` of docs/performance.md."""
     doc = ROOT / "docs" / "performance.md"
     text = doc.read_text()
-    if head in text:
-        start = text.index(head)
-        nxt = min([i for i in (text.find("\n## ", start + 1), text.find("\n### ", start + 1))
-                   if i >= 0], default=-1)
-        text = text[:start].rstrip("\n") + "\n" + (text[nxt:] if nxt >= 0 else "")
     if "\n## FedCDA server cost" not in text:
         text = text.rstrip("\n") + "\n\n## FedCDA server cost\n"
-    text = text.rstrip("\n") + f"\n\n{head}\n\n{body}"
-    doc.write_text(text)
+    if head not in text:  # a new subsection goes right under the FedCDA heading
+        text = text.replace("## FedCDA server cost\n", f"## FedCDA server cost\n\n{head}\n", 1)
+    doc.write_text(metrics.replace_section(text, head, body))
     print(f"recorded in {doc}")
+
 
 if __name__ == "__main__":
     main()

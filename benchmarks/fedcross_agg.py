@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fedsys import fedcross as maths  # noqa: E402
+from fedsys import metrics  # noqa: E402
 from fedsys.config import build  # noqa: E402
 from fedsys.flwr_io import ClientUpdate  # noqa: E402
 from fedsys.models import build_model  # noqa: E402
@@ -108,16 +109,9 @@ def time_case(model: str, k: int, repeats: int) -> dict[str, float]:
 
 
 def record(body: str) -> None:
-    """Replace (or append) the section "## FedCross aggregation" of docs/performance.md."""
-    head = "## FedCross aggregation"
+    """Replace (in place) or append the section "## FedCross aggregation" of docs/performance.md."""
     doc = ROOT / "docs" / "performance.md"
-    text = doc.read_text()
-    if head in text:
-        start = text.index(head)
-        nxt = text.find("\n## ", start + 1)
-        text = text[:start].rstrip("\n") + "\n" + (text[nxt:] if nxt >= 0 else "")
-    text = text.rstrip("\n") + f"\n\n{head}\n\n{body}"
-    doc.write_text(text)
+    doc.write_text(metrics.replace_section(doc.read_text(), "## FedCross aggregation", body))
     print(f"recorded in {doc}")
 
 

@@ -54,8 +54,8 @@ BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
 SELECTION_RULES = ("lowest", "highest", "in-order")
 SIMILARITIES = ("flat", "layer-pairs")
 
-#: Bytes of one gathered column block of the K models (about L3-sized).
-BLOCK_BYTES = 8 << 20
+#: Bytes of one gathered column block of the K models (32 MB was fastest at K = 100, ResNet-18).
+BLOCK_BYTES = 32 << 20
 
 #: float32 models summed in float32 before each float64 add (:func:`uniform_mean`).
 MEAN_GROUP = 8

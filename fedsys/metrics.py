@@ -97,3 +97,27 @@ def plot_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, tit
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def replace_section(text: str, head: str, body: str) -> str:
+    """Markdown ``text`` with the section titled ``head`` set to ``body``.
+
+    The section runs from its heading line to the next heading of the same or a higher
+    level; it is replaced where it stands (benchmarks record their tables into
+    ``docs/performance.md`` this way, so the document keeps its order), or appended at
+    the end when ``text`` has no such heading.
+    """
+    level = len(head) - len(head.lstrip("#"))
+    lines = text.rstrip("\n").split("\n")
+    new = [head, "", *body.rstrip("\n").split("\n")]
+    if head not in lines:
+        return "\n".join([*lines, "", *new]) + "\n"
+    start = lines.index(head)
+    end = len(lines)
+    for i in range(start + 1, len(lines)):
+        hashes = len(lines[i]) - len(lines[i].lstrip("#"))
+        if 0 < hashes <= level and lines[i][hashes:hashes + 1] == " ":
+            end = i
+            break
+    tail = ["", *lines[end:]] if end < len(lines) else []
+    return "\n".join([*lines[:start], *new, *tail]) + "\n"

@@ -58,3 +58,13 @@ def test_metrics_files_and_summary(tmp_path):
     assert "| fedavg | 12 | 62.00 | 62.00 |" in table and "| empty | 0 |" in table
     png = metrics.plot_curves({"fedavg": recs}, tmp_path / "a.png", "t")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_replace_section_keeps_the_document_order():
+    doc = "# P\n\nintro\n\n## A\n\nold a\n\n### A1\n\nold a1\n\n## B\n\nb\n"
+    got = metrics.replace_section(doc, "### A1", "new a1")
+    assert got == "# P\n\nintro\n\n## A\n\nold a\n\n### A1\n\nnew a1\n\n## B\n\nb\n"
+    got = metrics.replace_section(doc, "## A", "new a")  # a level-2 section takes its subsections
+    assert got == "# P\n\nintro\n\n## A\n\nnew a\n\n## B\n\nb\n"
+    assert metrics.replace_section(doc, "## C", "c").endswith("## B\n\nb\n\n## C\n\nc\n")
+    assert metrics.replace_section(doc, "## B", "b2").endswith("## B\n\nb2\n")
