@@ -1,4 +1,7 @@
-"""Write docs/results/fedcda.md from the runs of scripts/reproduce_fedcda.sh.
+"""Tables and curves for docs/results/fedcda.md from the runs of scripts/reproduce_fedcda.sh.
+
+Each run's per-round metrics are copied to docs/results/data/<run>.jsonl; a run whose
+directory is gone (runs/ is not kept between machines) is read back from there.
 
 Usage::
 
@@ -11,6 +14,7 @@ import argparse
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -26,11 +30,21 @@ PAPER = {
 }
 
 
-def fmt(recs: list[dict], last: int = 10) -> tuple[str, float, float]:
+def fmt(recs: list[dict[str, Any]], last: int = 10) -> tuple[str, float, float]:
     s = metrics.summarise(recs, last)
     if not s:
         return "(not run)", float("nan"), float("nan")
     return f"{100 * s['last_mean']:.2f}±{100 * s['last_std']:.2f}", s["last_mean"], s["last_std"]
+
+
+def load(runs: Path, data: Path, name: str, strategy: str) -> list[dict[str, Any]]:
+    """Per-round records of ``strategy`` in run ``name``: from runs/, else from the saved copy."""
+    recs = metrics.read_jsonl(runs / name / strategy / "metrics.jsonl")
+    if recs:
+        saved = [r for r in metrics.read_jsonl(data / f"{name}.jsonl") if r["strategy"] != strategy]
+        metrics.write_jsonl(data / f"{name}.jsonl", saved + recs)
+        return recs
+    return [r for r in metrics.read_jsonl(data / f"{name}.jsonl") if r["strategy"] == strategy]
 
 
 def main() -> None:
@@ -40,13 +54,15 @@ def main() -> None:
     args = ap.parse_args()
     runs, out = Path(args.runs), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    data = out / "data"
+    data.mkdir(exist_ok=True)
     rows = ["| partition | FedAvg (ours) | FedCDA (ours) | gain | std ratio FedAvg/FedCDA "
             "| FedAvg (paper) | FedCDA (paper) | rounds done |",
             "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    curves: dict[str, list[dict]] = {}
+    curves: dict[str, list[dict[str, Any]]] = {}
     for name, (label, p_avg, p_cda) in PAPER.items():
-        avg = metrics.read_jsonl(runs / name / "fedavg" / "metrics.jsonl")
-        cda = metrics.read_jsonl(runs / name / "fedcda" / "metrics.jsonl")
+        avg = load(runs, data, name, "fedavg")
+        cda = load(runs, data, name, "fedcda")
         a, am, asd = fmt(avg)
         c, cm, csd = fmt(cda)
         gain = f"{100 * (cm - am):+.2f}" if avg and cda else "-"
@@ -64,7 +80,7 @@ def main() -> None:
     abl = {"FedAvg": "fedavg", "newest": "fedcda-selection-newest",
            "random": "fedcda-selection-random", "approximate (FedCDA)": "fedcda"}
     for label, d in abl.items():
-        recs = metrics.read_jsonl(runs / "fedcda-dir0.3" / d / "metrics.jsonl")
+        recs = load(runs, data, "fedcda-dir0.3", d)
         s, _, _ = fmt(recs)
         fin = f"{100 * recs[-1]['accuracy']:.2f}" if recs else "-"
         old = [r["fedcda-earlier-models"] for r in recs if r.get("fedcda-warmup") == 0.0]
