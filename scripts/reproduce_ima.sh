@@ -11,7 +11,7 @@
 #
 #   scripts/reproduce_ima.sh shards2     # 2 label shards per client (the paper's split)
 #   scripts/reproduce_ima.sh dir0.3      # Dirichlet(0.3)
-# About 40 minutes per partition on 2 CPU cores.  Then: python scripts/ima_report.py
+# About 30 minutes per partition on 2 idle CPU cores.  Then: python scripts/ima_report.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FEDSYS=${FEDSYS:-.venv/bin/fedsys}
