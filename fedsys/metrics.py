@@ -121,3 +121,21 @@ def replace_section(text: str, head: str, body: str) -> str:
             break
     tail = ["", *lines[end:]] if end < len(lines) else []
     return "\n".join([*lines[:start], *new, *tail]) + "\n"
+
+
+def kept_records(runs: Path, data: Path, run: str, strategy: str) -> list[dict[str, Any]]:
+    """Per-round records of ``strategy`` in run ``run``, kept beside the results.
+
+    Reads ``runs/<run>/<strategy>/metrics.jsonl`` and copies it into ``data/<run>.jsonl``
+    (one file per run, all its strategies); when the run directory is gone (``runs/``
+    is not kept between machines) the copy is read instead.  The reproduction report
+    scripts use this so their tables can be rebuilt from ``docs/results/data``.
+    """
+    recs = read_jsonl(runs / run / strategy / "metrics.jsonl")
+    saved = data / f"{run}.jsonl"
+    if recs:
+        data.mkdir(parents=True, exist_ok=True)
+        others = [r for r in read_jsonl(saved) if r.get("strategy") != strategy]
+        write_jsonl(saved, others + [{**r, "strategy": strategy} for r in recs])
+        return recs
+    return [r for r in read_jsonl(saved) if r.get("strategy") == strategy]

@@ -37,16 +37,6 @@ def fmt(recs: list[dict[str, Any]], last: int = 10) -> tuple[str, float, float]:
     return f"{100 * s['last_mean']:.2f}±{100 * s['last_std']:.2f}", s["last_mean"], s["last_std"]
 
 
-def load(runs: Path, data: Path, name: str, strategy: str) -> list[dict[str, Any]]:
-    """Per-round records of ``strategy`` in run ``name``: from runs/, else from the saved copy."""
-    recs = metrics.read_jsonl(runs / name / strategy / "metrics.jsonl")
-    if recs:
-        saved = [r for r in metrics.read_jsonl(data / f"{name}.jsonl") if r["strategy"] != strategy]
-        metrics.write_jsonl(data / f"{name}.jsonl", saved + recs)
-        return recs
-    return [r for r in metrics.read_jsonl(data / f"{name}.jsonl") if r["strategy"] == strategy]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", default=str(ROOT / "runs"))
@@ -61,8 +51,8 @@ def main() -> None:
             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     curves: dict[str, list[dict[str, Any]]] = {}
     for name, (label, p_avg, p_cda) in PAPER.items():
-        avg = load(runs, data, name, "fedavg")
-        cda = load(runs, data, name, "fedcda")
+        avg = metrics.kept_records(runs, data, name, "fedavg")
+        cda = metrics.kept_records(runs, data, name, "fedcda")
         a, am, asd = fmt(avg)
         c, cm, csd = fmt(cda)
         gain = f"{100 * (cm - am):+.2f}" if avg and cda else "-"
@@ -80,7 +70,7 @@ def main() -> None:
     abl = {"FedAvg": "fedavg", "newest": "fedcda-selection-newest",
            "random": "fedcda-selection-random", "approximate (FedCDA)": "fedcda"}
     for label, d in abl.items():
-        recs = load(runs, data, "fedcda-dir0.3", d)
+        recs = metrics.kept_records(runs, data, "fedcda-dir0.3", d)
         s, _, _ = fmt(recs)
         fin = f"{100 * recs[-1]['accuracy']:.2f}" if recs else "-"
         old = [r["fedcda-earlier-models"] for r in recs if r.get("fedcda-warmup") == 0.0]

@@ -4,7 +4,7 @@ For each partition it gathers five curves (FedAvg, FedAvg+IMA, the "same decay, 
 averaging" control, FedProx, FedProx+IMA), prints the final / last-10 / best accuracy
 table with the paper's Table I FMNIST rows beside it, the rounds each method needs to
 reach the accuracy FedAvg ends with (Table II style), writes the curves
-(docs/results/ima-<partition>-accuracy.png) and copies the per-round metrics to
+(docs/results/ima-<partition>-accuracy.png) and keeps the per-round metrics in
 docs/results/data/ so the tables can be rebuilt without the runs.
 
 Usage::
@@ -38,10 +38,10 @@ PAPER = {"FedAvg": ("81.17", "84.68", "80.13", "83.06"),
          "FedProx": ("79.78", "83.77", "78.76", "81.64")}
 
 
-def load(runs: Path, part: str) -> dict[str, list[dict[str, Any]]]:
+def load(runs: Path, data: Path, part: str) -> dict[str, list[dict[str, Any]]]:
     out = {}
     for label, (suffix, strat) in METHODS.items():
-        recs = metrics.read_jsonl(runs / f"ima-{part}{suffix}" / strat / "metrics.jsonl")
+        recs = metrics.kept_records(runs, data, f"ima-{part}{suffix}", strat)
         if recs:
             out[label] = recs
     return out
@@ -81,10 +81,6 @@ def report(part: str, curves: dict[str, list[dict[str, Any]]], out: Path) -> str
     late = {k: [r for r in v if r["round"] >= 60] for k, v in curves.items()}
     metrics.plot_curves(late, out / f"ima-{part}-accuracy-late.png",
                         f"IMA on Fashion-MNIST, {part}, rounds 60-100")
-    data = out / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    metrics.write_jsonl(data / f"ima-{part}.jsonl",
-                        [{**r, "method": k} for k, v in curves.items() for r in v])
     return "\n".join(lines)
 
 
@@ -101,7 +97,7 @@ def main() -> None:
     for k, (a, ai, b, bi) in PAPER.items():
         print(f"  {k}: {a} ({ai}) / {b} ({bi})")
     for part in args.partitions:
-        curves = load(runs, part)
+        curves = load(runs, out / "data", part)
         if not curves:
             print(f"\n### {part}: no runs under {runs}")
             continue

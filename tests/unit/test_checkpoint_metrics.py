@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -68,3 +70,18 @@ def test_replace_section_keeps_the_document_order():
     assert got == "# P\n\nintro\n\n## A\n\nnew a\n\n## B\n\nb\n"
     assert metrics.replace_section(doc, "## C", "c").endswith("## B\n\nb\n\n## C\n\nc\n")
     assert metrics.replace_section(doc, "## B", "b2").endswith("## B\n\nb2\n")
+
+
+def test_kept_records_are_copied_and_read_back_when_the_run_is_gone(tmp_path):
+    runs, data = tmp_path / "runs", tmp_path / "data"
+    for strat, acc in (("fedavg", 0.5), ("fedcda", 0.6)):
+        (runs / "r" / strat).mkdir(parents=True)
+        metrics.write_jsonl(runs / "r" / strat / "metrics.jsonl", [{"round": 1, "accuracy": acc}])
+        assert metrics.kept_records(runs, data, "r", strat) == [{"round": 1, "accuracy": acc}]
+    metrics.write_jsonl(runs / "r" / "fedavg" / "metrics.jsonl", [{"round": 2, "accuracy": 0.7}])
+    metrics.kept_records(runs, data, "r", "fedavg")  # a newer run replaces its old copy
+    shutil.rmtree(runs)
+    assert metrics.kept_records(runs, data, "r", "fedavg") == [
+        {"round": 2, "accuracy": 0.7, "strategy": "fedavg"}]
+    assert metrics.kept_records(runs, data, "r", "fedcda")[0]["accuracy"] == 0.6
+    assert metrics.kept_records(runs, data, "missing", "fedavg") == []
