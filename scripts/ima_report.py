@@ -3,7 +3,7 @@
 For each partition it gathers five curves (FedAvg, FedAvg+IMA, the "same decay, no
 averaging" control, FedProx, FedProx+IMA), prints the final / last-10 / best accuracy
 table with the paper's Table I FMNIST rows beside it, the round at which each method first
-reaches 74, 76, 77 and 78 % (Table II style), writes the curves
+reaches a few target accuracies (Table II style), writes the curves
 (docs/results/ima-<partition>-accuracy.png) and keeps the per-round metrics in
 docs/results/data/ so the tables can be rebuilt without the runs.
 
@@ -32,6 +32,9 @@ METHODS = {
     "FedProx": ("-fedprox", "ima-base-fedprox-average-false-lr-decay-0.99"),
     "FedProx+IMA": ("", "ima-base-fedprox"),
 }
+
+#: Table II-style targets per partition: around and above FedAvg's last-10 mean there.
+TARGETS = {"shards2": (0.74, 0.76, 0.77, 0.78), "dir0.3": (0.80, 0.81, 0.82, 0.83)}
 
 #: Paper Table I, FMNIST (CNN), FMA and (with IMA), rows "a" and "b" (skew label stripped).
 PAPER = {"FedAvg": ("81.17", "84.68", "80.13", "83.06"),
@@ -66,7 +69,7 @@ def report(part: str, curves: dict[str, list[dict[str, Any]]], out: Path) -> str
         lines.append(f"| {label} | {recs[-1]['round']} | {final[label]:.2f} | "
                      f"{100 * s['last_mean']:.2f} ± {100 * s['last_std']:.2f} | "
                      f"{100 * s['best']:.2f} | {gain} |")
-    targets = (0.74, 0.76, 0.77, 0.78)
+    targets = TARGETS.get(part, (0.74, 0.76, 0.77, 0.78))
     lines += ["", "Round at which each method first reaches a target test accuracy, Table II style "
               "(IMA starts in round 76; '-' = never in 100 rounds):", "",
               "| method | " + " | ".join(f"{100 * t:.0f} %" for t in targets) + " |",
