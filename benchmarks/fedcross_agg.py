@@ -66,8 +66,12 @@ def uploads(base: Params, k: int, seed: int = 0) -> list[ClientUpdate]:
     out = []
     for i in range(k):
         a, b = (float(x) for x in rng.normal(size=2))
-        p = {key: (v + np.float32(a) * noise[0][key] + np.float32(b) * noise[1][key]).astype(v.dtype)
-             if v.dtype.kind == "f" else v + i for key, v in base.items()}
+        p: Params = {}
+        for key, v in base.items():
+            if v.dtype.kind == "f":
+                p[key] = (np.asarray(v, np.float64) + a * noise[0][key] + b * noise[1][key]).astype(v.dtype)
+            else:
+                p[key] = v + i
         out.append(ClientUpdate(i, i, p, 100 + i, {"train-loss": 1.0}))
     return out
 
