@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -144,13 +145,79 @@ def memory_case(model: str, n: int, cache: str) -> tuple[float, float]:
     return float(out[-2]), float(out[-1]) / 2**20
 
 
+def _gram_pass(vecs: list[np.ndarray], centre: np.ndarray, dtype: type, block: int) -> np.ndarray:
+    """Gram matrix of ``vecs - centre`` block by block, products in ``dtype``, sum in float64."""
+    k, dim = len(vecs), int(vecs[0].shape[0])
+    g = np.zeros((k, k))
+    buf: np.ndarray = np.empty((k, block), dtype)
+    tmp = np.empty(block)
+    for lo in range(0, dim, block):
+        hi = min(dim, lo + block)
+        xb, cb = buf[:, : hi - lo], centre[lo:hi]
+        for i, v in enumerate(vecs):
+            if dtype is np.float64:
+                np.subtract(v[lo:hi], cb, out=xb[i])
+            else:  # centre in float64, then round the difference
+                np.subtract(v[lo:hi], cb, out=tmp[: hi - lo])
+                xb[i] = tmp[: hi - lo]
+        g += xb @ xb.T
+    return g
+
+
+def gram_variants(repeats: int) -> list[str]:
+    """Time the Gram step of one P = 20, B = 3 round (ResNet-18 size) four ways.
+
+    The shipped path (:func:`fedsys.fedcda.centred_gram`, three batches of 21
+    candidates, float64) against float32 block products (centred in float64, summed
+    in float64) and against one pass over all 63 candidates (one wider product
+    instead of three thin ones).  Max relative error against the shipped Gram.
+    """
+    from fedsys.fedcda import centred_gram
+
+    dim = sum(int(v.size) for v in base_model("resnet18").values() if v.dtype.kind == "f")
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal(dim, dtype=np.float32)
+    vecs = [base + np.float32(0.01) * rng.standard_normal(dim, dtype=np.float32) for _ in range(63)]
+    fixed_sum = 5 * base.astype(np.float64)
+    centre = fixed_sum / 5
+    batches = [vecs[i : i + 21] for i in range(0, 63, 21)]
+
+    def best(fn: Any) -> tuple[float, Any]:
+        times, out = [], None
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            out = fn()
+            times.append(time.perf_counter() - t0)
+        return min(times), out
+
+    t_ref, ref = best(lambda: [centred_gram(b, fixed_sum, 5).g for b in batches])
+    scale = max(float(np.abs(g).max()) for g in ref)
+    rows = ["| Gram step of one round (P = 20, B = 3, ResNet-18) | s | vs shipped | max rel. error |",
+            "|---|---:|---:|---:|",
+            f"| shipped: 3 batches x 21 candidates, float64 | {t_ref:.3f} | 1.00 | 0 |"]
+    for label, dt, one in (("3 batches x 21, float32 products", np.float32, False),
+                           ("one pass, 63 candidates, float64", np.float64, True),
+                           ("one pass, 63 candidates, float32 products", np.float32, True)):
+        if one:
+            t, g = best(lambda dt=dt: _gram_pass(vecs, centre, dt, 1 << 15))
+            err = max(float(np.abs(g[i : i + 21, i : i + 21] - ref[i // 21]).max())
+                      for i in range(0, 63, 21))
+        else:
+            t, gs = best(lambda dt=dt: [_gram_pass(b, centre, dt, 1 << 14) for b in batches])
+            err = max(float(np.abs(a - r).max()) for a, r in zip(gs, ref, strict=True))
+        line = f"| {label} | {t:.3f} | {t / t_ref:.2f} | {err / scale:.1e} |"
+        print(line, flush=True)
+        rows.append(line)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small cases only (a check that it runs)")
     ap.add_argument("--record", action="store_true", help="write the tables to docs/performance.md")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--full", action="store_true", help="also ResNet-18 at P = 50, B = 3")
-    ap.add_argument("--part", choices=("time", "memory", "all"), default="all")
+    ap.add_argument("--part", choices=("time", "memory", "gram", "all"), default="all")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", default="fmnist-cnn", help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, default=100, help=argparse.SUPPRESS)
@@ -189,6 +256,7 @@ def main() -> None:
             line = f"| {model} | {n} | {label} | {rss:.0f} | {disk:.0f} |"
             print(line, flush=True)
             mem.append(line)
+    gram_rows = gram_variants(args.repeats) if args.part in ("gram", "all") else []
     if args.record:
         cmd = "python benchmarks/fedcda_agg.py " + " ".join(sys.argv[1:])
         stamp = (f"Command: `{cmd}`  \nMachine: {platform.machine()}, {os.cpu_count()} cores, "
@@ -203,6 +271,10 @@ def main() -> None:
                 "Peak resident memory of a fresh server process that fills the caches of N "
                 "clients (K = 3 each, 20 per round) and runs selection rounds:\n\n")
                 + "\n".join(mem) + "\n")
+        if args.part in ("gram", "all"):
+            record("### FedCDA Gram step, other ways to compute it", stamp + (
+                "Candidates are ResNet-18-size float32 vectors (63 = K x P, three batches of "
+                "21); times are the best of the repeats:\n\n") + "\n".join(gram_rows) + "\n")
 
 
 def record(head: str, body: str) -> None:

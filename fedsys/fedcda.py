@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
+from threadpoolctl import threadpool_limits
 
 from fedsys.params import Params, is_float
 
@@ -50,6 +51,12 @@ BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
 MAX_COMBINATIONS = 150_000_000
 
 GRAM_BLOCK = 1 << 18
+
+#: BLAS threads for :func:`centred_gram`.  Its products are thin (K x |batch| rows)
+#: and memory-bound: one thread is as fast as two on an idle 2-core machine and
+#: 8-15 times faster when another process uses the cores (OpenBLAS threads spin;
+#: docs/performance.md, "Reading the FedCDA numbers").
+GRAM_THREADS = 1
 
 
 class SearchTooLargeError(ValueError):
@@ -193,15 +200,16 @@ def centred_gram(vectors: Sequence[NDArray[np.floating]], fixed_sum: F64, count:
     g = np.zeros((k, k))
     c_sq = 0.0
     buf = np.empty((k, min(dim, GRAM_BLOCK)))
-    for lo in range(0, dim, GRAM_BLOCK):
-        hi = min(dim, lo + GRAM_BLOCK)
-        xb = buf[:, : hi - lo]
-        cb = fixed_sum[lo:hi] / count if count > 0 else np.asarray(vectors[0][lo:hi], np.float64)
-        for i, v in enumerate(vectors):
-            xb[i] = v[lo:hi]
-        xb -= cb
-        g += xb @ xb.T
-        c_sq += float(cb @ cb)
+    with threadpool_limits(GRAM_THREADS, user_api="blas"):
+        for lo in range(0, dim, GRAM_BLOCK):
+            hi = min(dim, lo + GRAM_BLOCK)
+            xb = buf[:, : hi - lo]
+            cb = fixed_sum[lo:hi] / count if count > 0 else np.asarray(vectors[0][lo:hi], np.float64)
+            for i, v in enumerate(vectors):
+                xb[i] = v[lo:hi]
+            xb -= cb
+            g += xb @ xb.T
+            c_sq += float(cb @ cb)
     return CentredGram(g, c_sq)
 
 
