@@ -54,7 +54,7 @@ GRAM_BLOCK = 1 << 18
 
 #: BLAS threads for :func:`centred_gram`.  Its products are thin (K x |batch| rows)
 #: and memory-bound: one thread is as fast as two on an idle 2-core machine and
-#: 8-15 times faster when another process uses the cores (OpenBLAS threads spin;
+#: 7-15 times faster when another process uses the cores (OpenBLAS threads spin;
 #: docs/performance.md, "Reading the FedCDA numbers").
 GRAM_THREADS = 1
 
