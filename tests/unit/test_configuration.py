@@ -102,3 +102,21 @@ def test_config_names_match_the_registries():
     assert set(cfgmod.STRATEGIES) == set(REGISTRY)
     assert set(cfgmod.TRAINERS) == {"auto", *TRAINERS}
     assert set(cfgmod.MODELS) == set(MODELS)
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides"),
+    [
+        ("fedcda-dir0.1", ["name=fedcda-dir0.1", "dirichlet-alpha=0.1"]),
+        ("fedcda-dir0.3", ["name=fedcda-dir0.3", "dirichlet-alpha=0.3",
+                           "strategy=fedavg,fedcda,fedcda[fedcda.selection=newest],"
+                           "fedcda[fedcda.selection=random]"]),
+        ("fedcda-dir0.5", ["name=fedcda-dir0.5", "dirichlet-alpha=0.5"]),
+        ("fedcda-shards2", ["name=fedcda-shards2", "partition=shards", "shards-per-client=2"]),
+    ],
+)
+def test_fedcda_presets_equal_the_documented_commands(preset, overrides):
+    """Each per-setting preset is the base config plus the overrides docs/results/fedcda.md ran."""
+    want = cfgmod.load(ROOT / "configs" / "fedcda-fmnist.yaml", overrides)
+    got = cfgmod.load(ROOT / "configs" / f"{preset}.yaml")
+    assert got == want
