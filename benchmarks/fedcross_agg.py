@@ -112,11 +112,73 @@ def time_case(model: str, k: int, repeats: int) -> dict[str, float]:
     return res
 
 
-def record(body: str) -> None:
-    """Replace (in place) or append the section "## FedCross aggregation" of docs/performance.md."""
+def record(head: str, body: str) -> None:
+    """Set (in place) the subsection ``head`` of "## FedCross aggregation" in docs/performance.md."""
     doc = ROOT / "docs" / "performance.md"
-    doc.write_text(metrics.replace_section(doc.read_text(), "## FedCross aggregation", body))
+    text = doc.read_text()
+    if "\n## FedCross aggregation" not in text:
+        text = text.rstrip("\n") + "\n\n## FedCross aggregation\n"
+    if head not in text:  # a new subsection goes right under the FedCross heading
+        text = text.replace("## FedCross aggregation\n", f"## FedCross aggregation\n\n{head}\n", 1)
+    doc.write_text(metrics.replace_section(text, head, body))
     print(f"recorded in {doc}")
+
+
+def floor(k: int, repeats: int) -> list[str]:
+    """What any exact FedCross round must at least do at ResNet-18 size, timed alone.
+
+    On K flat float32 vectors of ResNet-18's trainable size: (a) the Gram products alone,
+    numpy's syrk over column blocks that are already in place (no gathering, no
+    anchoring), summed in float64; (b) the same with the shipped anchored gathering
+    (:func:`fedsys.fedcross.gram`); (c) writing K new models from K uploads, a plain
+    copy, the least traffic the mixing can cause; (d) a float32 running sum of the K
+    uploads, the least a mean can cost.  (a) + (c) is a floor for the whole round.
+    """
+    dim = sum(int(v.size) for k_, v in base_model("resnet18").items()
+              if v.dtype.kind == "f" and not k_.endswith(maths.BUFFER_SUFFIXES))
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal(dim, dtype=np.float32)
+    rows_ = np.empty((k, dim), np.float32)
+    for i in range(k):
+        rows_[i] = base + np.float32(0.01) * rng.standard_normal(dim, dtype=np.float32)
+    models: list[Params] = [{"w": rows_[i]} for i in range(k)]
+    width = max(1024, maths.BLOCK_BYTES // (k * 4))
+    out = np.empty_like(rows_)
+
+    def syrk() -> None:
+        g = np.zeros((k, k))
+        for lo in range(0, dim, width):
+            x = rows_[:, lo : lo + width]
+            g += x @ x.T
+
+    def copy() -> None:
+        for i in range(k):
+            np.copyto(out[i], rows_[i])
+
+    def fsum() -> None:
+        acc = np.zeros(dim, np.float32)
+        for i in range(k):
+            acc += rows_[i]
+
+    cases = (("(a) Gram products alone (syrk on blocks in place)", syrk),
+             ("(b) Gram with the shipped anchored gathering (fedsys.fedcross.gram)",
+              lambda: maths.gram(models, ["w"])),
+             ("(c) writing K new models (a copy of the K uploads)", copy),
+             ("(d) float32 running sum of the K uploads", fsum))
+    lines = [f"| step, K = {k}, {dim:,} float32 coordinates | best of {repeats} s |", "|---|---:|"]
+    got = {}
+    for label, fn in cases:
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+        got[label[:3]] = best
+        lines.append(f"| {label} | {best:.3f} |")
+        print(lines[-1], flush=True)
+    lines.append(f"| floor of one round, (a) + (c) | {got['(a)'] + got['(c)']:.3f} |")
+    print(lines[-1], flush=True)
+    return lines
 
 
 def main() -> None:
@@ -126,7 +188,17 @@ def main() -> None:
     ap.add_argument("--ks", default="10,50,100")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--record", action="store_true", help="write the table to docs/performance.md")
+    ap.add_argument("--floor", action="store_true",
+                    help="instead: time the least work of one K = 100 round at ResNet-18 size")
     args = ap.parse_args()
+    if args.floor:
+        lines = floor(100, args.repeats)
+        if args.record:
+            record("### FedCross: the least a round costs on this CPU", (
+                f"Command: `python benchmarks/fedcross_agg.py {' '.join(sys.argv[1:])}`  \n"
+                f"Machine: {platform.machine()}, {os.cpu_count()} cores, "
+                f"{time.strftime('%Y-%m-%d')}\n\n" + "\n".join(lines) + "\n"))
+        return
     threads = (f"mixing with {maths.MIX_THREADS} torch thread(s), Gram products with numpy's "
                f"BLAS (OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')})")
     print(threads)
@@ -163,7 +235,7 @@ def main() -> None:
             "(FedCross: each node its own slot; FedAvg: the global model), equal by "
             "construction and checked by the script.\n\n" + "\n".join(rows) + "\n\n" + verdict
         )
-        record(body)
+        record("### FedCross aggregation time", body)
 
 
 if __name__ == "__main__":
