@@ -108,8 +108,12 @@ def main() -> None:
                 s = metrics.summarise(v, 10)
                 print(f"| {k} | {at(v, 10)} | {at(v, 20)} | {at(v, 30)} | {100 * s['final']:.2f} | "
                       f"{100 * s['last_mean']:.2f} ± {100 * s['last_std']:.2f} |")
-        else:
-            print("\n".join(HEAD + [summary_row(k, v) for k, v in curves.items()]))
+        else:  # the ablation: also how far apart the K slots end (mean L2 distance to their mean)
+            print(HEAD[0] + " slot spread, last round |")
+            print(HEAD[1] + "---:|")
+            for k, v in curves.items():
+                spread = v[-1].get("fedcross-slot-spread")
+                print(summary_row(k, v) + (f" {spread:.3f} |" if spread is not None else " - |"))
         metrics.plot_curves(curves, out / f"fedcross-{name}-accuracy.png",
                             f"FedCross on Fashion-MNIST: {title}")
 
