@@ -296,14 +296,9 @@ def main() -> None:
 
 
 def record(head: str, body: str) -> None:
-    """Replace (in place) or append the section ``head`` of docs/performance.md."""
+    """Set (in place) the subsection ``head`` of "## FedCDA server cost" in docs/performance.md."""
     doc = ROOT / "docs" / "performance.md"
-    text = doc.read_text()
-    if "\n## FedCDA server cost" not in text:
-        text = text.rstrip("\n") + "\n\n## FedCDA server cost\n"
-    if head not in text:  # a new subsection goes right under the FedCDA heading
-        text = text.replace("## FedCDA server cost\n", f"## FedCDA server cost\n\n{head}\n", 1)
-    doc.write_text(metrics.replace_section(text, head, body))
+    doc.write_text(metrics.replace_subsection(doc.read_text(), "## FedCDA server cost", head, body))
     print(f"recorded in {doc}")
 
 

@@ -115,12 +115,7 @@ def time_case(model: str, k: int, repeats: int) -> dict[str, float]:
 def record(head: str, body: str) -> None:
     """Set (in place) the subsection ``head`` of "## FedCross aggregation" in docs/performance.md."""
     doc = ROOT / "docs" / "performance.md"
-    text = doc.read_text()
-    if "\n## FedCross aggregation" not in text:
-        text = text.rstrip("\n") + "\n\n## FedCross aggregation\n"
-    if head not in text:  # a new subsection goes right under the FedCross heading
-        text = text.replace("## FedCross aggregation\n", f"## FedCross aggregation\n\n{head}\n", 1)
-    doc.write_text(metrics.replace_section(text, head, body))
+    doc.write_text(metrics.replace_subsection(doc.read_text(), "## FedCross aggregation", head, body))
     print(f"recorded in {doc}")
 
 

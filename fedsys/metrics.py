@@ -123,6 +123,20 @@ def replace_section(text: str, head: str, body: str) -> str:
     return "\n".join([*lines[:start], *new, *tail]) + "\n"
 
 
+def replace_subsection(text: str, parent: str, head: str, body: str) -> str:
+    """:func:`replace_section` for a subsection ``head`` of the section ``parent``.
+
+    A missing ``parent`` is appended at the end; a missing ``head`` goes right under
+    ``parent``'s heading (later records then replace it where it stands, so a
+    document keeps the order its editor gave it).
+    """
+    if f"\n{parent}\n" not in f"\n{text}":
+        text = text.rstrip("\n") + f"\n\n{parent}\n"
+    if head not in text.split("\n"):
+        text = text.replace(f"{parent}\n", f"{parent}\n\n{head}\n", 1)
+    return replace_section(text, head, body)
+
+
 def kept_records(runs: Path, data: Path, run: str, strategy: str) -> list[dict[str, Any]]:
     """Per-round records of ``strategy`` in run ``run``, kept beside the results.
 
