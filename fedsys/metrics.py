@@ -126,15 +126,28 @@ def replace_section(text: str, head: str, body: str) -> str:
 def replace_subsection(text: str, parent: str, head: str, body: str) -> str:
     """:func:`replace_section` for a subsection ``head`` of the section ``parent``.
 
-    A missing ``parent`` is appended at the end; a missing ``head`` goes right under
-    ``parent``'s heading (later records then replace it where it stands, so a
-    document keeps the order its editor gave it).
+    A missing ``parent`` is appended at the end of the document; a missing ``head``
+    is appended at the end of ``parent``'s section (later records then replace it
+    where it stands, so a document keeps the order its editor gave it).
     """
-    if f"\n{parent}\n" not in f"\n{text}":
-        text = text.rstrip("\n") + f"\n\n{parent}\n"
-    if head not in text.split("\n"):
-        text = text.replace(f"{parent}\n", f"{parent}\n\n{head}\n", 1)
-    return replace_section(text, head, body)
+    lines = text.rstrip("\n").split("\n")
+    if head in lines:
+        return replace_section(text, head, body)
+    if parent not in lines:
+        return replace_section(replace_section(text, parent, ""), head, body)
+    level = len(parent) - len(parent.lstrip("#"))
+    end = len(lines)
+    for i in range(lines.index(parent) + 1, len(lines)):
+        hashes = len(lines[i]) - len(lines[i].lstrip("#"))
+        if 0 < hashes <= level and lines[i][hashes:hashes + 1] == " ":
+            end = i
+            break
+    before = lines[:end]
+    while before and before[-1] == "":
+        before.pop()
+    new = [*before, "", head, "", *body.rstrip("\n").split("\n")]
+    rest = ["", *lines[end:]] if end < len(lines) else []
+    return "\n".join([*new, *rest]) + "\n"
 
 
 def kept_records(runs: Path, data: Path, run: str, strategy: str) -> list[dict[str, Any]]:

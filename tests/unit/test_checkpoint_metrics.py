@@ -73,12 +73,15 @@ def test_replace_section_keeps_the_document_order():
 
 
 def test_replace_subsection_places_new_subsections_under_their_parent():
-    doc = "# P\n\n## A\n\n### A1\n\na1\n\n## B\n\nb\n"
-    got = metrics.replace_subsection(doc, "## A", "### A0", "a0")  # new: right under ## A
-    assert got == "# P\n\n## A\n\n### A0\n\na0\n\n### A1\n\na1\n\n## B\n\nb\n"
-    moved = "# P\n\n## A\n\n### A1\n\na1\n\n### A0\n\nold\n\n## B\n\nb\n"
-    assert metrics.replace_subsection(moved, "## A", "### A0", "new") == moved.replace("old", "new")
-    assert metrics.replace_subsection(doc, "## C", "### C1", "c1").endswith("## B\n\nb\n\n## C\n\n### C1\n\nc1\n")
+    doc = "# P\n\n## A\n\nintro\n\n### A1\n\na1\n\n## B\n\nb\n"
+    got = metrics.replace_subsection(doc, "## A", "### A2", "a2")  # new: at the end of ## A
+    assert got == "# P\n\n## A\n\nintro\n\n### A1\n\na1\n\n### A2\n\na2\n\n## B\n\nb\n"
+    assert metrics.replace_subsection(got, "## A", "### A1", "new") == got.replace("a1\n", "new\n", 1)
+    assert metrics.replace_subsection(doc, "## C", "### C1", "c1").endswith(
+        "## B\n\nb\n\n## C\n\n### C1\n\nc1\n")
+    deeper = "# P\n\n### A\n\nx\n\n## A\n\ny\n"  # "## A" must not match inside "### A"
+    assert metrics.replace_subsection(deeper, "## A", "### A1", "z") == (
+        "# P\n\n### A\n\nx\n\n## A\n\ny\n\n### A1\n\nz\n")
 
 
 def test_kept_records_are_copied_and_read_back_when_the_run_is_gone(tmp_path):
