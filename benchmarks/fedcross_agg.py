@@ -143,10 +143,7 @@ def floor(k: int, repeats: int) -> list[str]:
     out = np.empty_like(rows_)
 
     def syrk() -> None:
-        g = np.zeros((k, k))
-        for lo in range(0, dim, width):
-            x = rows_[:, lo : lo + width]
-            g += x @ x.T
+        block_gram(rows_, width)
 
     def copy() -> None:
         for i in range(k):
@@ -186,6 +183,16 @@ def floor(k: int, repeats: int) -> list[str]:
     return lines
 
 
+def block_gram(rows_: np.ndarray, width: int) -> np.ndarray:
+    """``rows_ @ rows_.T`` summed in float64 over column blocks taken in place (one syrk each)."""
+    k = rows_.shape[0]
+    g = np.zeros((k, k))
+    for lo in range(0, rows_.shape[1], width):
+        x = rows_[:, lo : lo + width]
+        g += x @ x.T
+    return g
+
+
 def minimal_round(rows_: np.ndarray, width: int, alpha: float = 0.99) -> tuple[float, ...]:
     """One lowest-similarity round with the fewest passes over memory we found.
 
@@ -201,10 +208,7 @@ def minimal_round(rows_: np.ndarray, width: int, alpha: float = 0.99) -> tuple[f
     """
     k = rows_.shape[0]
     t0 = time.perf_counter()
-    g = np.zeros((k, k))
-    for lo in range(0, rows_.shape[1], width):
-        x = rows_[:, lo : lo + width]
-        g += x @ x.T
+    g = block_gram(rows_, width)
     t1 = time.perf_counter()
     collab = maths.select_collaborators(maths.cosine(g), "lowest", 2)
     beta = (alpha + (1 - alpha) * np.bincount(collab, minlength=k)) / k
