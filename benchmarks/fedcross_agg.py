@@ -40,10 +40,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fedsys.flwr_io import ClientUpdate  # noqa: E402
+
 from fedsys import fedcross as maths  # noqa: E402
 from fedsys import metrics  # noqa: E402
 from fedsys.config import build  # noqa: E402
-from fedsys.flwr_io import ClientUpdate  # noqa: E402
 from fedsys.models import build_model  # noqa: E402
 from fedsys.params import Params, from_torch, num_bytes  # noqa: E402
 from strategies.fedavg import FedAvgStrategy  # noqa: E402

@@ -1,11 +1,18 @@
-"""Client side of fedsys: local trainers and the Flower ClientApp."""
+"""Client side of fedsys: the local trainers, one file each.
+
+:data:`TRAINERS` is the one place a trainer becomes known: one line per trainer.
+"""
 
 from __future__ import annotations
 
-from clients.base import LocalConfig, LocalResult, Trainer
-from clients.fedprox import train_fedprox
-from clients.sgd import train_sgd
+from clients.base import LocalConfig, Trainer, TrainJob, TrainResult
+from clients.fedprox import FedProxTrainer
+from clients.sgd import SGDTrainer
 
-TRAINERS: dict[str, Trainer] = {"sgd": train_sgd, "fedprox": train_fedprox}
+#: ``trainer`` name -> trainer class.
+TRAINERS: dict[str, type[Trainer]] = {
+    "sgd": SGDTrainer,
+    "fedprox": FedProxTrainer,
+}
 
-__all__ = ["TRAINERS", "LocalConfig", "LocalResult", "Trainer"]
+__all__ = ["TRAINERS", "LocalConfig", "TrainJob", "TrainResult", "Trainer"]

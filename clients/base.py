@@ -1,16 +1,31 @@
-"""Local training: plain PyTorch functions that know nothing of Flower.
+"""Local training: trainers that know nothing of Flower, and their shared SGD loop.
 
-A trainer takes the model (already holding the global weights), the client's data
-and a :class:`LocalConfig`, trains in place, and returns :class:`LocalResult`.
+A trainer is a class with a ``name``, its ``Options`` (a frozen dataclass of
+:func:`fedsys.options.option` fields, the config keys ``<name>.<option>``) and
+:meth:`Trainer.train`, which takes a :class:`TrainJob` (the model already holding
+the received weights, the client's data, the round's :class:`LocalConfig`, the typed
+options, the node's persisted state and any extra models the server sent) and
+returns a :class:`TrainResult` (the trained model stays in ``job.net``; metrics, the
+updated state and any extra models to send back).  The ClientApp keeps the state in
+Flower's ``context.state``, so it lasts for the run on a SuperNode and in simulation.
+
+This module imports torch only when training runs, so the option declarations can be
+read (config validation, ``fedsys keys``) without it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-from torch import nn
+from fedsys.params import Params
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+Normalise = Callable[["torch.Tensor"], "torch.Tensor"]
 
 
 @dataclass(frozen=True)
@@ -25,26 +40,67 @@ class LocalConfig:
     weight_decay: float = 0.0
     seed: int = 0
     device: str = "cpu"
-    extra: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class LocalResult:
-    """What a trainer reports: examples seen per epoch, last-epoch mean loss, steps."""
+@dataclass
+class TrainJob:
+    """Everything one round of local training gets.
+
+    ``state`` is the node's persisted state (empty in its first round): scalars and
+    :data:`~fedsys.params.Params` by name.  ``models`` are the extra named models the
+    instruction carried (anchors), beside the model already loaded into ``net``.
+    """
+
+    net: nn.Module
+    x: torch.Tensor
+    y: torch.Tensor
+    normalise: Normalise
+    config: LocalConfig
+    options: Any = None
+    state: dict[str, Any] = field(default_factory=dict)
+    models: dict[str, Params] = field(default_factory=dict)
+    server_round: int = 0
+    partition_id: int = 0
+
+
+@dataclass
+class TrainResult:
+    """What a trainer reports: examples seen per epoch, last-epoch mean loss, steps,
+    further metrics, the node's new state, and extra models to send back (a pool)."""
 
     num_examples: int
     train_loss: float
     steps: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+    models: dict[str, Params] = field(default_factory=dict)
 
 
-Normalise = Callable[[torch.Tensor], torch.Tensor]
-Trainer = Callable[[nn.Module, torch.Tensor, torch.Tensor, Normalise, LocalConfig], LocalResult]
+@dataclass(frozen=True)
+class NoOptions:
+    """A trainer without options of its own."""
 
 
-def batches(
-    n: int, batch_size: int, epochs: int, seed: int
-) -> Iterator[tuple[int, torch.Tensor]]:
+class Trainer:
+    """Base class of fedsys trainers (see the module docstring)."""
+
+    name: ClassVar[str] = "base"
+    Options: ClassVar[type] = NoOptions
+
+    @classmethod
+    def prefix(cls) -> str:
+        """The config-key prefix of the trainer's options (its name)."""
+        return cls.name
+
+    def train(self, job: TrainJob) -> TrainResult:
+        """Train ``job.net`` in place; return what happened."""
+        raise NotImplementedError
+
+
+def batches(n: int, batch_size: int, epochs: int, seed: int) -> Iterator[tuple[int, torch.Tensor]]:
     """Yield ``(epoch, indices)`` of seeded shuffled mini-batches."""
+    import torch
+
     gen = torch.Generator().manual_seed(seed)
     for epoch in range(epochs):
         perm = torch.randperm(n, generator=gen)
@@ -59,11 +115,14 @@ def sgd_loop(
     normalise: Normalise,
     cfg: LocalConfig,
     penalty: Callable[[nn.Module], torch.Tensor] | None = None,
-) -> LocalResult:
+) -> TrainResult:
     """Mini-batch SGD on cross-entropy (plus an optional penalty term).
 
     Returns the mean data loss (without the penalty) of the last epoch.
     """
+    import torch
+    from torch import nn
+
     device = torch.device(cfg.device)
     net.to(device).train()
     opt = torch.optim.SGD(
@@ -87,4 +146,4 @@ def sgd_loop(
             break
     if loss_n and not torch.isfinite(torch.tensor(loss_sum)):
         raise FloatingPointError("local training diverged (loss is NaN or Inf)")
-    return LocalResult(len(y), loss_sum / max(loss_n, 1), steps)
+    return TrainResult(len(y), loss_sum / max(loss_n, 1), steps)

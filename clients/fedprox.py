@@ -5,22 +5,42 @@
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from clients.base import LocalConfig, LocalResult, Normalise, sgd_loop
+from clients.base import Trainer, TrainJob, TrainResult, sgd_loop
+from fedsys.options import option
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+@dataclass(frozen=True)
+class FedProxOptions:
+    """The proximal trainer's options (config keys ``fedprox.*``)."""
+
+    mu: float = option(0.01, "FedProx proximal coefficient mu.", bounds=">= 0")
 
 
 def proximal_term(net: nn.Module, anchor: list[torch.Tensor], mu: float) -> torch.Tensor:
     """``(mu / 2) * sum ||w - w^t||^2`` over trainable parameters."""
+    import torch
+
     sq = sum(((p - a) ** 2).sum() for p, a in zip(net.parameters(), anchor, strict=True))
     return 0.5 * mu * torch.as_tensor(sq)
 
 
-def train_fedprox(
-    net: nn.Module, x: torch.Tensor, y: torch.Tensor, normalise: Normalise, cfg: LocalConfig
-) -> LocalResult:
-    """SGD on cross-entropy plus the proximal term, ``mu = cfg.extra['mu']``."""
-    mu = float(cfg.extra.get("mu", 0.0))
-    anchor = [p.detach().clone().to(cfg.device) for p in net.parameters()]
-    return sgd_loop(net, x, y, normalise, cfg, penalty=lambda m: proximal_term(m, anchor, mu))
+class FedProxTrainer(Trainer):
+    """SGD on cross-entropy plus the proximal term (Eq. 2), ``mu = fedprox.mu``."""
+
+    name = "fedprox"
+    Options = FedProxOptions
+
+    def train(self, job: TrainJob) -> TrainResult:
+        """Minimise Eq. 2's :math:`h_k` from the received model."""
+        mu = float(job.options.mu)
+        cfg = job.config
+        anchor = [p.detach().clone().to(cfg.device) for p in job.net.parameters()]
+        return sgd_loop(job.net, job.x, job.y, job.normalise, cfg,
+                        penalty=lambda m: proximal_term(m, anchor, mu))

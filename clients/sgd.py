@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
-from clients.base import LocalConfig, LocalResult, Normalise, sgd_loop
+from clients.base import Trainer, TrainJob, TrainResult, sgd_loop
 
 
-def train_sgd(
-    net: nn.Module, x: torch.Tensor, y: torch.Tensor, normalise: Normalise, cfg: LocalConfig
-) -> LocalResult:
-    """Run ``cfg.epochs`` epochs of mini-batch SGD on cross-entropy, in place."""
-    return sgd_loop(net, x, y, normalise, cfg)
+class SGDTrainer(Trainer):
+    """``epochs`` epochs of mini-batch SGD on cross-entropy, in place."""
+
+    name = "sgd"
+
+    def train(self, job: TrainJob) -> TrainResult:
+        """Alg. 1's ClientUpdate on the node's data."""
+        return sgd_loop(job.net, job.x, job.y, job.normalise, job.config)

@@ -38,7 +38,6 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 import numpy as np
-import torch
 from numpy.typing import NDArray
 
 from fedsys.params import Params, is_float
@@ -429,6 +428,8 @@ def dynamic_alpha(server_round: int, alpha_max: float, start: int, rounds: int) 
 @contextmanager
 def _torch_threads(n: int) -> Iterator[None]:
     """Run torch with ``n`` intra-op threads inside the block, then restore."""
+    import torch
+
     old = torch.get_num_threads()
     if n != old:
         torch.set_num_threads(n)
@@ -477,6 +478,8 @@ def _apply(plan: _Row, src: Sequence[NDArray[np.generic]], dst: NDArray[np.gener
     if plan.kind == "copy":
         np.copyto(dst, src[plan.terms[0][0]])
     elif plan.kind == "lerp":
+        import torch  # loaded already by _torch_threads
+
         (i, _), (j, w) = plan.terms
         torch.lerp(torch.from_numpy(src[i]), torch.from_numpy(src[j]), w, out=torch.from_numpy(dst))
     else:

@@ -2,7 +2,8 @@
 Iterative Moving Averaging of Global Models"), as pure typed functions.
 
 IMA keeps the last P global models the base method produced (never IMA outputs) and,
-from round t_s on, broadcasts and evaluates their uniform mean (Eq. 5).  The client
+from round t_s on, broadcasts and evaluates their uniform mean (Eq. 5, computed with
+:func:`fedsys.params.mean`).  The client
 learning rate decays by gamma per round and, from t_s, by an extra gamma_IMA
 (spec ``fedima.md`` §2.3-2.4).  Rounds are 0-indexed here, ``t = server_round - 1``,
 as in the paper and the authors' code.
@@ -10,11 +11,7 @@ as in the paper and the authors' code.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
-
-from fedsys.params import Params, is_float
 
 
 def start_round(num_rounds: int, fraction: float, explicit: int = -1) -> int:
@@ -51,25 +48,3 @@ def averaging_active(t: int, t_s: int, window: int, strict_code_rule: bool = Fal
     if t < t_s:
         return False
     return t >= window if strict_code_rule else True
-
-
-def window_mean(models: Sequence[Params]) -> Params:
-    """Uniform mean of the window (Eq. 5), float64 accumulation.
-
-    Floating-point entries (weights and BatchNorm running statistics) are averaged
-    and cast back to their dtype; integer entries (``num_batches_tracked``) are
-    copied from the newest model (spec §6 item 5).
-    """
-    if not models:
-        raise ValueError("window_mean needs at least one model")
-    newest = models[-1]
-    out: Params = {}
-    for key, ref in newest.items():
-        if is_float(ref):
-            acc = np.zeros(ref.shape, dtype=np.float64)
-            for m in models:
-                acc += np.asarray(m[key], dtype=np.float64)
-            out[key] = (acc / len(models)).astype(ref.dtype)
-        else:
-            out[key] = ref.copy()
-    return out

@@ -19,29 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from fedsys.params import Params, is_float
+from fedsys.params import Params, flatten
 
 F64 = NDArray[np.float64]
-
-
-def to_vector(params: Params) -> F64:
-    """Floating-point entries, concatenated in key order, as float64."""
-    return np.concatenate([np.asarray(v, np.float64).ravel() for v in params.values() if is_float(v)])
-
-
-def from_vector(vec: F64, like: Params) -> Params:
-    """Inverse of :func:`to_vector` (dtypes and integer entries from ``like``)."""
-    out: Params = {}
-    at = 0
-    for k, v in like.items():
-        if is_float(v):
-            out[k] = vec[at : at + v.size].reshape(v.shape).astype(v.dtype)
-            at += v.size
-        else:
-            out[k] = v.copy()
-    if at != vec.size:
-        raise ValueError(f"vector has {vec.size} values, the model {at}")
-    return out
 
 
 @dataclass(frozen=True)
@@ -113,6 +93,6 @@ def contour_levels(values: F64, vmax: float, log_alpha: float, n: int = 7) -> F6
 
 def distances(clients: Sequence[Params], glob: Params) -> tuple[float, float]:
     """Largest and mean L2 distance of client models to the global model (§3.4)."""
-    g = to_vector(glob)
-    d = [float(np.linalg.norm(to_vector(c) - g)) for c in clients]
+    g = flatten(glob)
+    d = [float(np.linalg.norm(flatten(c) - g)) for c in clients]
     return max(d), float(np.mean(d))

@@ -1,18 +1,24 @@
 """Model parameters as ordered ``{name: ndarray}`` dicts, and checks on them.
 
 Strategies hold models as :data:`Params`, a plain ordered mapping from state-dict
-name to numpy array.  Conversion to and from torch happens here; conversion to
-Flower records happens in :mod:`fedsys.flwr_io`.
+name to numpy array.  Conversion to and from torch happens here (torch is imported
+only when called); conversion to Flower records happens in :mod:`fedsys.protocol`.
+
+The one mean of models (:func:`mean`) and the one flattening (:func:`flatten` /
+:func:`unflatten`) live here; every method uses them.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from numpy.typing import NDArray
+
+if TYPE_CHECKING:
+    import torch
 
 Params = dict[str, NDArray[np.generic]]
 
@@ -24,6 +30,8 @@ def from_torch(state_dict: Mapping[str, torch.Tensor]) -> Params:
 
 def to_torch(params: Params) -> dict[str, torch.Tensor]:
     """Turn :data:`Params` into a torch ``state_dict`` (CPU tensors)."""
+    import torch
+
     return {k: torch.from_numpy(np.array(v, copy=True, order="C")) for k, v in params.items()}
 
 
@@ -76,9 +84,80 @@ def check_update(update: Params, reference: Params) -> str | None:
     return None
 
 
-def flatten(params: Params, float_only: bool = True) -> NDArray[np.float64]:
-    """Concatenate (floating-point) entries into one float64 vector."""
-    parts = [v.ravel() for v in params.values() if is_float(v) or not float_only]
+def mean(models: Sequence[Params], weights: Sequence[float] | None = None) -> Params:
+    r"""The mean of models: uniform, or weighted by ``weights``.
+
+    Floating-point entries (weights and BatchNorm running statistics) are accumulated
+    in float64 in the order given and cast back to their dtype: uniform,
+    :math:`\frac{1}{n}\sum_k w_k` (the sum, then one division); weighted,
+    :math:`\sum_k \frac{n_k}{n} w_k` (FedAvg, McMahan et al. 2017, Alg. 1).
+
+    **Integer buffers** (BatchNorm's ``num_batches_tracked``) cannot be averaged; the
+    one rule for them, everywhere in fedsys, is the element-wise maximum over the
+    models (the most batches any of them tracked).  With BatchNorm's default
+    momentum the count does not enter the forward pass.
+
+    Parameters
+    ----------
+    models : sequence of Params
+        Models with identical keys, shapes and dtypes.
+    weights : sequence of float, optional
+        Non-negative weights with a positive sum (typically example counts).
+
+    Returns
+    -------
+    Params
+        The mean, keys in the order of the first model.
+    """
+    if not models:
+        raise ValueError("mean needs at least one model")
+    w: NDArray[np.float64] | None = None
+    if weights is not None:
+        if len(models) != len(weights):
+            raise ValueError("models and weights differ in length")
+        w = np.asarray(weights, dtype=np.float64)
+        if np.any(w < 0) or not w.sum() > 0:
+            raise ValueError(f"weights must be non-negative with a positive sum, got {weights}")
+        w = w / w.sum()
+    out: Params = {}
+    for key, ref in models[0].items():
+        if not is_float(ref):
+            out[key] = np.asarray(np.max(np.stack([m[key] for m in models]), axis=0),
+                                  dtype=ref.dtype)
+            continue
+        acc = np.zeros(ref.shape, dtype=np.float64)
+        if w is None:
+            for m in models:
+                acc += np.asarray(m[key], dtype=np.float64)
+            out[key] = (acc / len(models)).astype(ref.dtype)
+        else:
+            for m, wk in zip(models, w, strict=True):
+                acc += wk * m[key]
+            out[key] = acc.astype(ref.dtype)
+    return out
+
+
+def flatten(params: Params) -> NDArray[np.float64]:
+    """The floating-point entries, concatenated in key order, as one float64 vector.
+
+    Integer entries are left out; :func:`unflatten` is the inverse.
+    """
+    parts = [np.asarray(v, np.float64).ravel() for v in params.values() if is_float(v)]
     if not parts:
         return np.zeros(0)
-    return np.concatenate(parts).astype(np.float64, copy=False)
+    return np.concatenate(parts)
+
+
+def unflatten(vec: NDArray[np.floating], like: Params) -> Params:
+    """Inverse of :func:`flatten`: dtypes, shapes and integer entries from ``like``."""
+    out: Params = {}
+    at = 0
+    for k, v in like.items():
+        if is_float(v):
+            out[k] = np.asarray(vec[at : at + v.size]).reshape(v.shape).astype(v.dtype)
+            at += v.size
+        else:
+            out[k] = v.copy()
+    if at != len(vec):
+        raise ValueError(f"vector has {len(vec)} entries, the model {at}")
+    return out

@@ -14,12 +14,6 @@ from fedsys.data import Dataset, load_dataset
 from fedsys.models import build_model
 
 
-def derive_seed(seed: int, *keys: int) -> int:
-    """A 63-bit seed derived from the run seed and integer keys (round, client, ...)."""
-    ss = np.random.SeedSequence([seed, *keys])
-    return int(ss.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
-
-
 def pick_device(name: str) -> torch.device:
     """Resolve ``auto`` to CUDA when present, else CPU."""
     if name == "cuda" or (name == "auto" and torch.cuda.is_available()):

@@ -1,28 +1,33 @@
-"""Server side of fedsys: strategies and the Flower ServerApp."""
+"""Server side of fedsys: the strategies, one file each.
+
+:data:`REGISTRY` is the one place a strategy becomes known: one line per method.
+Each entry has a ``name``, its ``Options`` (declared in its module; they become the
+config keys ``<prefix>.<option>``), ``prefix()`` and ``from_config(cfg, build)``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
-from fedsys.config import RunConfig
-from strategies.base import FedsysStrategy
+from strategies.base import FedsysStrategy, StrategyWrapper
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedcda import FedCDAStrategy
 from strategies.fedcross import FedCrossStrategy
 from strategies.fedopt import FedAdamStrategy, FedYogiStrategy
 from strategies.fedprox import FedProxStrategy
+from strategies.ima import IMA
 
-#: Strategies with their own aggregation (IMA can sit on any of them).
-BASES: dict[str, type[FedsysStrategy]] = {
-    cls.name: cls
-    for cls in (FedAvgStrategy, FedProxStrategy, FedCDAStrategy, FedCrossStrategy,
-                FedAdamStrategy, FedYogiStrategy)
+#: ``strategy`` name -> the class that builds it (``from_config``).
+REGISTRY: dict[str, Any] = {
+    "fedavg": FedAvgStrategy,
+    "fedprox": FedProxStrategy,
+    "fedcda": FedCDAStrategy,
+    "fedcross": FedCrossStrategy,
+    "fedadam": FedAdamStrategy,
+    "fedyogi": FedYogiStrategy,
+    "ima": IMA,
 }
 
-from strategies.ima import ima_strategy  # noqa: E402  (needs BASES at call time only)
-
-#: ``strategy`` name -> constructor taking the run config.
-REGISTRY: dict[str, Callable[[RunConfig], FedsysStrategy]] = {**BASES, "ima": ima_strategy}
-
-__all__ = ["BASES", "REGISTRY", "FedAdamStrategy", "FedAvgStrategy", "FedCDAStrategy",
-           "FedCrossStrategy", "FedProxStrategy", "FedYogiStrategy", "FedsysStrategy"]
+__all__ = ["IMA", "REGISTRY", "FedAdamStrategy", "FedAvgStrategy", "FedCDAStrategy",
+           "FedCrossStrategy", "FedProxStrategy", "FedYogiStrategy", "FedsysStrategy",
+           "StrategyWrapper"]

@@ -1,16 +1,37 @@
 """The fedsys server base class, on Flower's message-API :class:`Strategy`.
 
+Build a fedsys strategy like one of Flower's own::
+
+    strategy = FedCDAStrategy(fraction_train=0.25, min_available_nodes=4, memory=3)
+    result = strategy.start(grid, initial_arrays, num_rounds=50, timeout=600,
+                            train_config=ConfigRecord({"lr": 0.01}), evaluate_fn=...)
+
+Keyword arguments are Flower's usual ones (``fraction_train``, ``fraction_evaluate``,
+``min_train_nodes``, ``min_evaluate_nodes``, ``min_available_nodes``), a few of
+fedsys's (``clients_per_round``, ``seed``, ``node_wait_timeout``, ``lr_decay``,
+``trainer``), and the method's own options, declared once in its module as a frozen
+dataclass (:attr:`FedsysStrategy.Options`) whose fields are also its config keys
+(``fedcda.memory``).  :meth:`FedsysStrategy.from_config` builds the same object
+from a fedsys run config.
+
 What every fedsys strategy gets from :class:`FedsysStrategy`:
 
-* a fresh ``RecordDict`` per node, built from :meth:`payload_for`, so a strategy
-  that sends a different model to each node overrides one method;
-* a round loop (:meth:`start`) that calls :meth:`run_round`; a strategy with a
-  different loop (a sequential chain of single-node hops) overrides
-  :meth:`run_round` and keeps checkpoints, metrics and evaluation;
-* node sampling with its own seeded generator, by partition-id (node ids are
-  random and change when a node restarts), and waiting for nodes with a timeout;
-* validation of every reply (error replies, missing keys, shape or dtype
-  mismatch, NaN or Inf): rejected replies are logged and the round goes on;
+* a fresh ``RecordDict`` per node, built from :meth:`payload_for` (and extra named
+  models from :meth:`payload_models`), so a strategy that sends a different model
+  to each node overrides one method;
+* a round loop (:meth:`start`, as Flower documents it: ``num_rounds`` sets the
+  schedule, ``timeout`` bounds each round, the caller's ``train_config`` keys reach
+  the clients unchanged) that calls :meth:`run_round`; a strategy with a different
+  loop (a chain of single-node hops) overrides :meth:`run_round` and keeps
+  checkpoints, metrics and evaluation;
+* node sampling with its own seeded generator, by the partition-id a node declares
+  (node ids are random and change when a node restarts; a node that declares none is
+  keyed by its node id), and waiting for nodes with a timeout;
+* validation of every reply (error replies, missing keys, shape or dtype mismatch,
+  NaN or Inf, metrics the method needs): rejected replies are logged and the round
+  goes on; a round without a usable update is an error in the log;
+* **wrappers** (:class:`StrategyWrapper`, e.g. IMA) acting on the models the strategy
+  is about to send and evaluate, through :meth:`FedsysStrategy.finish`;
 * server-side evaluation each round through ``evaluate_fn`` and per-round hooks
   (metrics, progress, checkpoints);
 * :meth:`state_dict` / :meth:`load_state_dict` of the whole strategy state.
@@ -22,10 +43,11 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
-from logging import INFO, WARNING
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
@@ -33,153 +55,339 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
-from fedsys import flwr_io
-from fedsys.config import RunConfig
-from fedsys.flwr_io import ClientUpdate, Rejection
+from fedsys import protocol as proto
+from fedsys.options import ConfigError, parse_group, suggest
 from fedsys.params import Params, copy
-from fedsys.task import derive_seed
+from fedsys.protocol import ClientUpdate, Rejection
+from fedsys.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from fedsys.config import RunConfig
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 RoundHook = Callable[["FedsysStrategy", dict[str, Any]], None]
+#: Builds a registered strategy by name from a run config (for composites like IMA).
+Builder = Callable[[str], "FedsysStrategy"]
 
 SAMPLE_TAG = 0x5EED
 EVAL_TAG = 0xE7A1
 
 
 class NodesUnavailableError(RuntimeError):
-    """Too few nodes connected within ``node-wait-timeout``."""
+    """Too few nodes connected within ``node_wait_timeout``."""
+
+
+class NoUsableUpdateError(RuntimeError):
+    """No round of a run produced a usable update (every reply was refused or missing)."""
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """A method without options of its own."""
+
+
+class StrategyWrapper:
+    """Acts on the models a strategy is about to send and evaluate (IMA, later a robust
+    aggregator or server-side DP).
+
+    Attach with :meth:`FedsysStrategy.wrap`.  After each aggregation the strategy
+    passes every model it has just made (its global model, or FedCross's changed
+    slots; FedAdam/FedYogi their client mean before the optimiser step) through
+    :meth:`transform` of each wrapper in order (:meth:`FedsysStrategy.finish`).  A
+    wrapper returns the model unchanged (the same object) when it does not act.
+    """
+
+    #: Name of the wrapper (its config prefix and its key in checkpoints).
+    name: ClassVar[str] = "wrapper"
+
+    def on_start(self, strategy: FedsysStrategy, num_rounds: int) -> None:
+        """Called by :meth:`FedsysStrategy.start` with the schedule's length."""
+
+    def transform(self, server_round: int, slot: int, model: Params) -> Params:
+        """The model to send and evaluate instead of ``model`` (``slot``: which one)."""
+        return model
+
+    def client_lr(self, server_round: int, lr: float, lr_decay: float, current: float) -> float:
+        """The client learning rate of ``server_round`` (``current``: the strategy's own)."""
+        return current
+
+    def round_metrics(self) -> dict[str, float]:
+        """Metrics of the last round."""
+        return {}
+
+    def summary(self) -> None:
+        """Log the wrapper's settings."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapper's state, for exact resume."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output."""
 
 
 class FedsysStrategy(Strategy):
-    """Base class of every fedsys strategy.
+    """Base class of every fedsys strategy (see the module docstring).
 
     Parameters
     ----------
-    cfg : RunConfig
-        The resolved run configuration.
+    fraction_train : float, default 1.0
+        Fraction of the connected nodes sampled for training each round, at least
+        ``min_train_nodes`` (Flower's rule); ignored when ``clients_per_round`` is set.
+    fraction_evaluate : float, default 1.0
+        Fraction of the nodes asked for federated evaluation (0: none).
+    min_train_nodes, min_evaluate_nodes : int, default 2
+        Fewest nodes sampled for training / evaluation.
+    min_available_nodes : int, default 2
+        Fewest connected nodes a round may start with.  A round waits up to
+        ``node_wait_timeout`` seconds for the nodes it wants, then goes on if at least
+        this many are connected, else raises :class:`NodesUnavailableError` (it never
+        waits forever, unlike Flower's sampler).
+    clients_per_round : int, optional
+        Sample exactly this many nodes per round (fedsys's ``clients-per-round``).
+    seed : int, default 0
+        Seeds node sampling (and any draw of the method).
+    node_wait_timeout : float, default 120.0
+        Seconds to wait for enough nodes.
+    lr_decay : float, default 1.0
+        Per-round decay of the caller's ``lr`` key: ``lr * lr_decay**(round - 1)``.
+    trainer : str, default "auto"
+        The fedsys client trainer named in each train instruction (``trainer`` key,
+        unless the caller's ``train_config`` names one); ``auto`` takes the method's.
+    num_partitions : int, optional
+        The partitions the nodes should hold; a node declaring another count is
+        logged (the federation and the config disagree).
+    **options
+        The method's own options (the fields of :attr:`Options`).
     """
 
     name: ClassVar[str] = "base"
     default_trainer: ClassVar[str] = "sgd"
+    #: The method's options (a frozen dataclass of :func:`fedsys.options.option` fields).
+    Options: ClassVar[type] = NoOptions
+    #: Config-key prefix of :attr:`Options` (empty: the strategy's ``name``).
+    option_prefix: ClassVar[str] = ""
+    #: Reply metrics the method cannot work without (besides ``num-examples``).
+    required_metrics: ClassVar[dict[str, str]] = {}
 
-    def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
+    def __init__(
+        self,
+        *,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        clients_per_round: int | None = None,
+        seed: int = 0,
+        node_wait_timeout: float = 120.0,
+        lr_decay: float = 1.0,
+        trainer: str = "auto",
+        num_partitions: int | None = None,
+        **options: Any,
+    ) -> None:
+        self.options = self.parse_options(options)
+        self.fraction_train = float(fraction_train)
+        self.fraction_evaluate = float(fraction_evaluate)
+        self.min_train_nodes = int(min_train_nodes)
+        self.min_evaluate_nodes = int(min_evaluate_nodes)
+        self.min_available_nodes = int(min_available_nodes)
+        self.clients_per_round = clients_per_round
+        self.seed = int(seed)
+        self.node_wait_timeout = float(node_wait_timeout)
+        self.lr_decay = float(lr_decay)
+        self.trainer = self.default_trainer if trainer == "auto" else trainer
+        self.num_partitions = num_partitions
+        self.num_rounds = 0
+        self.round_timeout = 3600.0
         self.round = 0
         self.params: Params | None = None
         self.node_pid: dict[int, int] = {}
         self.history: list[dict[str, Any]] = []
         self.hooks: list[RoundHook] = []
+        self.wrappers: list[StrategyWrapper] = []
         self.last_rejections: list[Rejection] = []
         self.poll_interval = 0.1
         self._outbox: list[Message] = []
         self._payloads: dict[int, Params] = {}
         self._expected: dict[int, int] = {}
+        self._told: set[str] = set()
         self.workdir: Path | None = None
         self.round_metrics: dict[str, float] = {}
         self.last_updates: list[ClientUpdate] = []
+        self.usable_rounds = 0
         #: Optional per-round analysis (see ``estimators``): ``(round, updates, new
         #: global model) -> metrics``, set by the runner.
         self.estimator_fn: Callable[[int, list[ClientUpdate], Params], dict[str, float]] | None = None
+
+    # ------------------------------------------------------------------ options
+
+    @classmethod
+    def prefix(cls) -> str:
+        """The config-key prefix of the method's options."""
+        return cls.option_prefix or cls.name
+
+    @classmethod
+    def parse_options(cls, values: Mapping[str, Any]) -> Any:
+        """Build :attr:`Options` from keyword arguments; a wrong name is a TypeError."""
+        names = [f.replace("-", "_") for f in cls.Options.__dataclass_fields__]
+        for k in values:
+            if k not in names:
+                raise TypeError(f"{cls.__name__}() got an unexpected keyword argument "
+                                f"{k!r}.{suggest(k, names).split(' Run')[0]}")
+        return parse_group(cls.Options, cls.prefix(), values)
+
+    @classmethod
+    def config_kwargs(cls, cfg: RunConfig) -> dict[str, Any]:
+        """Keyword arguments of the strategy from a fedsys run config."""
+        fields = cls.Options.__dataclass_fields__
+        opts = {f: v for k, v in cfg.group(cls.prefix()).items()
+                if (f := k.split(".", 1)[1].replace("-", "_")) in fields}
+        return {
+            "clients_per_round": cfg.clients_per_round,
+            "min_available_nodes": cfg.min_available_clients,
+            "fraction_evaluate": cfg.fraction_evaluate,
+            "min_evaluate_nodes": 1,
+            "seed": cfg.seed,
+            "node_wait_timeout": cfg.node_wait_timeout,
+            "lr_decay": cfg.lr_decay,
+            "trainer": cfg.trainer,
+            "num_partitions": cfg.num_clients,
+            **opts,
+        }
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, build: Builder | None = None) -> FedsysStrategy:
+        """The strategy a fedsys run config describes (``build`` makes other
+        registered strategies by name, for composites)."""
+        return cls(**cls.config_kwargs(cfg))
+
+    def wrap(self, wrapper: StrategyWrapper) -> FedsysStrategy:
+        """Attach a :class:`StrategyWrapper`; returns ``self``."""
+        self.wrappers.append(wrapper)
+        return self
+
+    @property
+    def label(self) -> str:
+        """The strategy's name with its wrappers (``fedavg+ima``)."""
+        return "+".join([self.name, *(w.name for w in self.wrappers)])
+
+    def finish(self, server_round: int, models: dict[int, Params]) -> dict[int, Params]:
+        """Pass the models the strategy has just made through every wrapper.
+
+        ``models`` maps a slot (0 for a single global model) to a model; each wrapper
+        may return another model for a slot (see :class:`StrategyWrapper`).
+        """
+        for w in self.wrappers:
+            models = {i: w.transform(server_round, i, m) for i, m in sorted(models.items())}
+        return models
 
     # ------------------------------------------------------------------ nodes
 
     def wait_for_nodes(self, grid: Grid, want: int) -> list[int]:
         """Return connected node ids once ``want`` are there.
 
-        After ``node-wait-timeout`` seconds the round goes on with the nodes that are
-        connected if there are at least ``min-available-clients``; otherwise
+        After ``node_wait_timeout`` seconds the round goes on with the nodes that are
+        connected if there are at least ``min_available_nodes``; otherwise
         :class:`NodesUnavailableError` is raised.  It never waits forever.
         """
-        need = min(self.cfg.min_available_clients, want)
+        need = min(self.min_available_nodes, want)
         t0 = time.monotonic()
         while len(ids := sorted(grid.get_node_ids())) < want:
-            if time.monotonic() - t0 > self.cfg.node_wait_timeout:
+            if time.monotonic() - t0 > self.node_wait_timeout:
                 if len(ids) >= need:
                     log(WARNING, "[%s] %d of %d wanted nodes connected after %.0f s; going on",
-                        self.name, len(ids), want, self.cfg.node_wait_timeout)
+                        self.label, len(ids), want, self.node_wait_timeout)
                     return ids
                 raise NodesUnavailableError(
                     f"only {len(ids)} of {need} required nodes connected after "
-                    f"{self.cfg.node_wait_timeout:.0f} s (node-wait-timeout, "
+                    f"{self.node_wait_timeout:.0f} s (node-wait-timeout, "
                     f"min-available-clients)"
                 )
             time.sleep(0.2)
         return ids
 
     def refresh_partition_map(self, grid: Grid, node_ids: Iterable[int]) -> dict[int, int]:
-        """Learn the partition-id of nodes not seen before through one QUERY round."""
+        """Learn the partition-id of nodes not seen before through one QUERY round.
+
+        A node that does not answer the query (a plain Flower ClientApp has no query
+        handler) is keyed by its node id.
+        """
         live = set(node_ids)
         self.node_pid = {n: p for n, p in self.node_pid.items() if n in live}
         new = sorted(live - set(self.node_pid))
         if new:
-            msgs = [flwr_io.query_message(n) for n in new]
-            replies, sent = flwr_io.send_and_receive(
-                grid, msgs, self.cfg.round_timeout, self.poll_interval
-            )
+            msgs = [proto.query_message(n) for n in new]
+            replies, sent = proto.send_and_receive(grid, msgs, self.round_timeout, self.poll_interval)
             for r in replies:
                 instr = sent.get(r.metadata.reply_to_message_id)
                 if instr is None or r.has_error() or not r.content.metric_records:
                     continue
-                rec = next(iter(r.content.metric_records.values()))
-                if "partition-id" in rec:
-                    self.node_pid[instr.metadata.dst_node_id] = int(rec["partition-id"])  # type: ignore[arg-type]
-                nparts = int(rec.get("num-partitions", self.cfg.num_clients))  # type: ignore[arg-type]
-                if nparts != self.cfg.num_clients:
+                rec = proto.metrics_of(r.content)
+                if proto.PARTITION_ID in rec:
+                    self.node_pid[instr.metadata.dst_node_id] = int(rec[proto.PARTITION_ID])
+                nparts = int(rec.get(proto.NUM_PARTITIONS, self.num_partitions or 0))
+                if self.num_partitions is not None and nparts != self.num_partitions:
                     log(WARNING, "node %d holds partition %s of %d, but num-clients is %d: the "
                         "federation and the config disagree (flwr run: --federation-config "
-                        "num-supernodes=%d)", instr.metadata.dst_node_id, rec.get("partition-id"),
-                        nparts, self.cfg.num_clients, self.cfg.num_clients)
-            for n in new:
-                if n not in self.node_pid:
-                    log(WARNING, "node %d did not say its partition-id; left out", n)
+                        "num-supernodes=%d)", instr.metadata.dst_node_id,
+                        rec.get(proto.PARTITION_ID), nparts, self.num_partitions,
+                        self.num_partitions)
+            anon = [n for n in new if n not in self.node_pid]
+            if anon:
+                self.tell_once("anonymous", INFO, "[%s] %d node(s) did not declare a partition-id "
+                               "(no query handler, or no '%s' in the reply); they are keyed by "
+                               "their node ids", self.label, len(anon), proto.PARTITION_ID)
+                self.node_pid.update({n: n for n in anon})
         return dict(self.node_pid)
 
-    def sample(self, grid: Grid, server_round: int, k: int, tag: int = SAMPLE_TAG) -> dict[int, int]:
+    def tell_once(self, key: str, level: int, msg: str, *args: Any) -> None:
+        """Log ``msg`` the first time ``key`` is told in this strategy's life."""
+        if key not in self._told:
+            self._told.add(key)
+            log(level, msg, *args)
+
+    def sample(self, grid: Grid, server_round: int, k: int | None, tag: int = SAMPLE_TAG) -> dict[int, int]:
         """Pick ``k`` nodes (``{node_id: partition_id}``) with a seeded generator.
 
-        The draw is over sorted partition-ids with ``default_rng(seed, round)``, so
-        the same seed picks the same clients whatever node ids Flower assigned.
+        ``k=None`` takes Flower's rule: ``max(int(fraction_train * connected),
+        min_train_nodes)`` once ``min_available_nodes`` are connected.  The draw is over
+        sorted partition-ids with ``default_rng(seed, round)``, so the same seed picks
+        the same clients whatever node ids Flower assigned.
         """
+        if k is None:
+            connected = len(self.wait_for_nodes(grid, self.min_available_nodes))
+            k = min(connected, max(int(connected * self.fraction_train), self.min_train_nodes))
         ids = self.wait_for_nodes(grid, k)
         pid_of = self.refresh_partition_map(grid, ids)
         by_pid = {p: n for n, p in sorted(pid_of.items())}
         pids = sorted(by_pid)
         if len(pids) < k:
             log(WARNING, "round %d: %d nodes known, %d wanted", server_round, len(pids), k)
-        rng = np.random.default_rng(derive_seed(self.cfg.seed, server_round, tag))
+        rng = np.random.default_rng(derive_seed(self.seed, server_round, tag))
         chosen = sorted(rng.choice(pids, size=min(k, len(pids)), replace=False).tolist())
         return {by_pid[p]: int(p) for p in chosen}
 
     # ------------------------------------------------------------------ config
 
-    @property
-    def trainer(self) -> str:
-        return self.default_trainer if self.cfg.trainer == "auto" else self.cfg.trainer
+    def client_lr(self, server_round: int, lr: float) -> float:
+        """Client learning rate of ``server_round`` from the caller's ``lr``:
+        ``lr * lr_decay^(round - 1)``, then each wrapper's schedule (IMA's late decay)."""
+        current = float(lr * self.lr_decay ** (server_round - 1))
+        for w in self.wrappers:
+            current = w.client_lr(server_round, lr, self.lr_decay, current)
+        return current
 
-    def trainer_extra(self) -> dict[str, float]:
-        """Trainer hyperparameters sent as ``trainer.<key>`` (FedProx's mu, ...)."""
-        return {"mu": self.cfg.fedprox__mu} if self.trainer == "fedprox" else {}
-
-    def train_config(self, server_round: int) -> dict[str, object]:
-        """The per-round instructions of local training."""
-        c = self.cfg
-        out: dict[str, object] = {
-            "server-round": server_round,
-            "trainer": self.trainer,
-            "lr": self.client_lr(server_round),
-            "local-epochs": c.local_epochs,
-            "local-steps": c.local_steps,
-            "batch-size": c.batch_size,
-            "momentum": c.momentum,
-            "weight-decay": c.weight_decay,
-        }
-        out.update({f"trainer.{k}": v for k, v in self.trainer_extra().items()})
+    def round_config(self, server_round: int, config: ConfigRecord | Mapping[str, Any]) -> dict[str, Any]:
+        """The train settings of one round: the caller's keys, unchanged, plus
+        ``server-round`` and ``trainer`` (unless the caller gives one); a caller's
+        ``lr`` follows the learning-rate schedule (``lr_decay``, wrappers)."""
+        out: dict[str, Any] = dict(config)
+        out[proto.SERVER_ROUND] = server_round
+        out.setdefault(proto.TRAINER, self.trainer)
+        if proto.LR in out:
+            out[proto.LR] = self.client_lr(server_round, float(out[proto.LR]))
         return out
-
-    def client_lr(self, server_round: int) -> float:
-        """Client learning rate of ``server_round``: ``lr * lr-decay^(round - 1)``
-        (IMA adds its own late decay)."""
-        return float(self.cfg.lr * self.cfg.lr_decay ** (server_round - 1))
 
     # ------------------------------------------------------------------ Flower API
 
@@ -188,20 +396,36 @@ class FedsysStrategy(Strategy):
         assert self.params is not None
         return self.params
 
+    def payload_models(self, node_id: int, partition_id: int, server_round: int) -> dict[str, Params]:
+        """Further named models sent to one node (anchors; none here)."""
+        return {}
+
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Sample nodes and build one fresh train message per node."""
         if self.params is None:
-            self.params = flwr_io.from_record(arrays)
-        chosen = self.sample(grid, server_round, self.cfg.clients_per_round)
-        cfg = {**dict(config), **self.train_config(server_round)}
+            self.params = proto.from_record(arrays)
+        chosen = self.sample(grid, server_round, self.clients_per_round)
+        cfg = self.round_config(server_round, config)
         self._expected = chosen
         self._payloads = {n: self.payload_for(n, p, server_round) for n, p in chosen.items()}
         self._outbox = [
-            flwr_io.message(n, MessageType.TRAIN, self._payloads[n], cfg) for n in chosen
+            proto.message(n, MessageType.TRAIN, self._payloads[n], cfg,
+                          self.payload_models(n, p, server_round))
+            for n, p in chosen.items()
         ]
         return list(self._outbox)
+
+    def check_reply(self, update: ClientUpdate) -> str | None:
+        """Why a well-formed update cannot be used by this method (``None``: it can)."""
+        for key, why in self.required_metrics.items():
+            if key not in update.metrics:
+                self.tell_once(f"needs-{key}", ERROR, "[%s] %s needs the metric '%s' in every "
+                               "train reply (%s); replies without it are refused", self.label,
+                               self.name, key, why)
+                return f"reply metrics lack '{key}', which {self.name} needs"
+        return None
 
     def validate(self, replies: Iterable[Message]) -> tuple[list[ClientUpdate], list[Rejection]]:
         """Split replies into usable updates and logged rejections."""
@@ -211,20 +435,22 @@ class FedsysStrategy(Strategy):
         bad: list[Rejection] = []
         seen: set[int] = set()
         for r in replies:
-            res = flwr_io.parse_train_reply(
+            res = proto.parse_train_reply(
                 r, sent, self._expected,
                 self._payloads.get(sent[r.metadata.reply_to_message_id].metadata.dst_node_id)
                 if r.metadata.reply_to_message_id in sent else None,
             )
             if isinstance(res, ClientUpdate) and res.node_id in seen:
                 res = Rejection(res.node_id, res.partition_id, "duplicate reply")
+            if isinstance(res, ClientUpdate) and (why := self.check_reply(res)) is not None:
+                res = Rejection(res.node_id, res.partition_id, why)
             (ok if isinstance(res, ClientUpdate) else bad).append(res)  # type: ignore[arg-type]
             seen.add(res.node_id)
-        for node in flwr_io.missing_nodes(sent, replies):
+        for node in proto.missing_nodes(sent, replies):
             bad.append(Rejection(node, self._expected.get(node, -1), "no reply before round-timeout"))
         for rj in bad:
             log(WARNING, "[%s] rejected reply of client %d (node %d): %s",
-                self.name, rj.partition_id, rj.node_id, rj.reason)
+                self.label, rj.partition_id, rj.node_id, rj.reason)
         self.last_rejections = bad
         return sorted(ok, key=lambda u: u.partition_id), bad
 
@@ -235,55 +461,72 @@ class FedsysStrategy(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Validate replies, aggregate the good ones, report train metrics."""
+        """Validate replies, aggregate the good ones, report train metrics.
+
+        ``train-loss`` is the example-weighted mean over the updates that report one.
+        """
         updates, rejected = self.validate(replies)
         self.round_metrics = {}
         new = self.aggregate(server_round, updates) if updates else None
         if new is None:
-            log(WARNING, "[%s] round %d: no usable update; model unchanged", self.name, server_round)
+            log(ERROR, "[%s] round %d: no usable update (%d replies refused or missing); "
+                "model unchanged", self.label, server_round, len(rejected))
         else:
+            self.usable_rounds += 1
             self.params = new
+            for w in self.wrappers:
+                self.round_metrics.update(w.round_metrics())
             if self.estimator_fn is not None:
                 self.round_metrics.update(self.estimator_fn(server_round, updates, new))
         self.last_updates = updates
-        n = sum(u.num_examples for u in updates)
         metrics: dict[str, float | int] = {"clients-ok": len(updates), "clients-rejected": len(rejected)}
-        if updates and n > 0:
-            metrics["train-loss"] = sum(u.metrics.get("train-loss", 0.0) * u.num_examples for u in updates) / n
+        with_loss = [u for u in updates if proto.TRAIN_LOSS in u.metrics]
+        n = sum(u.num_examples for u in with_loss)
+        if with_loss and n > 0:
+            metrics[proto.TRAIN_LOSS] = sum(u.metrics[proto.TRAIN_LOSS] * u.num_examples
+                                            for u in with_loss) / n
         metrics.update(self.round_metrics)
-        return (flwr_io.to_record(new) if new is not None else None), flwr_io.metric_record(metrics)
+        return (proto.to_record(new) if new is not None else None), proto.metric_record(metrics)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Federated evaluation on ``fraction-evaluate`` of the nodes (0: none)."""
-        if self.cfg.fraction_evaluate <= 0:
+        """Federated evaluation on ``fraction_evaluate`` of the nodes (0: none)."""
+        if self.fraction_evaluate <= 0:
             return []
-        n = max(1, math.ceil(self.cfg.fraction_evaluate * len(list(grid.get_node_ids()))))
+        connected = len(list(grid.get_node_ids()))
+        n = min(connected, max(self.min_evaluate_nodes, math.ceil(self.fraction_evaluate * connected)))
         chosen = self.sample(grid, server_round, n, tag=EVAL_TAG)
-        cfg = {**dict(config), "server-round": server_round}
-        return [flwr_io.message(nd, MessageType.EVALUATE, arrays, cfg) for nd in chosen]
+        cfg = {**dict(config), proto.SERVER_ROUND: server_round}
+        return [proto.message(nd, MessageType.EVALUATE, arrays, cfg) for nd in chosen]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Example-weighted mean of the clients' evaluation metrics."""
         good = [r for r in replies if not r.has_error() and r.content.metric_records]
         if not good:
             return None
-        rows = [flwr_io.metrics_of(r.content) for r in good]
-        n = sum(r.get("num-examples", 0.0) for r in rows)
+        rows = [proto.metrics_of(r.content) for r in good]
+        n = sum(r.get(proto.NUM_EXAMPLES, 0.0) for r in rows)
         if n <= 0:
             return None
-        keys = [k for k in ("eval-loss", "eval-acc") if all(k in r for r in rows)]
-        return flwr_io.metric_record({k: sum(r[k] * r["num-examples"] for r in rows) / n for k in keys})
+        keys = [k for k in (proto.EVAL_LOSS, proto.EVAL_ACC) if all(k in r for r in rows)]
+        return proto.metric_record({k: sum(r[k] * r[proto.NUM_EXAMPLES] for r in rows) / n
+                                    for k in keys})
 
     def summary(self) -> None:
         """Log the strategy's settings."""
-        c = self.cfg
-        log(INFO, "[%s] %d rounds, %d of %d clients per round, trainer=%s, lr=%g, seed=%d",
-            self.name, c.num_server_rounds, c.clients_per_round, c.num_clients,
-            self.trainer, c.lr, c.seed)
+        per_round = (f"{self.clients_per_round}" if self.clients_per_round is not None
+                     else f"fraction {self.fraction_train:g} (>= {self.min_train_nodes})")
+        log(INFO, "[%s] %d rounds, %s clients per round, trainer=%s, seed=%d, options %s",
+            self.label, self.num_rounds, per_round, self.trainer, self.seed, self.options)
+        for w in self.wrappers:
+            w.summary()
 
     # ------------------------------------------------------------------ loop
+
+    def on_start(self, num_rounds: int) -> None:
+        """Called by :meth:`start` once the schedule's length is known (strategies
+        whose options depend on it, e.g. a warmup given as a fraction, resolve here)."""
 
     def run_round(self, grid: Grid, server_round: int, train_config: ConfigRecord) -> dict[str, float]:
         """One training round: configure, send, wait (with timeout), aggregate.
@@ -292,14 +535,15 @@ class FedsysStrategy(Strategy):
         this method and returns its round metrics.
         """
         assert self.params is not None
-        msgs = list(self.configure_train(server_round, flwr_io.to_record(self.params), train_config, grid))
-        replies, _ = flwr_io.send_and_receive(grid, msgs, self.cfg.round_timeout, self.poll_interval)
+        msgs = list(self.configure_train(server_round, proto.to_record(self.params), train_config, grid))
+        replies, _ = proto.send_and_receive(grid, msgs, self.round_timeout, self.poll_interval)
         _, metrics = self.aggregate_train(server_round, replies)
         return {k: float(v) for k, v in (metrics or {}).items()}  # type: ignore[arg-type]
 
     def train_hop(
         self, grid: Grid, server_round: int, node_id: int, partition_id: int, params: Params,
-        extra_config: dict[str, object] | None = None,
+        train_config: ConfigRecord | Mapping[str, Any] | None = None,
+        models: Mapping[str, Params] | None = None,
     ) -> ClientUpdate | None:
         """Send ``params`` to one node, wait for its reply, validate it.
 
@@ -307,12 +551,12 @@ class FedsysStrategy(Strategy):
         FedSeq / FedELMY): returns the validated update, or ``None`` after logging
         why the hop failed.
         """
-        cfg = {**self.train_config(server_round), **(extra_config or {})}
+        cfg = self.round_config(server_round, train_config or {})
         self._expected = {node_id: partition_id}
         self._payloads = {node_id: params}
-        self._outbox = [flwr_io.message(node_id, MessageType.TRAIN, params, cfg)]
-        replies, _ = flwr_io.send_and_receive(grid, self._outbox, self.cfg.round_timeout,
-                                              self.poll_interval)
+        self._outbox = [proto.message(node_id, MessageType.TRAIN, params, cfg, models)]
+        replies, _ = proto.send_and_receive(grid, self._outbox, self.round_timeout,
+                                            self.poll_interval)
         ok, _ = self.validate(replies)
         return ok[0] if ok else None
 
@@ -320,45 +564,57 @@ class FedsysStrategy(Strategy):
         self,
         grid: Grid,
         initial_arrays: ArrayRecord,
-        num_rounds: int | None = None,
-        timeout: float | None = None,
+        num_rounds: int = 3,
+        timeout: float = 3600,
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: EvaluateFn | None = None,
     ) -> Result:
-        """Run rounds ``self.round + 1 .. num_rounds`` (resumes after a checkpoint)."""
-        num_rounds = num_rounds or self.cfg.num_server_rounds
-        train_config = train_config or ConfigRecord()
-        evaluate_config = evaluate_config or ConfigRecord()
+        """Run rounds ``self.round + 1 .. num_rounds`` (resumes after a checkpoint).
+
+        As Flower's :meth:`Strategy.start`: ``num_rounds`` sets the schedule (and what
+        depends on it: IMA's start round, a warmup given as a fraction), ``timeout``
+        bounds each round's wait for replies, ``train_config`` and ``evaluate_config``
+        reach the clients with their keys unchanged (see :meth:`round_config`), and
+        ``evaluate_fn(round, arrays)`` evaluates the global model centrally, also
+        before round 1.
+        """
+        self.num_rounds = int(num_rounds)
+        self.round_timeout = float(timeout)
+        train_config = train_config if train_config is not None else ConfigRecord()
+        evaluate_config = evaluate_config if evaluate_config is not None else ConfigRecord()
         if self.params is None:
-            self.params = flwr_io.from_record(initial_arrays)
+            self.params = proto.from_record(initial_arrays)
+        self.on_start(self.num_rounds)
+        for w in self.wrappers:
+            w.on_start(self, self.num_rounds)
         self.summary()
         result = Result()
         if self.round == 0 and evaluate_fn is not None:
-            res = evaluate_fn(0, flwr_io.to_record(self.params))
+            res = evaluate_fn(0, proto.to_record(self.params))
             if res is not None:
                 result.evaluate_metrics_serverapp[0] = res
                 self._emit({"round": 0, **{k: float(v) for k, v in res.items()}, "round-time": 0.0})  # type: ignore[arg-type]
-        for rnd in range(self.round + 1, num_rounds + 1):
+        for rnd in range(self.round + 1, self.num_rounds + 1):
             t0 = time.monotonic()
             train = self.run_round(grid, rnd, train_config)
             record: dict[str, Any] = {"round": rnd, **train}
-            fed = self.aggregate_evaluate(rnd, flwr_io.send_and_receive(
-                grid, list(self.configure_evaluate(rnd, flwr_io.to_record(self.params), evaluate_config, grid)),
-                self.cfg.round_timeout, self.poll_interval)[0])
+            fed = self.aggregate_evaluate(rnd, proto.send_and_receive(
+                grid, list(self.configure_evaluate(rnd, proto.to_record(self.params), evaluate_config, grid)),
+                self.round_timeout, self.poll_interval)[0])
             if fed is not None:
                 result.evaluate_metrics_clientapp[rnd] = fed
                 record.update({f"fed-{k}": float(v) for k, v in fed.items()})  # type: ignore[arg-type]
             if evaluate_fn is not None:
-                res = evaluate_fn(rnd, flwr_io.to_record(self.params))
+                res = evaluate_fn(rnd, proto.to_record(self.params))
                 if res is not None:
                     result.evaluate_metrics_serverapp[rnd] = res
                     record.update({k: float(v) for k, v in res.items()})  # type: ignore[arg-type]
-            result.train_metrics_clientapp[rnd] = flwr_io.metric_record(train)
+            result.train_metrics_clientapp[rnd] = proto.metric_record(train)
             self.round = rnd
             record["round-time"] = time.monotonic() - t0
             self._emit(record)
-        result.arrays = flwr_io.to_record(self.params)
+        result.arrays = proto.to_record(self.params)
         return result
 
     def _emit(self, record: dict[str, Any]) -> None:
@@ -371,10 +627,12 @@ class FedsysStrategy(Strategy):
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue the run exactly."""
         return {
-            "name": self.name,
+            "name": self.label,
             "round": self.round,
             "params": copy(self.params) if self.params is not None else None,
             "history": [dict(h) for h in self.history],
+            "usable_rounds": self.usable_rounds,
+            "wrappers": {w.name: w.state_dict() for w in self.wrappers},
         }
 
     def checkpoint_written(self) -> None:
@@ -383,8 +641,16 @@ class FedsysStrategy(Strategy):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output."""
-        if state.get("name") != self.name:
-            raise ValueError(f"checkpoint is for strategy {state.get('name')!r}, not {self.name!r}")
+        if state.get("name") != self.label:
+            raise ValueError(f"checkpoint is for strategy {state.get('name')!r}, not {self.label!r}")
         self.round = int(state["round"])
         self.params = copy(state["params"]) if state["params"] is not None else None
         self.history = [dict(h) for h in state["history"]]
+        self.usable_rounds = int(state.get("usable_rounds", self.round))
+        for w in self.wrappers:
+            w.load_state_dict(state["wrappers"][w.name])
+
+
+__all__ = ["EVAL_TAG", "SAMPLE_TAG", "Builder", "ConfigError", "EvaluateFn", "FedsysStrategy",
+           "NoOptions", "NoUsableUpdateError", "NodesUnavailableError", "RoundHook",
+           "StrategyWrapper"]

@@ -3,9 +3,8 @@ Decentralized Data", AISTATS 2017, Algorithm 1)."""
 
 from __future__ import annotations
 
-from fedsys.aggregate import weighted_average
-from fedsys.flwr_io import ClientUpdate
-from fedsys.params import Params
+from fedsys.params import Params, mean
+from fedsys.protocol import ClientUpdate
 from strategies.base import FedsysStrategy
 
 
@@ -13,11 +12,16 @@ class FedAvgStrategy(FedsysStrategy):
     r"""Federated averaging.
 
     The new global model is the example-weighted mean of the accepted updates,
-    :math:`w^{t+1} = \sum_{k \in S_t} \frac{n_k}{n} w_k^{t+1}` (Alg. 1).
+    :math:`w^{t+1} = \sum_{k \in S_t} \frac{n_k}{n} w_k^{t+1}` (Alg. 1), passed through
+    the wrappers (:meth:`finish`).  Built like Flower's ``FedAvg``::
+
+        FedAvgStrategy(fraction_train=0.5, min_available_nodes=2)
     """
 
     name = "fedavg"
     default_trainer = "sgd"
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
-        return weighted_average([u.params for u in updates], [u.num_examples for u in updates])
+        """Alg. 1's weighted mean of the accepted updates (then the wrappers)."""
+        new = mean([u.params for u in updates], [u.num_examples for u in updates])
+        return self.finish(server_round, {0: new})[0]

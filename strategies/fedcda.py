@@ -7,24 +7,54 @@ model memory in :mod:`fedsys.model_cache`.
 
 from __future__ import annotations
 
+import tempfile
 import time
+from dataclasses import dataclass
 from logging import INFO
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.supercore import log
 
 from fedsys import fedcda as maths
-from fedsys.aggregate import weighted_average
-from fedsys.config import ConfigError, RunConfig
+from fedsys import protocol as proto
 from fedsys.fedcda import Layout
-from fedsys.flwr_io import ClientUpdate
 from fedsys.model_cache import ModelCache
-from fedsys.params import Params
-from fedsys.task import derive_seed
+from fedsys.options import ConfigError, option
+from fedsys.params import Params, mean
+from fedsys.protocol import ClientUpdate
+from fedsys.seeding import derive_seed
 from strategies.base import FedsysStrategy
 
 BATCH_TAG = 0xCDA
+
+
+@dataclass(frozen=True)
+class FedCDAOptions:
+    """FedCDA's options (config keys ``fedcda.*``)."""
+
+    memory: int = option(3, "FedCDA: K, recent local models cached per client.", bounds="> 0")
+    batches: int = option(3, "FedCDA: B, greedy selection batches per round (Eq. 8).",
+                          bounds="> 0")
+    warmup: int = option(50, "FedCDA: rounds run as FedAvg before selection starts.",
+                         bounds=">= 0")
+    warmup_fraction: float = option(
+        0.0, "FedCDA: the warmup as a fraction of the run's rounds (floor(f*T); > 0 "
+        "overrides fedcda.warmup).", bounds="[0, 1]")
+    warmup_mode: str = option(
+        "fedavg", "FedCDA warmup: 'fedavg' (paper) or 'newest-all' (uniform mean of every "
+        "seen client's newest model, the public prototype's behaviour).",
+        choices=("fedavg", "newest-all"))
+    smoothness: float = option(1.0, "FedCDA: L, the smoothness constant of Eq. 5.",
+                               bounds=">= 0")
+    selection: str = option(
+        "approximate", "FedCDA selection: approximate (Eq. 8), optimal (exhaustive Eq. 6 over "
+        "all clients), newest, random (Fig. 2a ablation).",
+        choices=("approximate", "optimal", "newest", "random"))
+    cache: str = option(
+        "ram", "FedCDA model cache: 'ram', or 'disk' (one file per cached model under the run "
+        "directory, memory-mapped when read).", choices=("ram", "disk"))
 
 
 class FedCDAStrategy(FedsysStrategy):
@@ -56,13 +86,19 @@ class FedCDAStrategy(FedsysStrategy):
 
     name = "fedcda"
     default_trainer = "sgd"
+    Options = FedCDAOptions
+    required_metrics: ClassVar[dict[str, str]] = {
+        proto.TRAIN_LOSS: "the mean training loss of the last local epoch, "
+                        "Alg. 1 line 8"}
 
-    def __init__(self, cfg: RunConfig) -> None:
-        super().__init__(cfg)
-        self.K = cfg.fedcda__memory
-        self.B = cfg.fedcda__batches
-        self.L = cfg.fedcda__smoothness
-        self.selection = cfg.fedcda__selection
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        o: FedCDAOptions = self.options
+        self.K = o.memory
+        self.B = o.batches
+        self.L = o.smoothness
+        self.selection = o.selection
+        self.warmup = o.warmup
         self._check_search_size()
         self.cache: ModelCache | None = None
         self.layout: Layout | None = None
@@ -71,12 +107,11 @@ class FedCDAStrategy(FedsysStrategy):
         self.sel_sum: np.ndarray | None = None  # float64 sum of selected vectors
 
     def _check_search_size(self) -> None:
-        c = self.cfg
-        if self.selection == "optimal":
-            n = c.num_clients
+        if self.selection == "optimal" and self.num_partitions is not None:
+            n = self.num_partitions
             fix = "lower 'num-clients' or 'fedcda.memory' ('optimal' is for small federations)"
-        elif self.selection == "approximate":
-            n = max(maths.batch_sizes(c.clients_per_round, self.B))
+        elif self.selection == "approximate" and self.clients_per_round is not None:
+            n = max(maths.batch_sizes(self.clients_per_round, self.B))
             fix = "raise 'fedcda.batches' or lower 'fedcda.memory'"
         else:
             return
@@ -87,11 +122,16 @@ class FedCDAStrategy(FedsysStrategy):
                 f"combinations per batch (limit {maths.MAX_COMBINATIONS:.3g}); {fix}"
             )
 
+    def on_start(self, num_rounds: int) -> None:
+        """A warmup given as a fraction becomes ``floor(fraction * num_rounds)`` rounds."""
+        if self.options.warmup_fraction > 0:
+            self.warmup = int(self.options.warmup_fraction * num_rounds)
+
     def summary(self) -> None:
         super().summary()
         log(INFO, "[%s] K=%d, B=%d, L=%g, warmup=%d (%s), selection=%s, cache=%s",
-            self.name, self.K, self.B, self.L, self.cfg.fedcda__warmup,
-            self.cfg.fedcda__warmup_mode, self.selection, self.cfg.fedcda__cache)
+            self.name, self.K, self.B, self.L, self.warmup,
+            self.options.warmup_mode, self.selection, self.options.cache)
 
     # ------------------------------------------------------------------ set-up
 
@@ -101,9 +141,12 @@ class FedCDAStrategy(FedsysStrategy):
             self.order = tuple(like)
         if self.cache is None:
             directory = None
-            if self.cfg.fedcda__cache == "disk":
-                base = self.workdir if self.workdir is not None else self.cfg.run_dir / self.name
-                directory = base / "fedcda-cache"
+            if self.options.cache == "disk":
+                if self.workdir is not None:
+                    directory = self.workdir / "fedcda-cache"
+                else:
+                    directory = Path(tempfile.mkdtemp(prefix="fedsys-fedcda-cache-"))
+                    log(INFO, "[%s] disk cache in %s", self.name, directory)
             self.cache = ModelCache(self.K, directory)
         if self.sel_sum is None:
             self.sel_sum = np.zeros(self.layout.dim)
@@ -122,15 +165,15 @@ class FedCDAStrategy(FedsysStrategy):
                 self.sel_sum -= cache.vector(n, self.selected[n])
         for u in updates:
             vec, ints = layout.pack(u.params)
-            loss = float(u.metrics.get("train-loss", 0.0))
+            loss = float(u.metrics[proto.TRAIN_LOSS])
             cache.add(u.partition_id, server_round, vec, loss, maths.sq_norm(vec[: layout.d_obj]),
                       ints, owned=True)
-        warm = server_round <= self.cfg.fedcda__warmup
+        warm = server_round <= self.warmup
         info: dict[str, float] = {}
         if warm or self.selection == "newest":
             chosen = {n: server_round for n in participants}
         elif self.selection == "random":
-            rng = np.random.default_rng(derive_seed(self.cfg.seed, server_round, BATCH_TAG))
+            rng = np.random.default_rng(derive_seed(self.seed, server_round, BATCH_TAG))
             chosen = {n: int(rng.choice([e.round for e in cache.of(n)])) for n in participants}
         elif self.selection == "approximate":
             chosen, info = self._approximate(server_round, participants)
@@ -147,9 +190,11 @@ class FedCDAStrategy(FedsysStrategy):
             for n, r in chosen.items():
                 self.sel_sum += cache.vector(n, r)
         self._log_round(server_round, participants, warm, info, time.perf_counter() - t0)
-        if warm and self.cfg.fedcda__warmup_mode == "fedavg":
-            return weighted_average([u.params for u in updates], [u.num_examples for u in updates])
-        return self.global_model()
+        if warm and self.options.warmup_mode == "fedavg":
+            new = mean([u.params for u in updates], [u.num_examples for u in updates])
+        else:
+            new = self.global_model()
+        return self.finish(server_round, {0: new})[0]
 
     def _fixed_sums(self, clients: list[int]) -> tuple[float, float]:
         assert self.cache is not None
@@ -165,7 +210,7 @@ class FedCDAStrategy(FedsysStrategy):
         fixed = [n for n in self.selected if n not in pset]
         vec_sum = self.sel_sum[: layout.d_obj]  # a view: participants already taken out
         sq_sum, loss_sum = self._fixed_sums(fixed)
-        rng = np.random.default_rng(derive_seed(self.cfg.seed, server_round, BATCH_TAG))
+        rng = np.random.default_rng(derive_seed(self.seed, server_round, BATCH_TAG))
         chosen: dict[int, int] = {}
         combos = 0
         value = float("nan")
@@ -218,12 +263,9 @@ class FedCDAStrategy(FedsysStrategy):
         """Uniform mean of every seen client's selected model (Alg. 1 line 10)."""
         assert self.cache is not None and self.layout is not None and self.sel_sum is not None
         m = len(self.selected)
-        ints: Params = {}
-        for k in self.layout.int_keys:
-            ints[k] = np.max(
-                np.stack([self.cache.entry(n, r).ints[k] for n, r in sorted(self.selected.items())]),
-                axis=0,
-            )
+        # integer buffers by the one rule of fedsys.params.mean (element-wise maximum)
+        picked = [self.cache.entry(n, r).ints for n, r in sorted(self.selected.items())]
+        ints = mean(picked) if self.layout.int_keys else {}
         return self.layout.unpack(self.sel_sum / m, ints, self.order)
 
     def _log_round(self, server_round: int, participants: list[int], warm: bool,
@@ -274,8 +316,6 @@ class FedCDAStrategy(FedsysStrategy):
         self.sel_sum = None if s["sel_sum"] is None else np.array(s["sel_sum"], dtype=np.float64)
         self.cache = None
         if s["cache"] is not None:
-            from pathlib import Path
-
             directory = Path(s["cache_dir"]) if s["cache_dir"] else None
             if directory is not None and self.workdir is not None:
                 directory = self.workdir / "fedcda-cache"

@@ -10,6 +10,7 @@ Algorithm line numbers below are those of the rebuilt Algorithm 1 in the spec
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
 
@@ -19,13 +20,38 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fedsys import fedcross as maths
-from fedsys.config import ConfigError, RunConfig
-from fedsys.flwr_io import ClientUpdate
+from fedsys.options import ConfigError, option
 from fedsys.params import Params, copy
-from fedsys.task import derive_seed
+from fedsys.protocol import ClientUpdate
+from fedsys.seeding import derive_seed
 from strategies.base import SAMPLE_TAG, FedsysStrategy
 
 ASSIGN_TAG = 0xC055
+
+
+@dataclass(frozen=True)
+class FedCrossOptions:
+    """FedCross's options (config keys ``fedcross.*``)."""
+
+    alpha: float = option(0.99, "FedCross: cross-aggregation weight alpha "
+                          "(w_i = a v_i + (1-a) v_c(i)).", bounds="(0, 1]")
+    selection: str = option("lowest", "FedCross collaborative-model selection (CoModelSel).",
+                            choices=maths.SELECTION_RULES)
+    similarity: str = option("flat", "FedCross similarity: 'flat' cosine over all trainable "
+                             "parameters (paper) or 'layer-pairs' (the authors' code).",
+                             choices=maths.SIMILARITIES)
+    warmup: int = option(0, "FedCross: first rounds that reset every slot to the mean of the "
+                         "uploads (the code's first_stage_bound).", bounds=">= 0")
+    propeller_rounds: int = option(0, "FedCross: rounds (from the start) that use propeller "
+                                   "models (0 = off).", bounds=">= 0")
+    propellers: int = option(2, "FedCross: propeller models per slot (in-order offsets).",
+                             bounds="> 0")
+    propeller_beta: float = option(0.0, "FedCross: own-model weight with propellers "
+                                   "(0 = 1/(P+1), equal weights).", bounds="[0, 1]")
+    dynamic_alpha_rounds: int = option(
+        0, "FedCross: rounds over which alpha rises linearly from 0.5 to fedcross.alpha, "
+        "starting after the propeller rounds (0 = off).", bounds=">= 0")
+
 
 #: ``fedcross-phase`` metric values.
 PHASES = {"cross": 0.0, "warmup": 1.0, "propellers": 2.0, "single": 3.0}
@@ -72,40 +98,53 @@ class FedCrossStrategy(FedsysStrategy):
     ``derive_seed(seed, round, ASSIGN_TAG)`` over the sampled partition-ids, so it
     needs no saved RNG state and does not depend on Flower's node ids.
 
+    K is ``clients_per_round``; a strategy built with ``fraction_train`` instead fixes
+    K at the number of nodes sampled in its first round.  With a wrapper (IMA) the
+    changed slots pass through :meth:`finish` after mixing; if a wrapper replaces one,
+    the global model is the mean of the K slots.
+
     Parameters
     ----------
-    cfg : RunConfig
-        The resolved run configuration; ``clients-per-round`` (K) must be at least 2.
+    **kwargs
+        See :class:`~strategies.base.FedsysStrategy`; ``clients_per_round`` (K) must
+        be at least 2; the options are :class:`FedCrossOptions`'s fields.
     """
 
     name = "fedcross"
     default_trainer = "sgd"
+    Options = FedCrossOptions
 
-    def __init__(self, cfg: RunConfig) -> None:
-        super().__init__(cfg)
-        if cfg.clients_per_round < 2:
-            raise ConfigError(
-                "fedcross needs config key 'clients-per-round' >= 2 (one middleware model "
-                f"per sampled node, each mixed with another), got {cfg.clients_per_round}"
-            )
-        self.K = cfg.clients_per_round
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if self.clients_per_round is not None:
+            self._set_k(self.clients_per_round)
+        else:
+            self.K = 0
         self.slots: list[Params] = []
         #: node id -> slot, for the round being trained.
         self.assignment: dict[int, int] = {}
         #: Slots written by the last aggregation (read by IMA).
         self.last_updated_slots: list[int] = []
 
+    def _set_k(self, k: int) -> None:
+        if k < 2:
+            raise ConfigError(
+                "fedcross needs config key 'clients-per-round' >= 2 (one middleware model "
+                f"per sampled node, each mixed with another), got {k}"
+            )
+        self.K = k
+
     def summary(self) -> None:
         super().summary()
-        c = self.cfg
-        log(INFO, "[%s] K=%d slots, alpha=%g, selection=%s, similarity=%s, warmup=%d, "
+        c: FedCrossOptions = self.options
+        log(INFO, "[%s] K=%s slots, alpha=%g, selection=%s, similarity=%s, warmup=%d, "
             "propellers=%d for %d rounds (beta=%s), dynamic alpha over %d rounds", self.name,
-            self.K, c.fedcross__alpha, c.fedcross__selection, c.fedcross__similarity,
-            c.fedcross__warmup, c.fedcross__propellers, c.fedcross__propeller_rounds,
-            c.fedcross__propeller_beta or "1/(P+1)", c.fedcross__dynamic_alpha_rounds)
-        if c.fedcross__alpha < 0.5:
+            self.K or "first round's", c.alpha, c.selection, c.similarity,
+            c.warmup, c.propellers, c.propeller_rounds,
+            c.propeller_beta or "1/(P+1)", c.dynamic_alpha_rounds)
+        if c.alpha < 0.5:
             log(WARNING, "[%s] fedcross.alpha=%g < 0.5 weights the collaborator above the "
-                "model itself (the paper's range is [0.5, 1))", self.name, c.fedcross__alpha)
+                "model itself (the paper's range is [0.5, 1))", self.name, c.alpha)
 
     # ------------------------------------------------------------------ dispatch
 
@@ -115,17 +154,20 @@ class FedCrossStrategy(FedsysStrategy):
             assert self.params is not None
             self.slots = [copy(self.params) for _ in range(self.K)]
 
-    def sample(self, grid: Grid, server_round: int, k: int, tag: int = SAMPLE_TAG) -> dict[int, int]:
+    def sample(self, grid: Grid, server_round: int, k: int | None, tag: int = SAMPLE_TAG) -> dict[int, int]:
         """Sample as the base class; for training also assign slots (Alg. 1 line 4).
 
         The nodes, ordered by partition-id, take the first ``len(chosen)`` entries of
         a seeded permutation of the K slots (a random subset when fewer than K nodes
         are connected; spec §6 item 4).
         """
-        chosen = super().sample(grid, server_round, k, tag)
+        chosen = super().sample(grid, server_round, k if k is not None or not self.K else self.K,
+                                tag)
         if tag == SAMPLE_TAG:
+            if not self.K:
+                self._set_k(len(chosen))
             self._ensure_slots()
-            rng = np.random.default_rng(derive_seed(self.cfg.seed, server_round, ASSIGN_TAG))
+            rng = np.random.default_rng(derive_seed(self.seed, server_round, ASSIGN_TAG))
             perm = rng.permutation(self.K)
             nodes = sorted(chosen, key=lambda n: chosen[n])
             self.assignment = {n: int(perm[j]) for j, n in enumerate(nodes)}
@@ -146,18 +188,17 @@ class FedCrossStrategy(FedsysStrategy):
     def phase(self, server_round: int) -> str:
         """``warmup``, ``propellers`` or ``cross`` for 1-based ``server_round``."""
         r = server_round - 1
-        if r < self.cfg.fedcross__warmup:
+        if r < self.options.warmup:
             return "warmup"
-        if r < self.cfg.fedcross__propeller_rounds:
+        if r < self.options.propeller_rounds:
             return "propellers"
         return "cross"
 
     def alpha(self, server_round: int) -> float:
         """Cross-aggregation weight of ``server_round`` (dynamic alpha, spec §2.6 item 3)."""
-        c = self.cfg
-        start = max(c.fedcross__warmup, c.fedcross__propeller_rounds)
-        return maths.dynamic_alpha(server_round, c.fedcross__alpha, start,
-                                   c.fedcross__dynamic_alpha_rounds)
+        c: FedCrossOptions = self.options
+        start = max(c.warmup, c.propeller_rounds)
+        return maths.dynamic_alpha(server_round, c.alpha, start, c.dynamic_alpha_rounds)
 
     def mixing_matrix(self, phase: str, server_round: int, sim: maths.F64) -> maths.F64:
         """Mixing weights over the n uploads (slot order) for ``phase``.
@@ -170,9 +211,9 @@ class FedCrossStrategy(FedsysStrategy):
         if phase == "single":
             return np.ones((1, 1))
         if phase == "propellers":
-            beta = self.cfg.fedcross__propeller_beta or None  # 0: equal weights
-            return maths.propeller_matrix(server_round, n, self.cfg.fedcross__propellers, beta)
-        collab = maths.select_collaborators(sim, self.cfg.fedcross__selection, server_round)
+            beta = self.options.propeller_beta or None  # 0: equal weights
+            return maths.propeller_matrix(server_round, n, self.options.propellers, beta)
+        collab = maths.select_collaborators(sim, self.options.selection, server_round)
         return maths.cross_matrix(collab, self.alpha(server_round))
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
@@ -185,7 +226,7 @@ class FedCrossStrategy(FedsysStrategy):
             return None
         # Z: the models now in each slot's place (uploads, or the waiting slot models)
         rows = [by_slot.get(i, self.slots[i]) for i in range(self.K)]
-        sim, g = maths.similarity(rows, self.cfg.fedcross__similarity)
+        sim, g = maths.similarity(rows, self.options.similarity)
         sub = sim[np.ix_(ok, ok)]
         phase = self.phase(server_round)
         if len(ok) == 1 and phase != "warmup":
@@ -206,6 +247,13 @@ class FedCrossStrategy(FedsysStrategy):
             glob = maths.cross_aggregate(self.slots, by_slot, a)
             self.last_updated_slots = ok
         self._metrics(phase, a, sub, g, weights, ok, time.perf_counter() - t0)
+        if self.wrappers:
+            done = self.finish(server_round, {i: self.slots[i] for i in self.last_updated_slots})
+            replaced = [i for i, m in done.items() if m is not self.slots[i]]
+            for i in replaced:
+                self.slots[i] = done[i]
+            if replaced:  # the base's own global model unless a slot was replaced
+                glob = mean(self.slots)
         return glob
 
     def _metrics(self, phase: str, a: maths.F64, sub: maths.F64, g: maths.Gram,

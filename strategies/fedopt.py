@@ -3,47 +3,58 @@ Algorithm 2), as the IMA paper's code runs them (spec ``fedima.md`` §2.5)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-from fedsys.aggregate import weighted_average
-from fedsys.config import RunConfig
-from fedsys.flwr_io import ClientUpdate
-from fedsys.params import Params
+from fedsys.options import option
+from fedsys.params import Params, mean
+from fedsys.protocol import ClientUpdate
 from fedsys.server_opt import OptConfig, step
 from strategies.base import FedsysStrategy
+
+
+@dataclass(frozen=True)
+class FedOptOptions:
+    """The server optimiser's options (config keys ``fedopt.*``, shared by FedAdam and
+    FedYogi)."""
+
+    lr: float = option(0.01, "FedAdam/FedYogi: server learning rate.", bounds="> 0")
+    tau: float = option(1e-3, "FedAdam/FedYogi: adaptivity tau.", bounds="> 0")
+    beta1: float = option(0.9, "FedAdam/FedYogi: first-moment decay.", bounds="[0, 1]")
+    beta2: float = option(0.99, "FedAdam/FedYogi: second-moment decay.", bounds="[0, 1]")
+    bias_correction: bool = option(
+        False, "FedAdam/FedYogi: Adam bias correction as Flower's legacy FedAdam (the IMA "
+        "code uses none).")
 
 
 class FedOptStrategy(FedsysStrategy):
     r"""Weighted mean of the clients, then a server optimiser step on the
     pseudo-gradient :math:`\Delta = \tilde x - w` (Alg. 2).
 
-    :meth:`transform_mean` sits between the mean and the step: IMA replaces it with
-    the mean of its window of client means (spec §2.5: IMA goes between averaging
-    and the Adam step).  No bias correction unless ``fedopt.bias-correction``
+    The client mean passes through the wrappers (:meth:`finish`) *before* the step:
+    IMA then averages its window of client means (spec §2.5: IMA goes between
+    averaging and the Adam step).  No bias correction unless ``fedopt.bias-correction``
     (Flower's legacy FedAdam corrects; the IMA code does not).
     """
 
     kind: ClassVar[str] = "adam"
-    server_optimizer: ClassVar[bool] = True
+    Options = FedOptOptions
+    option_prefix = "fedopt"
 
-    def __init__(self, cfg: RunConfig) -> None:
-        super().__init__(cfg)
-        self.opt = OptConfig(cfg.fedopt__lr, cfg.fedopt__tau, cfg.fedopt__beta1,
-                             cfg.fedopt__beta2, cfg.fedopt__bias_correction)
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        o: FedOptOptions = self.options
+        self.opt = OptConfig(o.lr, o.tau, o.beta1, o.beta2, o.bias_correction)
         self.m: dict[str, np.ndarray] = {}
         self.v: dict[str, np.ndarray] = {}
         self.steps = 0
 
-    def transform_mean(self, server_round: int, mean: Params) -> Params:
-        """Hook between averaging and the optimiser step (identity here)."""
-        return mean
-
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
         assert self.params is not None
-        mean = weighted_average([u.params for u in updates], [u.num_examples for u in updates])
-        x = self.transform_mean(server_round, mean)
+        avg = mean([u.params for u in updates], [u.num_examples for u in updates])
+        x = self.finish(server_round, {0: avg})[0]
         self.steps += 1
         return step(self.kind, self.params, x, self.m, self.v, self.steps, self.opt)
 

@@ -2,133 +2,146 @@
 (Zhou et al., "Mitigating Data Heterogeneity in Federated Learning with Iterative
 Moving Averaging of Global Models", Algorithm 1; spec ``fedima.md`` §2.3-2.5).
 
-``strategy: ima`` with ``ima.base: fedavg|fedprox|fedcda|fedcross`` builds the base
-strategy with IMA layered on top (:func:`ima_strategy`).  The maths is in
-:mod:`fedsys.ima`.
+IMA is a :class:`~strategies.base.StrategyWrapper`: it acts on the models the wrapped
+strategy is about to send and evaluate, through the strategy's documented hook
+(:meth:`~strategies.base.FedsysStrategy.finish`), and on the client learning rate.
+In a Flower app::
+
+    strategy = FedAvgStrategy(fraction_train=0.1).wrap(IMA(window=5, start_fraction=0.75))
+
+``strategy: ima`` with ``ima.base: <strategy>`` builds the same from a run config.
+The maths is in :mod:`fedsys.ima`.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from logging import INFO
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.supercore import log
 
 from fedsys import ima
-from fedsys.config import RunConfig
-from fedsys.flwr_io import ClientUpdate
-from fedsys.params import Params, copy
-from strategies.base import FedsysStrategy
+from fedsys.options import REGISTERED_STRATEGIES, option, parse_group
+from fedsys.params import Params, copy, mean
+from strategies.base import Builder, FedsysStrategy, StrategyWrapper
+
+if TYPE_CHECKING:
+    from fedsys.config import RunConfig
 
 
-class ImaMixin(FedsysStrategy):
-    r"""IMA on top of a base strategy (placed first in the MRO by :func:`ima_class`).
+@dataclass(frozen=True)
+class ImaOptions:
+    """IMA's options (config keys ``ima.*``)."""
 
-    Every round the base strategy aggregates as usual and its model :math:`\theta^t`
-    is pushed into a window of the last P base models (never IMA outputs).  From
-    round :math:`t_s` on the model broadcast and evaluated is the window's uniform
-    mean :math:`\bar\theta^t = \frac{1}{P}\sum_{\tau=t-P+1}^{t}\theta^\tau` (Eq. 5),
-    and the client learning rate is :math:`\eta_0\gamma^{t_s}\gamma_{IMA}^{t-t_s}`
-    (spec §2.4).  A round without usable updates pushes nothing (spec §6 item 6).
+    base: str = option("fedavg", "IMA: the strategy whose global models are averaged.",
+                       choices=REGISTERED_STRATEGIES)
+    window: int = option(5, "IMA: P, global models in the moving-average window.",
+                         bounds="> 0")
+    start_fraction: float = option(
+        0.75, "IMA: t_s as a fraction of the run's rounds (t_s = floor(f*T)).",
+        bounds="[0, 1]")
+    start_round: int = option(
+        -1, "IMA: t_s as a 0-indexed round (>= 0 overrides ima.start-fraction).",
+        bounds=">= -1")
+    lr_decay: float = option(0.97, "IMA: extra per-round client lr decay from t_s on "
+                             "(1 = none).", bounds="(0, 1]")
+    average: bool = option(
+        True, "IMA: average the window; false keeps only the lr schedule (the 'same decay, "
+        "no averaging' control).")
+    code_start_rule: bool = option(
+        False, "IMA: also wait until t >= P before averaging (the authors' code) instead of "
+        "averaging the min(P, t+1) models there are.")
 
-    For strategies that send one global model (FedAvg, FedProx, FedCDA) IMA applies to
-    that model.  For FedCross, which sends K middleware models, each slot keeps its
-    own window and is replaced by the mean of its last P models; the global model is
-    the mean of the averaged slots.  This per-slot form is fedsys's own extension
-    (the paper has no multi-model method).
+
+class IMA(StrategyWrapper):
+    r"""Iterative moving averaging on top of a strategy.
+
+    Every round the wrapped strategy aggregates as usual and each model it makes
+    (:math:`\theta^t`) is pushed into a window of its last P models (never IMA
+    outputs).  From round :math:`t_s` on the model broadcast and evaluated is the
+    window's uniform mean :math:`\bar\theta^t = \frac{1}{P}\sum_{\tau=t-P+1}^{t}\theta^\tau`
+    (Eq. 5), and the client learning rate is :math:`\eta_0\gamma^{t_s}\gamma_{IMA}^{t-t_s}`
+    (spec §2.4).  :math:`t_s` comes from the run's length (``num_rounds`` of
+    :meth:`~strategies.base.FedsysStrategy.start`).  A round without usable updates
+    pushes nothing (spec §6 item 6).
+
+    Each model slot the strategy passes keeps its own window: one for strategies with
+    one global model (FedAvg, FedProx, FedCDA), the client mean before the optimiser
+    step for FedAdam/FedYogi (spec §2.5), and one per middleware model for FedCross
+    (fedsys's own extension; the paper has no multi-model method).
+
+    Parameters
+    ----------
+    **options
+        :class:`ImaOptions`'s fields (``base`` is only read by :meth:`from_config`).
     """
 
-    base_name = "base"
+    name = "ima"
+    Options = ImaOptions
 
-    def __init__(self, cfg: RunConfig) -> None:
-        super().__init__(cfg)
-        self.t_s = ima.start_round(cfg.num_server_rounds, cfg.ima__start_fraction,
-                                   cfg.ima__start_round)
-        self.P = cfg.ima__window
+    def __init__(self, **options: Any) -> None:
+        self.options: ImaOptions = parse_group(ImaOptions, self.name, options)
+        self.P = self.options.window
+        self.t_s = 0
+        self.base_name = self.options.base
         self.windows: dict[int, deque[Params]] = {}
-        self.ima_active = False
+        self.active = False
+        self._round = 0
+
+    @classmethod
+    def prefix(cls) -> str:
+        """The config-key prefix of IMA's options."""
+        return cls.name
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, build: Builder | None = None) -> FedsysStrategy:
+        """``ima.base`` built by ``build``, with IMA attached (registry entry ``ima``)."""
+        if build is None:
+            raise ValueError("IMA.from_config needs a builder for its base strategy")
+        opts = {k.split(".", 1)[1].replace("-", "_"): v for k, v in cfg.group(cls.name).items()}
+        return build(str(opts["base"])).wrap(cls(**opts))
+
+    def on_start(self, strategy: FedsysStrategy, num_rounds: int) -> None:
+        """Resolve :math:`t_s` from the run's length."""
+        o = self.options
+        self.base_name = strategy.name
+        self.t_s = ima.start_round(num_rounds, o.start_fraction, o.start_round)
 
     def summary(self) -> None:
-        super().summary()
-        log(INFO, "[ima] base=%s, window P=%d, t_s=%d (Flower round %d), lr decay %g then %g "
+        o = self.options
+        log(INFO, "[ima] base=%s, window P=%d, t_s=%d (Flower round %d), then lr decay %g "
             "per round, averaging %s", self.base_name, self.P, self.t_s, self.t_s + 1,
-            self.cfg.lr_decay, self.cfg.ima__lr_decay, "on" if self.cfg.ima__average else "OFF")
+            o.lr_decay, "on" if o.average else "OFF")
 
-    def client_lr(self, server_round: int) -> float:
-        c = self.cfg
-        return ima.client_lr(server_round - 1, c.lr, c.lr_decay, self.t_s, c.ima__lr_decay)
+    def client_lr(self, server_round: int, lr: float, lr_decay: float, current: float) -> float:
+        """Spec §2.4's schedule from the caller's ``lr``."""
+        return ima.client_lr(server_round - 1, lr, lr_decay, self.t_s, self.options.lr_decay)
 
-    def _push(self, key: int, model: Params, t: int) -> Params:
-        win = self.windows.setdefault(key, deque(maxlen=self.P))
+    def transform(self, server_round: int, slot: int, model: Params) -> Params:
+        """Push ``model`` into its slot's window; from :math:`t_s` return the window mean."""
+        t = server_round - 1
+        if server_round != self._round:  # the first model of a round
+            self._round, self.active = server_round, False
+        win = self.windows.setdefault(slot, deque(maxlen=self.P))
         win.append(copy(model))
-        if self.cfg.ima__average and ima.averaging_active(t, self.t_s, self.P,
-                                                          self.cfg.ima__code_start_rule):
-            return ima.window_mean(list(win))
+        o = self.options
+        if o.average and ima.averaging_active(t, self.t_s, self.P, o.code_start_rule):
+            self.active = True
+            return mean(list(win))
         return model
 
-    def transform_mean(self, server_round: int, mean: Params) -> Params:
-        """Server-optimiser bases (FedAdam, FedYogi): IMA averages the window of
-        client means before the optimiser step (spec §2.5)."""
-        out = self._push(0, mean, server_round - 1)
-        self.ima_active = out is not mean
-        return out
-
-    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
-        if getattr(self, "server_optimizer", False):
-            new = super().aggregate(server_round, updates)
-            self.round_metrics = {**self.round_metrics, "ima-active": float(self.ima_active)}
-            return new
-        fma = super().aggregate(server_round, updates)
-        if fma is None:
-            return None
-        t = server_round - 1
-        slots: list[Params] | None = getattr(self, "slots", None)
-        if slots is None:
-            out = self._push(0, fma, t)
-        else:
-            changed: set[int] = set(getattr(self, "last_updated_slots", range(len(slots))))
-            averaged = False
-            for i in sorted(changed):
-                new = self._push(i, slots[i], t)
-                averaged = averaged or new is not slots[i]
-                slots[i] = new
-            # the base's own global model unless a slot was replaced (bit for bit before t_s)
-            out = ima.window_mean(slots) if averaged else fma
-        self.ima_active = out is not fma
-        self.round_metrics = {**self.round_metrics, "ima-active": float(self.ima_active),
-                              "ima-window": float(max((len(w) for w in self.windows.values()),
-                                                      default=0))}
-        return out
+    def round_metrics(self) -> dict[str, float]:
+        return {"ima-active": float(self.active),
+                "ima-window": float(max((len(w) for w in self.windows.values()), default=0))}
 
     def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        state["ima"] = {k: [copy(m) for m in w] for k, w in self.windows.items()}
-        return state
+        return {k: [copy(m) for m in w] for k, w in self.windows.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
         self.windows = {int(k): deque((copy(m) for m in w), maxlen=self.P)
-                        for k, w in state["ima"].items()}
+                        for k, w in state.items()}
 
 
-_CLASSES: dict[type[FedsysStrategy], type[FedsysStrategy]] = {}
-
-
-def ima_class(base: type[FedsysStrategy]) -> type[FedsysStrategy]:
-    """The class "IMA on ``base``" (cached, so checkpoints and isinstance work)."""
-    if base not in _CLASSES:
-        cls = type(f"Ima{base.__name__}", (ImaMixin, base),
-                   {"name": "ima", "base_name": base.name, "__doc__": ImaMixin.__doc__})
-        _CLASSES[base] = cls
-    return _CLASSES[base]
-
-
-def ima_strategy(cfg: RunConfig) -> FedsysStrategy:
-    """Build ``ima.base`` with IMA on top (the registry entry of ``strategy: ima``)."""
-    from strategies import BASES
-
-    return ima_class(BASES[cfg.ima__base])(cfg)
-
-
-__all__ = ["ImaMixin", "ima_class", "ima_strategy"]
+__all__ = ["IMA", "ImaOptions"]

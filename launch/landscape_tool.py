@@ -18,14 +18,13 @@ import torch
 from fedsys import config as cfgmod
 from fedsys.landscape import (
     contour_levels,
-    from_vector,
     interpolate,
     plane_basis,
     plane_grid,
     plane_point,
-    to_vector,
 )
-from fedsys.params import Params, from_torch, to_torch
+from fedsys.params import Params, flatten, from_torch, to_torch, unflatten
+from launch import registry
 
 
 def add_parser(sub: Any) -> None:
@@ -61,7 +60,7 @@ def _models(args: argparse.Namespace) -> tuple[list[Params], list[str], cfgmod.R
         if len(args.models) != want:
             raise cfgmod.ConfigError(f"--models needs exactly {want} files")
         paths = [Path(m) for m in args.models]
-        cfg = cfgmod.load(Path(args.config) if args.config else None)
+        cfg = registry.load(Path(args.config) if args.config else None)
         out = paths[0].parent
     else:
         if not args.run_dir:
@@ -69,7 +68,7 @@ def _models(args: argparse.Namespace) -> tuple[list[Params], list[str], cfgmod.R
         run = Path(args.run_dir)
         if not (run / "config.yaml").exists():
             raise cfgmod.ConfigError(f"{run} is not a fedsys run directory (no config.yaml)")
-        cfg = cfgmod.load(run / "config.yaml")
+        cfg = registry.load(run / "config.yaml")
         label = args.strategy or cfg.strategies[0]
         mdir = run / label / "models"
         saved = sorted(mdir.glob("global-r*.pt"))
@@ -106,11 +105,11 @@ def cmd_landscape(args: argparse.Namespace) -> int:
     like = models[0]
 
     def loss_err(vec: np.ndarray) -> tuple[float, float]:
-        net.load_state_dict(to_torch(from_vector(vec, like)))
+        net.load_state_dict(to_torch(unflatten(vec, like)))
         loss, acc = evaluate(net, ds, x, y, cfg.eval_batch_size, device)
         return loss, 100.0 * (1.0 - acc)
 
-    vecs = [to_vector(m) for m in models]
+    vecs = [flatten(m) for m in models]
     out = Path(args.out) if args.out else out_dir / ("line.png" if args.line else "landscape.png")
     import matplotlib
 

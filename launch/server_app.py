@@ -1,4 +1,9 @@
-"""Server-side experiment runner: strategies one after another, with checkpoints.
+"""The fedsys ServerApp (``[tool.flwr.app.components] serverapp``) and its experiment
+runner: strategies one after another, with checkpoints.
+
+The runner builds each strategy from the run config (:func:`launch.registry.make_strategy`)
+and calls its Flower ``start`` with ``num_rounds``, ``timeout`` (``round-timeout``), the
+local-training keys as ``train_config`` and the central evaluation as ``evaluate_fn``.
 
 Run directory layout (``<output-dir>/<name>/``)::
 
@@ -19,16 +24,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, MetricRecord
-from flwr.serverapp import Grid
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
-from fedsys import checkpoint, flwr_io, metrics
-from fedsys.config import RunConfig
+from fedsys import checkpoint, metrics
+from fedsys import protocol as proto
+from fedsys.config import ConfigError, RunConfig
+from fedsys.ima import start_round
 from fedsys.params import from_torch, to_torch
-from fedsys.task import dataset, evaluate, model, pick_device
-from strategies import REGISTRY
-from strategies.base import FedsysStrategy
+from fedsys.seeding import derive_seed
+from fedsys.task import dataset, evaluate, model, partitions, pick_device
+from launch.registry import from_run_config, make_strategy, train_config
+from strategies.base import FedsysStrategy, NoUsableUpdateError
 
 
 def _fmt(seconds: float) -> str:
@@ -44,7 +52,7 @@ def make_evaluate_fn(cfg: RunConfig) -> Any:
     device = pick_device(cfg.device)
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        net.load_state_dict(to_torch(flwr_io.from_record(arrays)))
+        net.load_state_dict(to_torch(proto.from_record(arrays)))
         loss, acc = evaluate(net, ds, x, y, cfg.eval_batch_size, device)
         return MetricRecord({"accuracy": acc, "loss": loss})
 
@@ -63,7 +71,6 @@ def make_estimator_fn(cfg: RunConfig) -> Any:
     import numpy as np
 
     from fedsys.landscape import distances
-    from fedsys.task import derive_seed, partitions
 
     ds = dataset(cfg)
     parts = partitions(cfg)
@@ -172,9 +179,6 @@ def branch_point(cfg: RunConfig) -> dict[str, Any]:
     ConfigError
         The file is missing or unreadable, or the two runs differ before its round.
     """
-    from fedsys.config import ConfigError
-    from fedsys.ima import start_round
-
     path = Path(cfg.branch_from).expanduser()
     if not path.is_file():
         raise ConfigError(f"config key 'branch-from': no checkpoint at {path} (keep one with "
@@ -188,7 +192,8 @@ def branch_point(cfg: RunConfig) -> dict[str, Any]:
     mine = cfg.to_dict()
     differ = sorted(k for k in set(mine) | set(parent)
                     if k not in BRANCH_FREE and mine.get(k) != parent.get(k))
-    t_s = start_round(cfg.num_server_rounds, cfg.ima__start_fraction, cfg.ima__start_round)
+    t_s = start_round(cfg.num_server_rounds, float(cfg.get("ima.start-fraction")),
+                      int(cfg.get("ima.start-round")))
     late_ok = cfg.strategy == "ima" and rnd <= t_s
     bad = [k for k in differ if not (late_ok and k in BRANCH_LATE)]
     if bad:
@@ -198,7 +203,7 @@ def branch_point(cfg: RunConfig) -> dict[str, Any]:
     if rnd >= cfg.num_server_rounds:
         raise ConfigError(f"config key 'branch-from': {path} is at round {rnd}, not before the "
                           f"last round {cfg.num_server_rounds}")
-    if cfg.fedcda__cache == "disk" and "fedcda" in (cfg.strategy, cfg.ima__base):
+    if cfg.get("fedcda.cache") == "disk" and "fedcda" in (cfg.strategy, cfg.get("ima.base")):
         raise ConfigError("config key 'branch-from': FedCDA's disk cache lives in the parent's "
                           "run directory; branch with fedcda.cache: ram")
     return ckpt
@@ -212,7 +217,7 @@ def run_strategy(grid: Grid, cfg: RunConfig, name: str) -> list[dict[str, Any]]:
     """
     out = cfg.run_dir / name
     out.mkdir(parents=True, exist_ok=True)
-    strategy = REGISTRY[cfg.strategy](cfg)
+    strategy = make_strategy(cfg)
     strategy.workdir = out
     recorder = RoundRecorder(cfg, out, name)
     ckpt_path = out / "checkpoint.pt"
@@ -242,8 +247,15 @@ def run_strategy(grid: Grid, cfg: RunConfig, name: str) -> list[dict[str, Any]]:
         strategy.estimator_fn = make_estimator_fn(cfg)
     initial = from_torch(model(cfg).state_dict())
     if strategy.round < cfg.num_server_rounds:
-        strategy.start(grid, flwr_io.to_record(initial), cfg.num_server_rounds,
+        strategy.start(grid, proto.to_record(initial), cfg.num_server_rounds,
+                       timeout=cfg.round_timeout,
+                       train_config=ConfigRecord({**train_config(cfg, strategy.trainer),
+                                                  proto.STATE_SCOPE: name}),
                        evaluate_fn=make_evaluate_fn(cfg))
+        if strategy.usable_rounds == 0:
+            raise NoUsableUpdateError(
+                f"[{name}] no round produced a usable update: every reply was refused or "
+                "missing (see the log's 'rejected reply' lines)")
     assert strategy.params is not None
     torch.save(to_torch(strategy.params), out / "model.pt")
     records = metrics.read_jsonl(out / "metrics.jsonl")
@@ -275,3 +287,12 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> dict[str, list[dict[str, Any]]
     for line in table.splitlines():
         log(INFO, "%s", line)
     return results
+
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Read the run config from Flower and run the experiment."""
+    run_experiment(grid, from_run_config(context.run_config))

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedsys import config as cfgmod
-from fedsys.deploy import (
+from launch import registry
+from launch.deploy import (
     CONNECTION,
     SUPERLINK,
     DeployError,
@@ -139,13 +139,11 @@ def _remote(args: argparse.Namespace) -> LocalDeployment:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``fedsys deploy run CONFIG``."""
-    from fedsys.cli import _load_runs, _table
+    from launch.results import load_runs, table
 
-    cfg = cfgmod.load(Path(args.config), args.set or [])
-    from strategies import REGISTRY
-
+    cfg = registry.load(Path(args.config), args.set or [])
     for _, vcfg in cfg.variants():  # strategy-specific checks before anything is sent
-        REGISTRY[vcfg.strategy](vcfg)
+        registry.make_strategy(vcfg)
     if args.superlink:
         dep = _remote(args)
     else:
@@ -171,7 +169,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"error: {str(exc).splitlines()[0]}\n  checkpoints are in {cfg.run_dir}; submit "
               f"again with --set resume=true to continue", file=sys.stderr)
         return 1
-    _table(_load_runs(cfg.run_dir), f"{cfg.name} ({time.monotonic() - t0:.0f} s, deployment)")
+    table(load_runs(cfg.run_dir), f"{cfg.name} ({time.monotonic() - t0:.0f} s, deployment)")
     print(f"results: {cfg.run_dir}/results.md")
     return 0
 

@@ -11,6 +11,8 @@ from typing import Any
 
 from fedsys import config as cfgmod
 from fedsys import metrics
+from launch import registry
+from launch.results import load_runs, table
 
 EPILOG = """examples:
   fedsys run configs/default.yaml                     FedAvg, FedProx, FedCross, IMA on Fashion-MNIST
@@ -22,37 +24,6 @@ EPILOG = """examples:
   fedsys landscape runs/ima --rounds 58 59 60          loss plane through three global models
   fedsys keys                                         every config key and its default
 """
-
-
-def _table(runs: dict[str, list[dict[str, Any]]], title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=title)
-    for col in ("strategy", "rounds", "final acc %", "best acc %", "last-10 mean %",
-                "last-10 std", "time s"):
-        t.add_column(col, justify="left" if col == "strategy" else "right")
-    for name, recs in runs.items():
-        s = metrics.summarise(recs)
-        if not s:
-            t.add_row(name, "0", "-", "-", "-", "-", "-")
-            continue
-        t.add_row(name, str(int(s["rounds"])), f"{100 * s['final']:.2f}", f"{100 * s['best']:.2f}",
-                  f"{100 * s['last_mean']:.2f}", f"{100 * s['last_std']:.2f}", f"{s['time_s']:.0f}")
-    Console(width=max(Console().width, 110)).print(t)
-
-
-def _load_runs(run_dir: Path, prefix: str = "") -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    cfg_path = run_dir / "config.yaml"
-    names = (
-        [v.label for v in cfgmod.parse_strategy(str(cfgmod.load_yaml(cfg_path)["strategy"]))]
-        if cfg_path.exists() else []
-    )
-    for name in names or sorted(p.parent.name for p in run_dir.glob("*/metrics.jsonl")):
-        recs = metrics.read_jsonl(run_dir / name.strip() / "metrics.jsonl")
-        out[f"{prefix}{name.strip()}"] = recs
-    return out
 
 
 def _preflight(cfg: cfgmod.RunConfig) -> None:
@@ -69,20 +40,19 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
             "use client-num-gpus=0 and device=auto (or cpu)")
     dataset(cfg)
     partitions(cfg)
-    from strategies import REGISTRY
-    from strategies.runner import branch_point
+    from launch.server_app import branch_point
 
     for _, vcfg in cfg.variants():  # strategy-specific checks (search sizes, K >= 2, ...)
-        REGISTRY[vcfg.strategy](vcfg)
+        registry.make_strategy(vcfg)
         if vcfg.branch_from and not vcfg.resume:
             branch_point(vcfg)
 
 
 def cmd_run(args: argparse.Namespace, cfg: cfgmod.RunConfig | None = None) -> int:
     if cfg is None:
-        cfg = cfgmod.load(Path(args.config) if args.config else None, args.set or [])
+        cfg = registry.load(Path(args.config) if args.config else None, args.set or [])
     _preflight(cfg)
-    from fedsys.simulation import simulate
+    from launch.simulation import simulate
 
     t0 = time.time()
     print(f"fedsys: running {cfg.strategies} on {cfg.dataset} ({cfg.num_clients} clients, "
@@ -93,7 +63,7 @@ def cmd_run(args: argparse.Namespace, cfg: cfgmod.RunConfig | None = None) -> in
         print(f"error: the run stopped: {exc}\n  checkpoints are in {cfg.run_dir}; "
               f"'fedsys resume {cfg.run_dir}' continues it.", file=sys.stderr)
         return 1
-    _table(_load_runs(cfg.run_dir), f"{cfg.name} ({time.time() - t0:.0f} s)")
+    table(load_runs(cfg.run_dir), f"{cfg.name} ({time.time() - t0:.0f} s)")
     print(f"results: {cfg.run_dir}/results.md, curves: {cfg.run_dir}/accuracy.png")
     return 0
 
@@ -102,7 +72,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir).resolve()
     if not (run_dir / "config.yaml").exists():
         raise cfgmod.ConfigError(f"{run_dir} is not a fedsys run directory (no config.yaml)")
-    cfg = cfgmod.load(run_dir / "config.yaml", [*(args.set or []), "resume=true",
+    cfg = registry.load(run_dir / "config.yaml", [*(args.set or []), "resume=true",
                                           f"name={run_dir.name}", f"output-dir={run_dir.parent}"])
     return cmd_run(args, cfg)
 
@@ -111,10 +81,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     runs: dict[str, list[dict[str, Any]]] = {}
     for d in args.run_dirs:
         p = Path(d)
-        runs.update(_load_runs(p, prefix=f"{p.name}/" if len(args.run_dirs) > 1 else ""))
+        runs.update(load_runs(p, prefix=f"{p.name}/" if len(args.run_dirs) > 1 else ""))
     if not runs:
         raise cfgmod.ConfigError("no metrics found in the given run directories")
-    _table(runs, "comparison")
+    table(runs, "comparison")
     out = Path(args.out)
     metrics.plot_curves(runs, out, "comparison")
     print(f"curves: {out}")
@@ -128,7 +98,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     from fedsys.partition import class_histogram, plot_histogram
     from fedsys.task import dataset, partitions
 
-    cfg = cfgmod.load(Path(args.config) if args.config else None, args.set or [])
+    cfg = registry.load(Path(args.config) if args.config else None, args.set or [])
     ds = dataset(cfg)
     hist = class_histogram(ds.y_train.numpy(), partitions(cfg), ds.num_classes)
     t = Table(title=f"{cfg.dataset}, {cfg.partition}, {cfg.num_clients} clients, seed {cfg.seed}")
@@ -159,10 +129,10 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 def cmd_keys(args: argparse.Namespace) -> int:
     if args.toml:
-        print(cfgmod.to_toml(), end="")
+        print(cfgmod.to_toml(registry.schema()), end="")
         return 0
     print(f"  {'key':24} {'default':12} {'allowed':28} meaning")
-    print(cfgmod.describe())
+    print(cfgmod.describe(registry.schema()))
     return 0
 
 
@@ -213,11 +183,11 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--no-apt", action="store_true", help="never call apt-get")
     f.set_defaults(fn=cmd_data)
 
-    from fedsys import landscape_tool
+    from launch import landscape_tool
 
     landscape_tool.add_parser(sub)
 
-    from fedsys import deploy_cli
+    from launch import deploy_cli
 
     deploy_cli.add_parser(sub)
 

@@ -1,5 +1,5 @@
 import sys
 
-from fedsys.cli import main
+from launch.cli import main
 
 sys.exit(main())

@@ -18,7 +18,7 @@ SuperExec).  Everything lives in one deployment directory::
     logs/<component>.log   each component's output
     superlink.db           SuperLink state (runs, registered nodes)
 
-Used by ``fedsys deploy`` (:mod:`fedsys.deploy_cli`) and the deployment tests.
+Used by ``fedsys deploy`` (:mod:`launch.deploy_cli`) and the deployment tests.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsys.config import ConfigError
-from fedsys.simulation import FLWR_ENV
+from launch.simulation import FLWR_ENV
 
 HOST = "127.0.0.1"
 CONNECTION = "fedsys-local"

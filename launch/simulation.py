@@ -39,7 +39,7 @@ def write_app_dir(cfg: RunConfig, directory: Path) -> Path:
         "[project]", 'name = "fedsys"', 'version = "0.1.0"', "",
         "[tool.flwr.app]", 'publisher = "fedsys"', "",
         "[tool.flwr.app.components]",
-        'serverapp = "strategies.app:app"', 'clientapp = "clients.app:app"', "",
+        'serverapp = "launch.server_app:app"', 'clientapp = "launch.client_app:app"', "",
         "[tool.flwr.app.config]",
     ]
     lines += [f'"{k}" = {_toml_value(v)}' for k, v in cfg.to_dict().items()]
@@ -57,8 +57,8 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
     from flwr.simulation.run_simulation import _run_simulation
     from flwr.supercore.telemetry import EventType
 
-    from clients.app import app as fedsys_client_app
-    from strategies.app import app as server_app
+    from launch.client_app import app as fedsys_client_app
+    from launch.server_app import app as server_app
 
     backend = {
         "client_resources": {"num_cpus": cfg.client_num_cpus, "num_gpus": cfg.client_num_gpus},

@@ -1,0 +1,339 @@
+"""The fedsys message protocol: every key of every Flower message, on both sides.
+
+One module defines what the server sends and what a ClientApp answers, so the
+strategies (:mod:`strategies`) and the ClientApp build and read messages with the
+same names.  No message key is written as a string literal anywhere else (a unit
+test checks).  The protocol follows Flower's own conventions, so a ClientApp written
+from Flower's quickstart speaks it:
+
+* a **train instruction** holds the model in the ArrayRecord ``"arrays"`` and its
+  settings in the ConfigRecord ``"config"`` (``server-round``, ``lr``, ``local-epochs``,
+  ..., and method keys such as ``fedprox.mu``), typed: ints stay ints, floats floats,
+  strings and bools as they are; further models (anchors, a pool) travel as extra
+  ArrayRecords ``"model.<name>"``;
+* a **train reply** holds the trained model in ``"arrays"`` and one MetricRecord
+  ``"metrics"`` with ``num-examples`` (required, as Flower's FedAvg requires it) and,
+  optionally, ``train-loss``, ``local-steps``, ``partition-id`` and any other numbers;
+  extra models (a pool, ingredients) as ``"model.<name>"`` ArrayRecords;
+* an **evaluate instruction / reply**: ``"arrays"`` + ``"config"``, and ``"metrics"``
+  with ``num-examples``, ``eval-loss``, ``eval-acc``;
+* a **query** asks a node which partition it holds (``partition-id``,
+  ``num-partitions``); a node without a query handler is keyed by its node id.
+
+Each message gets its own :class:`~flwr.app.RecordDict`, so per-node payloads need
+nothing special.  Replies are turned into :class:`ClientUpdate` objects, or
+:class:`Rejection` records that name the node, the client and the reason.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.serverapp import Grid
+
+from fedsys.options import Scalar
+from fedsys.params import Params, check_update
+
+# ---------------------------------------------------------------- record names
+ARRAYS = "arrays"  #: the model (Flower's ``arrayrecord_key`` default)
+CONFIG = "config"  #: the settings (Flower's ``configrecord_key`` default)
+METRICS = "metrics"  #: the reply's numbers
+MODEL_PREFIX = "model."  #: extra named models: ``model.<name>``
+STATE_PREFIX = "fedsys.state"  #: a trainer's state in ``context.state``: ``fedsys.state[<scope>]``
+
+# ---------------------------------------------------------------- config keys
+SERVER_ROUND = "server-round"
+TRAINER = "trainer"
+STATE_SCOPE = "fedsys.scope"  #: which strategy of the run a trainer's state belongs to
+LR = "lr"
+LOCAL_EPOCHS = "local-epochs"
+LOCAL_STEPS = "local-steps"
+BATCH_SIZE = "batch-size"
+MOMENTUM = "momentum"
+WEIGHT_DECAY = "weight-decay"
+ASK = "ask"
+
+# ---------------------------------------------------------------- metric keys
+NUM_EXAMPLES = "num-examples"
+PARTITION_ID = "partition-id"
+NUM_PARTITIONS = "num-partitions"
+TRAIN_LOSS = "train-loss"
+EVAL_LOSS = "eval-loss"
+EVAL_ACC = "eval-acc"
+
+SUPERLINK_NODE_ID = 1
+
+
+# ---------------------------------------------------------------- arrays
+
+def to_record(params: Params) -> ArrayRecord:
+    """Wrap :data:`Params` as an :class:`ArrayRecord` (order kept)."""
+    return ArrayRecord({k: Array(np.require(v, requirements="C")) for k, v in params.items()})
+
+
+def from_record(record: ArrayRecord) -> Params:
+    """Read an :class:`ArrayRecord` back into :data:`Params`."""
+    return {k: record[k].numpy() for k in record.keys()}
+
+
+def config_record(config: Mapping[str, object]) -> ConfigRecord:
+    """A fresh :class:`ConfigRecord` holding scalar config values (types kept)."""
+    return ConfigRecord({k: v for k, v in config.items()})  # type: ignore[misc]
+
+
+def extra_models(content: RecordDict) -> dict[str, Params]:
+    """The named extra models (``model.<name>`` ArrayRecords) of a message."""
+    return {k[len(MODEL_PREFIX):]: from_record(r) for k, r in content.array_records.items()
+            if k.startswith(MODEL_PREFIX)}
+
+
+def settings(content: RecordDict) -> dict[str, Scalar]:
+    """The ConfigRecord ``config`` of a message as a plain typed dict."""
+    if CONFIG not in content.config_records:
+        return {}
+    return {k: v for k, v in content.config_records[CONFIG].items()}  # type: ignore[misc]
+
+
+def metrics_of(content: RecordDict) -> dict[str, float]:
+    """All numeric scalars of all MetricRecords in ``content``."""
+    out: dict[str, float] = {}
+    for rec in content.metric_records.values():
+        for k, v in rec.items():
+            if isinstance(v, int | float):
+                out[k] = float(v)
+    return out
+
+
+# ---------------------------------------------------------------- instructions
+
+def message(
+    node_id: int,
+    message_type: str,
+    arrays: Params | ArrayRecord | None = None,
+    config: Mapping[str, object] | None = None,
+    models: Mapping[str, Params] | None = None,
+) -> Message:
+    """Build one instruction with its own RecordDict.
+
+    ``models`` adds further named models (``model.<name>`` ArrayRecords): anchors, a
+    pool, a per-node payload beside the main model.
+    """
+    content = RecordDict()
+    if arrays is not None:
+        content[ARRAYS] = arrays if isinstance(arrays, ArrayRecord) else to_record(arrays)
+    for name, m in (models or {}).items():
+        content[MODEL_PREFIX + name] = to_record(m)
+    content[CONFIG] = config_record(config or {})
+    return Message(content, dst_node_id=node_id, message_type=message_type)
+
+
+def query_message(node_id: int) -> Message:
+    """A QUERY asking a node which partition it holds."""
+    return message(node_id, MessageType.QUERY, config={ASK: PARTITION_ID})
+
+
+# ---------------------------------------------------------------- client replies
+
+def train_reply(
+    instruction: Message, model: Params | ArrayRecord, num_examples: int,
+    metrics: Mapping[str, float | int], models: Mapping[str, Params] | None = None,
+) -> Message:
+    """The reply of a ClientApp to a train instruction."""
+    content = RecordDict({
+        ARRAYS: model if isinstance(model, ArrayRecord) else to_record(model),
+        METRICS: MetricRecord({NUM_EXAMPLES: int(num_examples), **dict(metrics)}),
+    })
+    for name, m in (models or {}).items():
+        content[MODEL_PREFIX + name] = to_record(m)
+    return Message(content, reply_to=instruction)
+
+
+def evaluate_reply(instruction: Message, num_examples: int, loss: float, acc: float,
+                   extra: Mapping[str, float | int] | None = None) -> Message:
+    """The reply of a ClientApp to an evaluate instruction."""
+    rec = MetricRecord({**dict(extra or {}), NUM_EXAMPLES: int(num_examples),
+                        EVAL_LOSS: float(loss), EVAL_ACC: float(acc)})
+    return Message(RecordDict({METRICS: rec}), reply_to=instruction)
+
+
+def query_reply(instruction: Message, partition_id: int, num_partitions: int) -> Message:
+    """The reply of a ClientApp to a partition-id query."""
+    rec = MetricRecord({PARTITION_ID: int(partition_id), NUM_PARTITIONS: int(num_partitions)})
+    return Message(RecordDict({METRICS: rec}), reply_to=instruction)
+
+
+# ---------------------------------------------------------------- trainer state
+
+State = dict[str, Any]
+
+
+def _state_key(scope: str) -> str:
+    return f"{STATE_PREFIX}[{scope}]"
+
+
+def state_to_records(state: Mapping[str, Any], into: RecordDict, scope: str) -> None:
+    """Store a trainer's state (scalars and :data:`Params`) in ``context.state``.
+
+    Scalars (and lists of them) go into the ConfigRecord ``fedsys.state[<scope>]``,
+    each model into an ArrayRecord ``fedsys.state[<scope>].<key>``; what the state no
+    longer holds is removed.  ``scope`` keeps the states of the strategies of one run
+    (and of their trainers) apart.
+    """
+    base = _state_key(scope)
+    for k in [k for k in into.keys() if k == base or k.startswith(base + ".")]:
+        del into[k]
+    values: dict[str, Any] = {}
+    for k, v in state.items():
+        if isinstance(v, dict):
+            into[f"{base}.{k}"] = to_record(v)
+        else:
+            values[k] = v
+    into[base] = ConfigRecord(values)
+
+
+def state_from_records(records: RecordDict, scope: str) -> State:
+    """Read back what :func:`state_to_records` stored (empty on a node's first round)."""
+    base = _state_key(scope)
+    out: State = {}
+    if base in records.config_records:
+        out.update(dict(records.config_records[base].items()))
+    for k, r in records.array_records.items():
+        if k.startswith(base + "."):
+            out[k[len(base) + 1:]] = from_record(r)
+    return out
+
+
+# ---------------------------------------------------------------- server side
+
+def send_and_receive(
+    grid: Grid, messages: Sequence[Message], timeout: float, poll: float = 0.1
+) -> tuple[list[Message], dict[str, Message]]:
+    """Push ``messages``, pull replies until all arrived or ``timeout`` passed.
+
+    Returns the replies and a map from message id to the instruction sent, so a
+    reply (including a SuperLink error reply, whose ``src_node_id`` is the
+    SuperLink) can be traced to its node through ``reply_to_message_id``.
+    """
+    ids = [i for i in grid.push_messages(list(messages))]
+    sent = {i: m for i, m in zip(ids, messages, strict=True) if i}
+    pending = set(sent)
+    replies: list[Message] = []
+    end = time.monotonic() + timeout
+    while pending and time.monotonic() < end:
+        got = list(grid.pull_messages(list(pending)))
+        replies.extend(got)
+        pending -= {m.metadata.reply_to_message_id for m in got}
+        if pending:
+            time.sleep(poll)
+    return replies, sent
+
+
+@dataclass
+class ClientUpdate:
+    """A validated train reply.
+
+    ``partition_id`` is what the node declared (its reply's ``partition-id`` or its
+    answer to the query); a node that declares none is keyed by its node id.
+    """
+
+    node_id: int
+    partition_id: int
+    params: Params
+    num_examples: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    models: dict[str, Params] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A reply that was not used, and why."""
+
+    node_id: int
+    partition_id: int
+    reason: str
+
+
+def parse_train_reply(
+    reply: Message,
+    sent: Mapping[str, Message],
+    expected_pid: Mapping[int, int],
+    reference: Params | None,
+) -> ClientUpdate | Rejection:
+    """Validate one train reply against the model the node was sent.
+
+    ``expected_pid`` maps node ids to the partition-ids (or node ids, for nodes that
+    declare none) sampled this round; a reply that echoes another ``partition-id``
+    is refused, one that echoes none is keyed by the expected id.  ``reference`` is
+    the model whose keys, shapes and dtypes the update must match (the
+    instruction's own arrays when ``None``).
+    """
+    instr = sent.get(reply.metadata.reply_to_message_id)
+    node = instr.metadata.dst_node_id if instr is not None else reply.metadata.src_node_id
+    pid = expected_pid.get(node, -1)
+    if reply.has_error():
+        err = reply.error
+        return Rejection(node, pid, f"error reply (code {err.code}): {str(err.reason)[-300:]}")
+    content = reply.content
+    if ARRAYS not in content.array_records:
+        return Rejection(node, pid, f"reply holds no ArrayRecord '{ARRAYS}'")
+    metrics = metrics_of(content)
+    if NUM_EXAMPLES not in metrics:
+        return Rejection(node, pid, f"reply metrics lack '{NUM_EXAMPLES}'")
+    if PARTITION_ID in metrics and int(metrics[PARTITION_ID]) != pid:
+        return Rejection(
+            node, pid, f"reply echoes {PARTITION_ID} {int(metrics[PARTITION_ID])}, expected {pid}"
+        )
+    if not np.isfinite(metrics[NUM_EXAMPLES]) or metrics[NUM_EXAMPLES] <= 0:
+        return Rejection(node, pid, f"{NUM_EXAMPLES} is {metrics[NUM_EXAMPLES]}")
+    try:
+        params = from_record(content.array_records[ARRAYS])
+        models = extra_models(content)
+    except Exception as exc:
+        return Rejection(node, pid, f"arrays cannot be decoded: {exc}")
+    if reference is None and instr is not None and ARRAYS in instr.content.array_records:
+        reference = from_record(instr.content.array_records[ARRAYS])
+    if reference is not None:
+        for name, m in [("", params), *models.items()]:
+            why = check_update(m, reference)
+            if why is not None:
+                return Rejection(node, pid, f"model '{name}': {why}" if name else why)
+    bad = [k for k, v in metrics.items() if not np.isfinite(v)]
+    if bad:
+        return Rejection(node, pid, f"metric(s) {bad} are NaN or Inf")
+    return ClientUpdate(node, pid, params, int(metrics[NUM_EXAMPLES]), metrics, models)
+
+
+def missing_nodes(sent: Mapping[str, Message], replies: Iterable[Message]) -> list[int]:
+    """Nodes whose instruction got no reply at all (timeout)."""
+    answered = {r.metadata.reply_to_message_id for r in replies}
+    return [m.metadata.dst_node_id for i, m in sent.items() if i not in answered]
+
+
+def metric_record(values: Mapping[str, float | int]) -> MetricRecord:
+    """A MetricRecord of scalar values."""
+    return MetricRecord({k: v for k, v in values.items()})
+
+
+__all__ = [
+    "ARRAYS", "ASK", "BATCH_SIZE", "CONFIG", "EVAL_ACC", "EVAL_LOSS", "LOCAL_EPOCHS",
+    "LOCAL_STEPS", "LR", "METRICS", "MODEL_PREFIX", "MOMENTUM", "NUM_EXAMPLES",
+    "NUM_PARTITIONS", "PARTITION_ID", "SERVER_ROUND", "STATE_PREFIX", "STATE_SCOPE",
+    "SUPERLINK_NODE_ID", "TRAINER", "TRAIN_LOSS", "WEIGHT_DECAY", "ClientUpdate",
+    "Rejection", "State", "config_record", "evaluate_reply", "extra_models", "from_record",
+    "message", "metric_record", "metrics_of", "missing_nodes", "parse_train_reply",
+    "query_message", "query_reply", "send_and_receive", "settings", "state_from_records",
+    "state_to_records", "to_record", "train_reply",
+]

@@ -1,0 +1,123 @@
+"""The fedsys ClientApp (``[tool.flwr.app.components] clientapp``).
+
+It reads its partition from ``node_config`` (``partition-id``, ``num-partitions``
+and, in deployment, ``data-dir``), trains with the trainer the instruction names
+(typed settings and the trainer's options from the instruction, the run config
+filling in), keeps the trainer's state in ``context.state`` across rounds, and
+replies as :mod:`fedsys.protocol` says.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, Context, Message
+from flwr.clientapp import ClientApp
+
+from clients import TRAINERS, LocalConfig, TrainJob
+from fedsys import protocol as proto
+from fedsys.config import ConfigError, RunConfig
+from fedsys.data import Dataset
+from fedsys.options import parse_group
+from fedsys.seeding import derive_seed
+from fedsys.task import dataset, evaluate, model, partitions, pick_device
+from launch.registry import from_run_config
+
+app = ClientApp()
+
+
+@functools.lru_cache(maxsize=4)
+def _config(items: tuple[tuple[str, Any], ...]) -> RunConfig:
+    return from_run_config(dict(items))
+
+
+def _partition_id(context: Context) -> int:
+    nc = context.node_config
+    if proto.PARTITION_ID not in nc:
+        raise ValueError(
+            f"node_config lacks '{proto.PARTITION_ID}'; start the SuperNode with "
+            f"--node-config \"{proto.PARTITION_ID}=I {proto.NUM_PARTITIONS}=N\"")
+    return int(nc[proto.PARTITION_ID])
+
+
+def _setup(context: Context) -> tuple[RunConfig, Dataset, int, torch.Tensor, torch.Tensor]:
+    nc = context.node_config
+    overrides = {"data-dir": str(nc["data-dir"])} if "data-dir" in nc else {}
+    cfg = _config(tuple(sorted({**context.run_config, **overrides}.items())))
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    pid = _partition_id(context)
+    nparts = int(nc.get(proto.NUM_PARTITIONS, cfg.num_clients))
+    if not 0 <= pid < nparts:
+        raise ValueError(f"{proto.PARTITION_ID} {pid} outside 0..{nparts - 1}")
+    ds = dataset(cfg)
+    idx = torch.from_numpy(partitions(cfg, nparts)[pid])
+    return cfg, ds, pid, ds.x_train[idx], ds.y_train[idx]
+
+
+def _load(cfg: RunConfig, ds: Dataset, msg: Message) -> torch.nn.Module:
+    net = model(cfg, ds)
+    net.load_state_dict(msg.content.array_records[proto.ARRAYS].to_torch_state_dict())
+    return net
+
+
+def local_config(cfg: RunConfig, s: dict[str, Any], seed: int) -> LocalConfig:
+    """The round's local-training settings: the instruction's, else the run config's."""
+    return LocalConfig(
+        epochs=int(s.get(proto.LOCAL_EPOCHS, cfg.local_epochs)),
+        max_steps=int(s.get(proto.LOCAL_STEPS, cfg.local_steps)),
+        batch_size=int(s.get(proto.BATCH_SIZE, cfg.batch_size)),
+        lr=float(s.get(proto.LR, cfg.lr)),
+        momentum=float(s.get(proto.MOMENTUM, cfg.momentum)),
+        weight_decay=float(s.get(proto.WEIGHT_DECAY, cfg.weight_decay)),
+        seed=seed,
+        device=str(pick_device(cfg.device)),
+    )
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Local training on this node's partition."""
+    cfg, ds, pid, x, y = _setup(context)
+    s = proto.settings(msg.content)
+    rnd = int(s.get(proto.SERVER_ROUND, 0))
+    name = str(s.get(proto.TRAINER, "sgd"))
+    if name not in TRAINERS:
+        raise ValueError(f"unknown trainer {name!r}; registered: {', '.join(TRAINERS)}")
+    trainer = TRAINERS[name]
+    prefix = trainer.prefix()
+    given = {**cfg.group(prefix), **{k: v for k, v in s.items() if k.startswith(prefix + ".")}}
+    try:
+        options = parse_group(trainer.Options, prefix, given)
+    except ConfigError as exc:
+        raise ValueError(f"trainer {name!r}: {exc}") from None
+    scope = f"{s.get(proto.STATE_SCOPE, '')}/{name}"
+    net = _load(cfg, ds, msg)
+    job = TrainJob(net, x, y, ds.normalise, local_config(cfg, s, derive_seed(cfg.seed, rnd, pid)),
+                   options, proto.state_from_records(context.state, scope),
+                   proto.extra_models(msg.content), rnd, pid)
+    res = trainer().train(job)
+    proto.state_to_records(res.state, context.state, scope)
+    return proto.train_reply(
+        msg, ArrayRecord(net.cpu().state_dict()), res.num_examples,
+        {proto.PARTITION_ID: pid, proto.TRAIN_LOSS: res.train_loss,
+         proto.LOCAL_STEPS: res.steps, **res.metrics},
+        res.models,
+    )
+
+
+@app.evaluate()
+def evaluate_handler(msg: Message, context: Context) -> Message:
+    """Evaluate the received model on this node's local data."""
+    cfg, ds, pid, x, y = _setup(context)
+    loss, acc = evaluate(_load(cfg, ds, msg), ds, x, y, cfg.eval_batch_size, pick_device(cfg.device))
+    return proto.evaluate_reply(msg, len(y), loss, acc, {proto.PARTITION_ID: pid})
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Say which partition this node holds."""
+    nc = context.node_config
+    return proto.query_reply(msg, _partition_id(context), int(nc.get(proto.NUM_PARTITIONS, 0)))
