@@ -34,13 +34,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedsys.flwr_io import ClientUpdate  # noqa: E402
-
 from fedsys import metrics  # noqa: E402
-from fedsys.config import build  # noqa: E402
 from fedsys.fedcda import batch_sizes  # noqa: E402
 from fedsys.models import build_model  # noqa: E402
 from fedsys.params import Params, from_torch  # noqa: E402
+from fedsys.protocol import ClientUpdate  # noqa: E402
+from launch.registry import build  # noqa: E402
 from strategies.fedavg import FedAvgStrategy  # noqa: E402
 from strategies.fedcda import FedCDAStrategy  # noqa: E402
 
@@ -88,11 +87,10 @@ def time_case(model: str, p: int, b: int, repeats: int, tmp: Path) -> tuple[floa
     cfg = build({"strategy": "fedcda", "num-clients": n, "clients-per-round": p,
                  "fedcda.batches": b, "fedcda.memory": 3, "fedcda.warmup": 0,
                  "output-dir": str(tmp), "model": model})
-    cda = FedCDAStrategy(cfg)
+    cda = FedCDAStrategy.from_config(cfg)
     cda.workdir = tmp / f"{model}-{p}-{b}"
     rnd = fill(cda, make, n, p, 3)
-    cda.cfg = cfg  # warmup 0: every later round selects
-    avg = FedAvgStrategy(cfg)
+    avg = FedAvgStrategy.from_config(cfg)
     t_cda, t_avg, combos = [], [], 0
     rng = np.random.default_rng(7)
     for _ in range(repeats):
@@ -116,12 +114,12 @@ def memory_child(args: argparse.Namespace) -> None:
                  "fedcda.cache": "ram" if args.cache == "none" else args.cache,
                  "fedcda.warmup": 0, "output-dir": args.tmp})
     if args.cache == "none":
-        s: FedAvgStrategy | FedCDAStrategy = FedAvgStrategy(cfg)
+        s: FedAvgStrategy | FedCDAStrategy = FedAvgStrategy.from_config(cfg)
         for r in range(1, 3 * args.n // 20 + 3):
             s.aggregate(r, [make(c % args.n) for c in range(20 * r, 20 * r + 20)])
         disk = 0
     else:
-        s = FedCDAStrategy(cfg)
+        s = FedCDAStrategy.from_config(cfg)
         s.workdir = Path(args.tmp) / "cda"
         rnd = fill(s, make, args.n, 20, 3)
         for r in range(rnd + 1, rnd + 3):

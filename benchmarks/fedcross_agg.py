@@ -40,13 +40,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedsys.flwr_io import ClientUpdate  # noqa: E402
-
 from fedsys import fedcross as maths  # noqa: E402
 from fedsys import metrics  # noqa: E402
-from fedsys.config import build  # noqa: E402
 from fedsys.models import build_model  # noqa: E402
 from fedsys.params import Params, from_torch, num_bytes  # noqa: E402
+from fedsys.protocol import ClientUpdate  # noqa: E402
+from launch.registry import build  # noqa: E402
 from strategies.fedavg import FedAvgStrategy  # noqa: E402
 from strategies.fedcross import FedCrossStrategy  # noqa: E402
 
@@ -81,7 +80,7 @@ def time_case(model: str, k: int, repeats: int) -> dict[str, float]:
     base = base_model(model)
     ups = uploads(base, k)
     cfg = build({"strategy": "fedcross", "num-clients": k, "clients-per-round": k})
-    cross, avg = FedCrossStrategy(cfg), FedAvgStrategy(cfg)
+    cross, avg = FedCrossStrategy.from_config(cfg), FedAvgStrategy.from_config(cfg)
     cross.params = avg.params = base
     cross._ensure_slots()
     cross.assignment = {i: i for i in range(k)}

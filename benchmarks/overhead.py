@@ -5,7 +5,7 @@ set, train the FMNIST CNN for 1 local epoch; the global model is averaged and
 evaluated on the same 2000 test samples.
 
 * ``plain``: one process, clients trained one after another with torch using all
-  cores, FedAvg by :func:`fedsys.aggregate.weighted_average`, central evaluation.
+  cores, FedAvg by :func:`fedsys.params.mean`, central evaluation.
 * ``flower``: ``fedsys run`` machinery (Flower simulation engine, Ray actors with
   one core each), identical config and seed.
 
@@ -33,13 +33,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from clients.base import LocalConfig  # noqa: E402
-from clients.sgd import train_sgd  # noqa: E402
+from clients.base import LocalConfig, TrainJob  # noqa: E402
+from clients.sgd import SGDTrainer  # noqa: E402
 from fedsys import metrics  # noqa: E402
-from fedsys.aggregate import weighted_average  # noqa: E402
-from fedsys.config import RunConfig, build  # noqa: E402
+from fedsys.config import RunConfig  # noqa: E402
 from fedsys.params import from_torch, to_torch  # noqa: E402
-from fedsys.task import dataset, derive_seed, evaluate, model, partitions  # noqa: E402
+from fedsys.params import mean as weighted_average  # noqa: E402
+from fedsys.seeding import derive_seed  # noqa: E402
+from fedsys.task import dataset, evaluate, model, partitions  # noqa: E402
+from launch.registry import build  # noqa: E402
 
 
 def plain(cfg: RunConfig) -> list[float]:
@@ -57,9 +59,10 @@ def plain(cfg: RunConfig) -> list[float]:
         for pid in range(cfg.num_clients):
             net.load_state_dict(to_torch(glob))
             idx = torch.from_numpy(parts[pid])
-            res = train_sgd(net, ds.x_train[idx], ds.y_train[idx], ds.normalise, LocalConfig(
-                epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
-                seed=derive_seed(cfg.seed, rnd, pid)))
+            res = SGDTrainer().train(TrainJob(
+                net, ds.x_train[idx], ds.y_train[idx], ds.normalise, LocalConfig(
+                    epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
+                    seed=derive_seed(cfg.seed, rnd, pid))))
             ups.append(from_torch(net.state_dict()))
             ws.append(res.num_examples)
         glob = weighted_average(ups, ws)
@@ -71,7 +74,7 @@ def plain(cfg: RunConfig) -> list[float]:
 
 def flower(cfg: RunConfig) -> tuple[list[float], float]:
     """Per-round times (from the run's metrics) and total wall time, Flower simulation."""
-    from fedsys.simulation import simulate
+    from launch.simulation import simulate
 
     t0 = time.perf_counter()
     simulate(cfg)

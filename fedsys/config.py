@@ -242,7 +242,7 @@ class RunConfig(CoreOptions):
     def get(self, key: str) -> Scalar:
         """The value of any key (core or method)."""
         if "." not in key and key.replace("-", "_") in CORE_FIELDS:
-            return getattr(self, key.replace("-", "_"))  # type: ignore[no-any-return]
+            return getattr(self, key.replace("-", "_"))
         values = dict(self.methods)
         if key not in values:
             raise ConfigError(f"unknown config key '{key}'.{suggest(key, self.to_dict())}")

@@ -161,7 +161,7 @@ def coerce_value(opt: Option, value: Any) -> Scalar:
             f"config key '{key}' expects {opt.type.__name__}"
             f"{' ' + opt.rule if opt.rule else ''}, got {value!r}"
         ) from None
-    if opt.choices is not None and str(out) not in opt.choices:
+    if opt.choices not in (None, REGISTERED_STRATEGIES) and str(out) not in opt.choices:
         raise ConfigError(
             f"config key '{key}' got {out!r}; allowed values: {', '.join(opt.choices)}"
         )

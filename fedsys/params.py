@@ -150,6 +150,9 @@ def flatten(params: Params) -> NDArray[np.float64]:
 
 def unflatten(vec: NDArray[np.floating], like: Params) -> Params:
     """Inverse of :func:`flatten`: dtypes, shapes and integer entries from ``like``."""
+    need = sum(v.size for v in like.values() if is_float(v))
+    if need != len(vec):
+        raise ValueError(f"vector has {len(vec)} entries, the model {need}")
     out: Params = {}
     at = 0
     for k, v in like.items():
@@ -158,6 +161,4 @@ def unflatten(vec: NDArray[np.floating], like: Params) -> Params:
             at += v.size
         else:
             out[k] = v.copy()
-    if at != len(vec):
-        raise ValueError(f"vector has {len(vec)} entries, the model {at}")
     return out

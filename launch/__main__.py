@@ -1,3 +1,5 @@
+"""``python -m launch``: the ``fedsys`` command."""
+
 import sys
 
 from launch.cli import main

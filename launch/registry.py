@@ -79,9 +79,11 @@ def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
 def make_strategy(cfg: RunConfig) -> FedsysStrategy:
     """The strategy ``cfg`` names (one strategy: see :meth:`RunConfig.variants`)."""
     def builder(name: str) -> FedsysStrategy:
-        return REGISTRY[name].from_config(cfg, builder)  # type: ignore[no-any-return]
+        return REGISTRY[name].from_config(cfg, builder)
 
-    return builder(cfg.strategy)
+    strategy = builder(cfg.strategy)
+    strategy.prepare(cfg.num_server_rounds)
+    return strategy
 
 
 def train_config(cfg: RunConfig, trainer: str) -> dict[str, Any]:

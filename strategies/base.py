@@ -41,13 +41,14 @@ Subclasses implement :meth:`aggregate` (pure maths lives in :mod:`fedsys`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
@@ -230,7 +231,7 @@ class FedsysStrategy(Strategy):
     @classmethod
     def parse_options(cls, values: Mapping[str, Any]) -> Any:
         """Build :attr:`Options` from keyword arguments; a wrong name is a TypeError."""
-        names = [f.replace("-", "_") for f in cls.Options.__dataclass_fields__]
+        names = [f.name for f in dataclasses.fields(cls.Options)]
         for k in values:
             if k not in names:
                 raise TypeError(f"{cls.__name__}() got an unexpected keyword argument "
@@ -240,7 +241,7 @@ class FedsysStrategy(Strategy):
     @classmethod
     def config_kwargs(cls, cfg: RunConfig) -> dict[str, Any]:
         """Keyword arguments of the strategy from a fedsys run config."""
-        fields = cls.Options.__dataclass_fields__
+        fields = {f.name for f in dataclasses.fields(cls.Options)}
         opts = {f: v for k, v in cfg.group(cls.prefix()).items()
                 if (f := k.split(".", 1)[1].replace("-", "_")) in fields}
         return {
@@ -257,7 +258,7 @@ class FedsysStrategy(Strategy):
         }
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, build: Builder | None = None) -> FedsysStrategy:
+    def from_config(cls, cfg: RunConfig, build: Builder | None = None) -> Self:
         """The strategy a fedsys run config describes (``build`` makes other
         registered strategies by name, for composites)."""
         return cls(**cls.config_kwargs(cfg))
@@ -524,8 +525,16 @@ class FedsysStrategy(Strategy):
 
     # ------------------------------------------------------------------ loop
 
+    def prepare(self, num_rounds: int) -> None:
+        """Fix the schedule's length (what depends on it: a warmup given as a fraction,
+        a wrapper's start round).  :meth:`start` calls it with its ``num_rounds``."""
+        self.num_rounds = int(num_rounds)
+        self.on_start(self.num_rounds)
+        for w in self.wrappers:
+            w.on_start(self, self.num_rounds)
+
     def on_start(self, num_rounds: int) -> None:
-        """Called by :meth:`start` once the schedule's length is known (strategies
+        """Called by :meth:`prepare` once the schedule's length is known (strategies
         whose options depend on it, e.g. a warmup given as a fraction, resolve here)."""
 
     def run_round(self, grid: Grid, server_round: int, train_config: ConfigRecord) -> dict[str, float]:
@@ -579,15 +588,12 @@ class FedsysStrategy(Strategy):
         ``evaluate_fn(round, arrays)`` evaluates the global model centrally, also
         before round 1.
         """
-        self.num_rounds = int(num_rounds)
+        self.prepare(num_rounds)
         self.round_timeout = float(timeout)
         train_config = train_config if train_config is not None else ConfigRecord()
         evaluate_config = evaluate_config if evaluate_config is not None else ConfigRecord()
         if self.params is None:
             self.params = proto.from_record(initial_arrays)
-        self.on_start(self.num_rounds)
-        for w in self.wrappers:
-            w.on_start(self, self.num_rounds)
         self.summary()
         result = Result()
         if self.round == 0 and evaluate_fn is not None:

@@ -21,7 +21,7 @@ from flwr.supercore import log
 
 from fedsys import fedcross as maths
 from fedsys.options import ConfigError, option
-from fedsys.params import Params, copy
+from fedsys.params import Params, copy, mean
 from fedsys.protocol import ClientUpdate
 from fedsys.seeding import derive_seed
 from strategies.base import SAMPLE_TAG, FedsysStrategy
@@ -234,9 +234,9 @@ class FedCrossStrategy(FedsysStrategy):
         a = self.mixing_matrix(phase, server_round, sub)
         weights = np.eye(self.K)  # new slot i = sum_j weights[i, j] Z_j
         if phase == "warmup":  # every slot, with or without an upload, := mean of uploads
-            mean = maths.uniform_mean([by_slot[i] for i in ok])
+            avg = maths.uniform_mean([by_slot[i] for i in ok])
             for slot in self.slots:
-                for key, v in mean.items():
+                for key, v in avg.items():
                     np.copyto(slot[key], v)
             weights[:] = 0.0
             weights[:, ok] = 1.0 / len(ok)

@@ -137,7 +137,7 @@ class IMA(StrategyWrapper):
                 "ima-window": float(max((len(w) for w in self.windows.values()), default=0))}
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: [copy(m) for m in w] for k, w in self.windows.items()}
+        return {str(k): [copy(m) for m in w] for k, w in self.windows.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.windows = {int(k): deque((copy(m) for m in w), maxlen=self.P)

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from fedsys import checkpoint, metrics
-from fedsys.config import ConfigError, build
-from fedsys.simulation import simulate
-from strategies.runner import branch_point, kept_checkpoint
+from fedsys.config import ConfigError
+from launch.registry import build
+from launch.server_app import branch_point, kept_checkpoint
+from launch.simulation import simulate
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from fedsys import metrics
-from fedsys.deploy import LocalDeployment, _alive
-from fedsys.simulation import FLWR_ENV
+from launch.deploy import LocalDeployment, _alive
+from launch.simulation import FLWR_ENV
 
 pytestmark = [pytest.mark.slow, pytest.mark.deploy]
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def fedsys_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **FLWR_ENV}
-    return subprocess.run([sys.executable, "-m", "fedsys", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "launch", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 

@@ -1,6 +1,6 @@
 """Deployment with TLS and node authentication, proven on real processes on 127.0.0.1.
 
-One module-scoped deployment (``fedsys.deploy.LocalDeployment``, the topology of
+One module-scoped deployment (``launch.deploy.LocalDeployment``, the topology of
 ``docker-compose.yml``): a SuperLink over HTTPS with SuperNode authentication, its
 SuperExec running the ServerApp, and three SuperNodes with registered keys, each
 with its own SuperExec running the ClientApp.  On it:
@@ -38,8 +38,9 @@ import pytest
 import torch
 
 from fedsys import checkpoint, metrics
-from fedsys.config import build
-from fedsys.deploy import (
+from fedsys.params import from_torch
+from fedsys.task import model
+from launch.deploy import (
     CONNECTION,
     SERVER_EXEC,
     LocalDeployment,
@@ -51,8 +52,7 @@ from fedsys.deploy import (
     node_exec_name,
     node_name,
 )
-from fedsys.params import from_torch
-from fedsys.task import model
+from launch.registry import build
 from strategies import REGISTRY
 
 pytestmark = [pytest.mark.slow, pytest.mark.deploy]
@@ -131,7 +131,7 @@ def test_deployment_equals_simulation(reference: Path, tmp_path: Path) -> None:
     simulation engine (random node ids, Ray) ends with bit-identical models."""
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
     sim = subprocess.run(
-        [sys.executable, "-m", "fedsys", "run", str(reference / "config.yaml"),
+        [sys.executable, "-m", "launch", "run", str(reference / "config.yaml"),
          "--set", "name=sim", "--set", f"output-dir={tmp_path}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert sim.returncode == 0, sim.stdout[-2000:] + sim.stderr[-2000:]

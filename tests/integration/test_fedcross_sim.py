@@ -21,12 +21,12 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord
 from flwr.clientapp import ClientApp
 
-from clients import app as fedsys_client
-from fedsys import checkpoint, flwr_io, metrics
-from fedsys.config import build
+from fedsys import checkpoint, metrics, protocol
 from fedsys.fedcross import uniform_mean
 from fedsys.params import Params, checksum
-from fedsys.simulation import simulate
+from launch import client_app as fedsys_client
+from launch.registry import build
+from launch.simulation import simulate
 from strategies.fedcross import FedCrossStrategy
 
 pytestmark = pytest.mark.slow
@@ -44,7 +44,7 @@ def _train(msg: Message, context: Context) -> Message:
     rnd = int(msg.content["config"]["server-round"])  # type: ignore[arg-type]
     if int(context.node_config["partition-id"]) == FAIL_PID and rnd == FAIL_ROUND:
         raise RuntimeError("injected failure")
-    got = checksum(flwr_io.from_record(msg.content["arrays"]))
+    got = checksum(protocol.from_record(msg.content["arrays"]))
     out = fedsys_client.train(msg, context)
     out.content["recv"] = ConfigRecord({"checksum": got})
     return out
@@ -122,7 +122,7 @@ def test_each_node_trains_its_own_slot_and_a_failed_node_keeps_it(tmp_path, monk
 def _fedsys(log: Path, *args: str) -> subprocess.Popen[bytes]:
     """``fedsys ARGS`` in its own process group, its log in ``log`` (no pipe to fill)."""
     with log.open("wb") as err:
-        return subprocess.Popen([sys.executable, "-m", "fedsys", *args], start_new_session=True,
+        return subprocess.Popen([sys.executable, "-m", "launch", *args], start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=err)
 
 

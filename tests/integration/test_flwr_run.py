@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from fedsys import metrics
-from fedsys.deploy import _alive, descendants, free_port
-from fedsys.simulation import FLWR_ENV
+from launch.deploy import _alive, descendants, free_port
+from launch.simulation import FLWR_ENV
 
 pytestmark = pytest.mark.slow
 

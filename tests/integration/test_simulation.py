@@ -15,10 +15,10 @@ import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from clients import app as fedsys_client
 from fedsys import checkpoint, metrics
-from fedsys.config import build
-from fedsys.simulation import simulate
+from launch import client_app as fedsys_client
+from launch.registry import build
+from launch.simulation import simulate
 from strategies.fedavg import FedAvgStrategy
 
 pytestmark = pytest.mark.slow
@@ -80,7 +80,7 @@ def test_client_that_raises_every_round_is_rejected_and_the_run_goes_on(tmp_path
 
 
 def _fedsys(*args: str, **kw: object) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "fedsys", *args], start_new_session=True,
+    return subprocess.Popen([sys.executable, "-m", "launch", *args], start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)  # type: ignore[call-overload]
 
 
@@ -140,7 +140,7 @@ class ChainStrategy(FedAvgStrategy):
     visits: ClassVar[list[tuple[int, int]]] = []
 
     def run_round(self, grid, server_round, train_config):
-        chosen = self.sample(grid, server_round, self.cfg.clients_per_round)
+        chosen = self.sample(grid, server_round, self.clients_per_round)
         carry, ok = self.params, 0
         for node, pid in sorted(chosen.items(), key=lambda kv: kv[1]):
             upd = self.train_hop(grid, server_round, node, pid, carry, {"hop": ok})

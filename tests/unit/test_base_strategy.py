@@ -1,14 +1,13 @@
 """Base-class behaviour with mock replies in Flower's style (no runtime).
 
-``ReplyGrid`` stands in for Flower's Grid only to hand out node ids and answer the
+``reply_grid`` (``tests/conftest.py``) stands in for Flower's Grid only to hand out node ids and answer the
 partition-id QUERY; train replies are built by the test with
 ``Message(content, reply_to=instruction)`` exactly as a ClientApp builds them.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,41 +22,13 @@ from flwr.app import (
 )
 from flwr.common.constant import ErrorCode
 
-from fedsys import flwr_io
-from fedsys.aggregate import weighted_average
-from fedsys.config import build
+from fedsys import protocol
+from fedsys.params import mean
+from launch.registry import build
 from strategies.base import FedsysStrategy, NodesUnavailableError
 from strategies.fedavg import FedAvgStrategy
 
 NODES = {101: 0, 205: 1, 333: 2, 478: 3}  # node id -> partition id
-
-
-class ReplyGrid:
-    """Minimal Grid: node ids, and answers to QUERY messages."""
-
-    def __init__(self, nodes: dict[int, int]) -> None:
-        self.nodes = nodes
-        self.outbox: dict[str, Message] = {}
-
-    def get_node_ids(self) -> Iterable[int]:
-        return list(self.nodes)
-
-    def push_messages(self, messages: Iterable[Message]) -> list[str]:
-        ids = []
-        for m in messages:
-            mid = str(uuid.uuid4())
-            m.metadata.__dict__["_message_id"] = mid
-            self.outbox[mid] = m
-            ids.append(mid)
-        return ids
-
-    def pull_messages(self, ids: Iterable[str]) -> list[Message]:
-        out = []
-        for i in list(ids):
-            m = self.outbox.pop(i)
-            pid = self.nodes[m.metadata.dst_node_id]
-            out.append(Message(RecordDict({"metrics": MetricRecord({"partition-id": pid})}), reply_to=m))
-        return out
 
 
 def model(v: float = 0.0) -> dict[str, np.ndarray]:
@@ -71,8 +42,8 @@ def cfg(**kw: object):
     return build({**base, **kw})
 
 
-def configured(strategy: FedsysStrategy, grid: ReplyGrid, rnd: int = 1) -> list[Message]:
-    msgs = list(strategy.configure_train(rnd, flwr_io.to_record(model(1.0)), ConfigRecord(), grid))
+def configured(strategy: FedsysStrategy, grid: Any, rnd: int = 1) -> list[Message]:
+    msgs = list(strategy.configure_train(rnd, protocol.to_record(model(1.0)), ConfigRecord(), grid))
     grid.push_messages(msgs)  # gives each instruction its message id, as the runtime does
     grid.outbox.clear()
     return msgs
@@ -81,54 +52,69 @@ def configured(strategy: FedsysStrategy, grid: ReplyGrid, rnd: int = 1) -> list[
 def reply(msg: Message, params: dict[str, np.ndarray] | None = None, **metrics: float) -> Message:
     pid = NODES[msg.metadata.dst_node_id]
     m = {"partition-id": pid, "num-examples": 10 * (pid + 1), "train-loss": 0.5, **metrics}
-    content = RecordDict({"arrays": ArrayRecord({k: flwr_io.Array(v) for k, v in (params or model(pid)).items()}),
+    content = RecordDict({"arrays": ArrayRecord({k: protocol.Array(v) for k, v in (params or model(pid)).items()}),
                           "metrics": MetricRecord(m)})
     return Message(content, reply_to=msg)
 
 
-def test_each_node_gets_a_fresh_recorddict_and_the_round_config():
-    s = FedAvgStrategy(cfg())
-    msgs = configured(s, ReplyGrid(NODES))
+def test_each_node_gets_a_fresh_recorddict_and_the_round_config(reply_grid):
+    s = FedAvgStrategy.from_config(cfg())
+    msgs = configured(s, reply_grid(NODES))
     assert len(msgs) == 3
     assert len({id(m.content) for m in msgs}) == 3
     assert len({id(m.content["config"]) for m in msgs}) == 3
     for m in msgs:
         c = m.content["config"]
-        assert c["server-round"] == 1 and c["trainer"] == "sgd" and c["lr"] == s.cfg.lr
+        assert c["server-round"] == 1 and c["trainer"] == "sgd" and "lr" not in c
         assert m.metadata.message_type == MessageType.TRAIN
 
 
-def test_sampling_is_seeded_by_partition_id_not_node_id():
-    a = FedAvgStrategy(cfg()).sample(ReplyGrid(NODES), 5, 3)
+def test_the_callers_train_config_reaches_the_clients_unchanged_and_typed(reply_grid):
+    s = FedAvgStrategy(clients_per_round=3, seed=3, node_wait_timeout=0.5)
+    given = ConfigRecord({"lr": 0.5, "local-epochs": 2, "note": "x", "trainer": "mine"})
+    msgs = list(s.configure_train(1, protocol.to_record(model(1.0)), given, reply_grid(NODES)))
+    for m in msgs:
+        c = m.content["config"]
+        assert c["lr"] == 0.5 and c["local-epochs"] == 2 and isinstance(c["local-epochs"], int)
+        assert c["note"] == "x" and c["trainer"] == "mine" and c["server-round"] == 1
+    assert dict(given) == {"lr": 0.5, "local-epochs": 2, "note": "x", "trainer": "mine"}
+    decayed = FedAvgStrategy(clients_per_round=3, lr_decay=0.5, node_wait_timeout=0.5)
+    c = next(iter(decayed.configure_train(3, protocol.to_record(model(1.0)), given,
+                                          reply_grid(NODES)))).content["config"]
+    assert c["lr"] == 0.5 * 0.5**2  # lr_decay schedules the caller's lr
+
+
+def test_sampling_is_seeded_by_partition_id_not_node_id(reply_grid):
+    a = FedAvgStrategy.from_config(cfg()).sample(reply_grid(NODES), 5, 3)
     renamed = {n + 1000: p for n, p in NODES.items()}  # same partitions, new node ids
-    b = FedAvgStrategy(cfg()).sample(ReplyGrid(renamed), 5, 3)
+    b = FedAvgStrategy.from_config(cfg()).sample(reply_grid(renamed), 5, 3)
     assert sorted(a.values()) == sorted(b.values())
-    picks = {tuple(sorted(FedAvgStrategy(cfg(seed=s)).sample(ReplyGrid(NODES), 5, 2).values()))
+    picks = {tuple(sorted(FedAvgStrategy.from_config(cfg(seed=s)).sample(reply_grid(NODES), 5, 2).values()))
              for s in range(12)}
     assert len(picks) > 1  # the seed matters
 
 
-def test_waiting_for_nodes_times_out_with_a_clear_error():
-    s = FedAvgStrategy(cfg(**{"clients-per-round": 4, "min-available-clients": 3}))
+def test_waiting_for_nodes_times_out_with_a_clear_error(reply_grid):
+    s = FedAvgStrategy.from_config(cfg(**{"clients-per-round": 4, "min-available-clients": 3}))
     with pytest.raises(NodesUnavailableError, match="only 2 of 3 required"):
-        s.sample(ReplyGrid({1: 0, 2: 1}), 1, 4)
+        s.sample(reply_grid({1: 0, 2: 1}), 1, 4)
 
 
-def test_after_the_wait_a_round_goes_on_with_enough_nodes(caplog):
-    s = FedAvgStrategy(cfg(**{"clients-per-round": 4, "min-available-clients": 2}))
-    chosen = s.sample(ReplyGrid({1: 0, 2: 1}), 1, 4)
+def test_after_the_wait_a_round_goes_on_with_enough_nodes(caplog, reply_grid):
+    s = FedAvgStrategy.from_config(cfg(**{"clients-per-round": 4, "min-available-clients": 2}))
+    chosen = s.sample(reply_grid({1: 0, 2: 1}), 1, 4)
     assert chosen == {1: 0, 2: 1}
     assert any("2 of 4 wanted nodes" in r.getMessage() for r in caplog.records)
 
 
-def test_good_replies_are_aggregated_with_example_weights():
-    s = FedAvgStrategy(cfg())
-    msgs = configured(s, ReplyGrid(NODES))
+def test_good_replies_are_aggregated_with_example_weights(reply_grid):
+    s = FedAvgStrategy.from_config(cfg())
+    msgs = configured(s, reply_grid(NODES))
     arrays, metrics = s.aggregate_train(1, [reply(m) for m in msgs])
     assert arrays is not None and metrics is not None
     pids = [NODES[m.metadata.dst_node_id] for m in msgs]
-    want = weighted_average([model(p) for p in pids], [10 * (p + 1) for p in pids])
-    got = flwr_io.from_record(arrays)
+    want = mean([model(p) for p in pids], [10 * (p + 1) for p in pids])
+    got = protocol.from_record(arrays)
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-6)
     assert metrics["clients-ok"] == 3 and metrics["clients-rejected"] == 0
@@ -145,9 +131,9 @@ def test_good_replies_are_aggregated_with_example_weights():
         (lambda p: {**p, "extra": np.zeros(1, np.float32)}, "unexpected arrays"),
     ],
 )
-def test_malformed_update_is_rejected_and_the_round_goes_on(mutate, reason, caplog):
-    s = FedAvgStrategy(cfg())
-    msgs = configured(s, ReplyGrid(NODES))
+def test_malformed_update_is_rejected_and_the_round_goes_on(mutate, reason, caplog, reply_grid):
+    s = FedAvgStrategy.from_config(cfg())
+    msgs = configured(s, reply_grid(NODES))
     bad_pid = NODES[msgs[0].metadata.dst_node_id]
     replies = [reply(msgs[0], mutate(model(bad_pid)))] + [reply(m) for m in msgs[1:]]
     arrays, metrics = s.aggregate_train(1, replies)
@@ -163,31 +149,36 @@ def test_malformed_update_is_rejected_and_the_round_goes_on(mutate, reason, capl
     [({"num-examples": float("nan")}, "num-examples"), ({"num-examples": 0}, "num-examples"),
      ({"partition-id": 3}, "echoes partition-id"), ({"train-loss": float("inf")}, "NaN or Inf")],
 )
-def test_bad_metrics_are_rejected(metrics, reason):
-    s = FedAvgStrategy(cfg())
-    msgs = configured(s, ReplyGrid(NODES))
+def test_bad_metrics_are_rejected(metrics, reason, reply_grid):
+    s = FedAvgStrategy.from_config(cfg())
+    msgs = configured(s, reply_grid(NODES))
     if metrics.get("partition-id") == NODES[msgs[0].metadata.dst_node_id]:
         metrics = {"partition-id": (metrics["partition-id"] + 1) % 4}
     s.aggregate_train(1, [reply(msgs[0], **metrics)])
     assert reason in s.last_rejections[0].reason
 
 
-def test_reply_without_arrays_or_keys_is_rejected():
-    s = FedAvgStrategy(cfg())
-    msgs = configured(s, ReplyGrid(NODES))
+def test_reply_without_arrays_or_keys_is_rejected(reply_grid):
+    s = FedAvgStrategy.from_config(cfg())
+    msgs = configured(s, reply_grid(NODES))
     no_arrays = Message(RecordDict({"metrics": MetricRecord({"partition-id": NODES[msgs[0].metadata.dst_node_id],
                                                              "num-examples": 5})}), reply_to=msgs[0])
-    no_pid = Message(RecordDict({"arrays": flwr_io.to_record(model()),
+    no_pid = Message(RecordDict({"arrays": protocol.to_record(model()),
                                  "metrics": MetricRecord({"num-examples": 5})}), reply_to=msgs[1])
     s.aggregate_train(1, [no_arrays, no_pid])
     reasons = [r.reason for r in s.last_rejections]
-    assert any("no ArrayRecord" in r for r in reasons)
-    assert any("lack 'partition-id'" in r for r in reasons)
+    # the reply without partition-id is keyed as sampled; the third node never answered
+    assert reasons == ["reply holds no ArrayRecord 'arrays'", "no reply before round-timeout"]
+    assert [u.partition_id for u in s.last_updates] == [NODES[msgs[1].metadata.dst_node_id]]
+    no_n = Message(RecordDict({"arrays": protocol.to_record(model()),
+                               "metrics": MetricRecord({"train-loss": 1.0})}), reply_to=msgs[2])
+    s.aggregate_train(1, [no_n])
+    assert s.last_rejections[0].reason == "reply metrics lack 'num-examples'"
 
 
-def test_error_reply_from_the_superlink_is_mapped_to_its_node():
-    s = FedAvgStrategy(cfg())
-    msgs = configured(s, ReplyGrid(NODES))
+def test_error_reply_from_the_superlink_is_mapped_to_its_node(reply_grid):
+    s = FedAvgStrategy.from_config(cfg())
+    msgs = configured(s, reply_grid(NODES))
     err = Message(Error(ErrorCode.NODE_UNAVAILABLE, "Node Unavailable"), reply_to=msgs[0])
     err.metadata.__dict__["_src_node_id"] = 1  # the SuperLink answers for a dead node
     _arrays, metrics = s.aggregate_train(1, [err, *[reply(m) for m in msgs[1:]]])
@@ -198,9 +189,9 @@ def test_error_reply_from_the_superlink_is_mapped_to_its_node():
     assert "code 5" in rj.reason
 
 
-def test_missing_reply_is_logged_and_all_rejected_keeps_the_model():
-    s = FedAvgStrategy(cfg())
-    configured(s, ReplyGrid(NODES))
+def test_missing_reply_is_logged_and_all_rejected_keeps_the_model(reply_grid):
+    s = FedAvgStrategy.from_config(cfg())
+    configured(s, reply_grid(NODES))
     before = {k: v.copy() for k, v in s.params.items()}
     arrays, metrics = s.aggregate_train(1, [])
     assert arrays is None and metrics["clients-rejected"] == 3
@@ -209,30 +200,126 @@ def test_missing_reply_is_logged_and_all_rejected_keeps_the_model():
         np.testing.assert_array_equal(s.params[k], before[k])
 
 
-def test_duplicate_reply_is_rejected():
-    s = FedAvgStrategy(cfg())
-    msgs = configured(s, ReplyGrid(NODES))
+def test_duplicate_reply_is_rejected(reply_grid):
+    s = FedAvgStrategy.from_config(cfg())
+    msgs = configured(s, reply_grid(NODES))
     r = reply(msgs[0])
     _, metrics = s.aggregate_train(1, [r, r, *[reply(m) for m in msgs[1:]]])
     assert metrics["clients-ok"] == 3 and metrics["clients-rejected"] == 1
 
 
 def test_state_dict_roundtrip_and_strategy_check():
-    s = FedAvgStrategy(cfg())
+    s = FedAvgStrategy.from_config(cfg())
     s.params, s.round, s.history = model(2.0), 4, [{"round": 4, "accuracy": 0.5}]
-    t = FedAvgStrategy(cfg())
+    t = FedAvgStrategy.from_config(cfg())
     t.load_state_dict(s.state_dict())
     assert t.round == 4 and t.history == s.history
     np.testing.assert_array_equal(t.params["w"], s.params["w"])
     from strategies.fedprox import FedProxStrategy
 
     with pytest.raises(ValueError, match="fedavg"):
-        FedProxStrategy(cfg()).load_state_dict(s.state_dict())
+        FedProxStrategy.from_config(cfg()).load_state_dict(s.state_dict())
 
 
-def test_fedprox_sends_its_trainer_and_mu():
+def test_fedprox_sends_its_trainer_and_mu(reply_grid):
+    from launch.registry import train_config
     from strategies.fedprox import FedProxStrategy
 
-    s = FedProxStrategy(cfg(**{"fedprox.mu": 0.25}))
-    c = configured(s, ReplyGrid(NODES))[0].content["config"]
-    assert c["trainer"] == "fedprox" and c["trainer.mu"] == 0.25
+    conf = cfg(**{"fedprox.mu": 0.25})
+    s = FedProxStrategy.from_config(conf)
+    msgs = list(s.configure_train(1, protocol.to_record(model(1.0)),
+                                  ConfigRecord(train_config(conf, s.trainer)), reply_grid(NODES)))
+    c = msgs[0].content["config"]
+    assert c["trainer"] == "fedprox" and c["fedprox.mu"] == 0.25 and c["lr"] == conf.lr
+
+
+# ---------------------------------------------------------------- Flower-native use
+
+
+def plain_client(sent: list[Message], loss: bool = False):
+    """Answers like a ClientApp from Flower's quickstart: no query handler, a train reply
+    with ``arrays`` (the received model + 1) and ``num-examples`` only."""
+
+    def answer(m: Message) -> Message:
+        sent.append(m)
+        if m.metadata.message_type == MessageType.QUERY:
+            return Message(Error(code=ErrorCode.UNKNOWN, reason="No query function registered"),
+                           reply_to=m)
+        got = protocol.from_record(m.content["arrays"])
+        new = {k: (v + 1).astype(v.dtype) for k, v in got.items()}
+        met = {"num-examples": 10, **({"train-loss": 0.5} if loss else {})}
+        return Message(RecordDict({"arrays": protocol.to_record(new),
+                                   "metrics": MetricRecord(met)}), reply_to=m)
+
+    return answer
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedcda", "fedcross", "fedadam", "fedyogi"])
+def test_every_strategy_builds_like_flowers_own_without_a_run_config(name):
+    from strategies import REGISTRY
+
+    s = REGISTRY[name](fraction_train=0.5, fraction_evaluate=0.0, min_train_nodes=2,
+                       min_evaluate_nodes=1, min_available_nodes=2)
+    assert s.fraction_train == 0.5 and s.min_available_nodes == 2
+    with pytest.raises(TypeError, match="unexpected keyword argument 'fraction_trian'"):
+        REGISTRY[name](fraction_trian=0.5)
+
+
+def test_method_options_are_keywords_checked_with_the_declared_bounds():
+    from fedsys.options import ConfigError
+    from strategies.fedcda import FedCDAStrategy
+    from strategies.fedcross import FedCrossStrategy
+
+    s = FedCDAStrategy(memory=2, selection="newest")
+    assert s.K == 2 and s.selection == "newest"
+    with pytest.raises(TypeError, match="Did you mean 'memory'"):
+        FedCDAStrategy(memroy=2)
+    with pytest.raises(ConfigError, match="'fedcda.memory' must be > 0"):
+        FedCDAStrategy(memory=0)
+    with pytest.raises(ConfigError, match="allowed values: lowest, highest, in-order"):
+        FedCrossStrategy(selection="best")
+
+
+def test_start_as_flower_documents_it_num_rounds_sets_imas_start_and_the_lr(reply_grid):
+    from fedsys import ima
+    from strategies.ima import IMA
+
+    sent: list[Message] = []
+    grid = reply_grid(NODES, plain_client(sent))
+    s = FedAvgStrategy(fraction_train=0.5, min_available_nodes=2).wrap(
+        IMA(start_fraction=0.6, window=2, lr_decay=0.5))
+    res = s.start(grid, protocol.to_record(model(0.0)), num_rounds=5,
+                  train_config=ConfigRecord({"lr": 0.5, "note": "mine"}))
+    assert s.wrappers[0].t_s == 3  # floor(0.6 * 5), from start's num_rounds
+    assert sorted(res.train_metrics_clientapp) == [1, 2, 3, 4, 5]
+    assert [h["ima-active"] for h in s.history] == [0.0, 0.0, 0.0, 1.0, 1.0]  # no evaluate_fn: no round 0
+    trains = [m for m in sent if m.metadata.message_type == MessageType.TRAIN]
+    assert len(trains) == 5 * 2  # max(int(0.5 * 4), 2) nodes per round
+    for m in trains:
+        c = m.content["config"]
+        rnd = int(c["server-round"])
+        assert c["note"] == "mine" and c["lr"] == ima.client_lr(rnd - 1, 0.5, 1.0, 3, 0.5)
+    # plain clients declare no partition-id: keyed by node id, every reply accepted
+    assert all(h["clients-ok"] == 2 for h in s.history)
+    assert set(s.node_pid.items()) == {(n, n) for n in NODES}
+
+
+def test_fedcda_warmup_as_a_fraction_follows_num_rounds(reply_grid):
+    from strategies.fedcda import FedCDAStrategy
+
+    s = FedCDAStrategy(fraction_train=1.0, min_available_nodes=2, warmup_fraction=0.5,
+                       memory=2, batches=2)
+    s.start(reply_grid(NODES, plain_client([], loss=True)), protocol.to_record(model(0.0)),
+            num_rounds=4)
+    assert s.warmup == 2
+    assert [h["fedcda-warmup"] for h in s.history] == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_timeout_bounds_each_round_and_a_round_without_updates_is_logged(reply_grid, caplog):
+    silent = reply_grid(NODES, answer=lambda m: None)
+    silent.pull_messages = lambda ids: []  # nobody ever answers
+    s = FedAvgStrategy(clients_per_round=2, min_available_nodes=2)
+    res = s.start(silent, protocol.to_record(model(0.0)), num_rounds=2, timeout=0.3)
+    assert sorted(res.train_metrics_clientapp) == [1, 2] and s.usable_rounds == 0
+    assert all(h["clients-rejected"] == 2 for h in s.history)
+    assert sum("no usable update" in r.getMessage() for r in caplog.records) == 2

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fedsys.cli import main
+from launch.cli import main
 
 
 def test_help_lists_the_commands(capsys):
@@ -54,11 +54,13 @@ def test_missing_dataset_message_says_how_to_get_it(capsys, tmp_path, monkeypatc
 
 
 def test_keys_lists_every_option(capsys):
-    from fedsys.config import OPTIONS
+    from launch.registry import schema
+
+    options = schema().options
 
     assert main(["keys"]) == 0
     out = capsys.readouterr().out
-    assert all(o.key in out for o in OPTIONS)
+    assert all(o.key in out for o in options)
 
 
 def test_partition_prints_histogram_and_writes_png(tmp_path, capsys):

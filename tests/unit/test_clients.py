@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from clients import TRAINERS, LocalConfig
-from clients.base import batches
+from clients import TRAINERS, LocalConfig, TrainJob
+from clients.base import TrainResult, batches
 from clients.fedprox import proximal_term
 from fedsys.data import make_synthetic
 from fedsys.models import build_model
@@ -17,6 +17,13 @@ def setup():
     ds = make_synthetic(n_train=300, n_test=10)
     net = build_model("mlp", ds.input_shape, ds.num_classes, seed=0)
     return ds, net
+
+
+def fit(name: str, net: nn.Module, ds, cfg: LocalConfig, mu: float = 0.1) -> TrainResult:
+    """One round of the registered trainer ``name`` (FedProx with ``fedprox.mu = mu``)."""
+    trainer = TRAINERS[name]
+    opts = trainer.Options(mu=mu) if name == "fedprox" else trainer.Options()
+    return trainer().train(TrainJob(net, ds.x_train, ds.y_train, ds.normalise, cfg, opts))
 
 
 def state(net: nn.Module) -> dict[str, torch.Tensor]:
@@ -38,25 +45,24 @@ def test_batches_cover_each_epoch_once_and_follow_the_seed():
 @pytest.mark.parametrize("name", ["sgd", "fedprox"])
 def test_training_is_deterministic_and_reduces_loss(name):
     ds, net = setup()
-    cfg = LocalConfig(epochs=3, batch_size=32, lr=0.1, seed=5, extra={"mu": 0.1})
+    cfg = LocalConfig(epochs=3, batch_size=32, lr=0.1, seed=5)
     w0 = state(net)
-    r1 = TRAINERS[name](net, ds.x_train, ds.y_train, ds.normalise, cfg)
+    r1 = fit(name, net, ds, cfg)
     w1 = state(net)
     net.load_state_dict(w0)
-    r2 = TRAINERS[name](net, ds.x_train, ds.y_train, ds.normalise, cfg)
+    r2 = fit(name, net, ds, cfg)
     assert r1 == r2
     assert all(torch.equal(w1[k], v) for k, v in state(net).items())
-    one = LocalConfig(epochs=1, batch_size=32, lr=0.1, seed=5, extra={"mu": 0.1})
+    one = LocalConfig(epochs=1, batch_size=32, lr=0.1, seed=5)
     net.load_state_dict(w0)
-    first = TRAINERS[name](net, ds.x_train, ds.y_train, ds.normalise, one)
+    first = fit(name, net, ds, one)
     assert r1.train_loss < first.train_loss  # last-epoch loss after 3 epochs is lower
     assert r1.num_examples == 300 and r1.steps == 3 * 10
 
 
 def test_max_steps_caps_local_work():
     ds, net = setup()
-    r = TRAINERS["sgd"](net, ds.x_train, ds.y_train, ds.normalise,
-                        LocalConfig(epochs=5, batch_size=32, max_steps=7, seed=0))
+    r = fit("sgd", net, ds, LocalConfig(epochs=5, batch_size=32, max_steps=7, seed=0))
     assert r.steps == 7
 
 
@@ -73,18 +79,17 @@ def test_proximal_term_golden():
 def test_fedprox_with_mu_zero_equals_sgd_and_large_mu_stays_closer():
     ds, net = setup()
     w0 = state(net)
-    cfg = LocalConfig(epochs=2, batch_size=32, lr=0.1, seed=3, extra={"mu": 0.0})
-    TRAINERS["sgd"](net, ds.x_train, ds.y_train, ds.normalise, cfg)
+    cfg = LocalConfig(epochs=2, batch_size=32, lr=0.1, seed=3)
+    fit("sgd", net, ds, cfg)
     sgd = state(net)
     net.load_state_dict(w0)
-    TRAINERS["fedprox"](net, ds.x_train, ds.y_train, ds.normalise, cfg)
+    fit("fedprox", net, ds, cfg, 0.0)
     for k, v in state(net).items():
         torch.testing.assert_close(v, sgd[k])
 
     def drift(mu: float) -> float:
         net.load_state_dict(w0)
-        TRAINERS["fedprox"](net, ds.x_train, ds.y_train, ds.normalise,
-                            LocalConfig(epochs=2, batch_size=32, lr=0.1, seed=3, extra={"mu": mu}))
+        fit("fedprox", net, ds, LocalConfig(epochs=2, batch_size=32, lr=0.1, seed=3), mu)
         return sum(float(((v - w0[k]) ** 2).sum()) for k, v in state(net).items())
 
     assert drift(5.0) < drift(0.0)
@@ -93,5 +98,4 @@ def test_fedprox_with_mu_zero_equals_sgd_and_large_mu_stays_closer():
 def test_divergence_raises_a_clear_error():
     ds, net = setup()
     with pytest.raises(FloatingPointError, match="diverged"):
-        TRAINERS["sgd"](net, ds.x_train, ds.y_train, ds.normalise,
-                        LocalConfig(epochs=3, batch_size=32, lr=1e6, seed=0))
+        fit("sgd", net, ds, LocalConfig(epochs=3, batch_size=32, lr=1e6, seed=0))

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fedsys import cli
-from fedsys.deploy import (
+from launch import cli
+from launch.deploy import (
     SCRIPTS,
     SERVER_EXEC,
     SUPERLINK,
@@ -143,7 +143,7 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_deploy_help_lists_the_actions() -> None:
-    out = subprocess.run([sys.executable, "-m", "fedsys", "deploy", "--help"],
+    out = subprocess.run([sys.executable, "-m", "launch", "deploy", "--help"],
                          capture_output=True, text=True, check=True).stdout
     for action in ("up", "run", "status", "down"):
         assert action in out

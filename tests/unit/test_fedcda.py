@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from fedsys import fedcda as m
-from fedsys.aggregate import weighted_average
-from fedsys.config import ConfigError, build
-from fedsys.flwr_io import ClientUpdate
+from fedsys.config import ConfigError
 from fedsys.model_cache import ModelCache
-from fedsys.params import Params
+from fedsys.params import Params, mean
+from fedsys.protocol import ClientUpdate
+from launch.registry import build
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedcda import FedCDAStrategy
 
@@ -180,7 +180,7 @@ def upd(pid: int, v: np.ndarray | float, loss: float = 0.0, n: int = 3, ex: int 
 
 def test_warmup_equals_fedavg_exactly() -> None:
     c = cfg(**{"fedcda.warmup": 3})
-    cda, avg = FedCDAStrategy(c), FedAvgStrategy(c)
+    cda, avg = FedCDAStrategy.from_config(c), FedAvgStrategy.from_config(c)
     for r in range(1, 4):
         ups = [upd(p, RNG.normal(size=4), ex=int(RNG.integers(5, 50))) for p in (0, 2, 4)]
         a, b = cda.aggregate(r, ups), avg.aggregate(r, ups)
@@ -191,7 +191,7 @@ def test_warmup_equals_fedavg_exactly() -> None:
 
 
 def test_global_is_uniform_mean_of_seen_clients_and_unseen_are_left_out() -> None:
-    s = FedCDAStrategy(cfg(**{"fedcda.selection": "newest"}))
+    s = FedCDAStrategy.from_config(cfg(**{"fedcda.selection": "newest"}))
     g = s.aggregate(1, [upd(0, 1.0, ex=1), upd(1, 2.0, ex=100), upd(3, 6.0, ex=1)])
     assert g is not None
     np.testing.assert_allclose(g["w"], 3.0)  # uniform, not example-weighted; 2, 4, 5 unseen
@@ -203,7 +203,7 @@ def test_global_is_uniform_mean_of_seen_clients_and_unseen_are_left_out() -> Non
 
 
 def test_rejected_participant_keeps_previous_selection() -> None:
-    s = FedCDAStrategy(cfg())
+    s = FedCDAStrategy.from_config(cfg())
     s.aggregate(1, [upd(0, 1.0), upd(1, 5.0)])
     sel_before = dict(s.selected)
     # round 2: client 1 was sampled but its reply was rejected -> not among the updates
@@ -216,7 +216,7 @@ def make_known_case() -> tuple[FedCDAStrategy, FedCDAStrategy]:
     """Client 0's newest model drifted far away; its round-1 model sits with the others."""
     out = []
     for sel in ("approximate", "newest"):
-        s = FedCDAStrategy(cfg(**{"fedcda.selection": sel}))
+        s = FedCDAStrategy.from_config(cfg(**{"fedcda.selection": sel}))
         s.aggregate(1, [upd(0, 1.0), upd(1, 1.1), upd(2, 0.9)])
         s.aggregate(2, [upd(0, 50.0)])
         out.append(s)
@@ -240,7 +240,7 @@ def random_fill(s: FedCDAStrategy, rounds: int, clients: list[int], d: int = 6, 
 
 
 def test_optimal_equals_brute_force_over_all_caches() -> None:
-    s = FedCDAStrategy(cfg(**{"fedcda.selection": "optimal", "fedcda.warmup": 4,
+    s = FedCDAStrategy.from_config(cfg(**{"fedcda.selection": "optimal", "fedcda.warmup": 4,
                               "num-clients": 4, "fedcda.smoothness": 0.5}))
     random_fill(s, 6, [0, 1, 2, 3])
     cache = s.cache
@@ -256,14 +256,14 @@ def test_optimal_equals_brute_force_over_all_caches() -> None:
 
 def test_greedy_with_one_client_per_batch_equals_per_client_greedy() -> None:
     clients = [0, 1, 2, 3, 4, 5]
-    s = FedCDAStrategy(cfg(**{"fedcda.batches": 3, "fedcda.warmup": 5}))
+    s = FedCDAStrategy.from_config(cfg(**{"fedcda.batches": 3, "fedcda.warmup": 5}))
     random_fill(s, 5, clients)  # warmup: caches filled, newest selected
     before = dict(s.selected)
     cache = s.cache
     rng = np.random.default_rng(77)
     ups = [upd(p, rng.normal(size=4) * 3, loss=float(rng.uniform())) for p in (1, 3, 4)]
     # Expected: the same permutation the strategy draws, one client at a time.
-    from fedsys.task import derive_seed
+    from fedsys.seeding import derive_seed
     from strategies.fedcda import BATCH_TAG
     order = m.split_batches([1, 3, 4], 3, np.random.default_rng(derive_seed(5, 6, BATCH_TAG)))
     s.aggregate(6, ups)
@@ -283,7 +283,7 @@ def test_greedy_with_one_client_per_batch_equals_per_client_greedy() -> None:
 
 def test_approximate_batches_exclude_later_batches() -> None:
     """Eq. 8: with B = P, the first client's choice ignores the later participants."""
-    s = FedCDAStrategy(cfg(**{"fedcda.batches": 2, "fedcda.warmup": 1}))
+    s = FedCDAStrategy.from_config(cfg(**{"fedcda.batches": 2, "fedcda.warmup": 1}))
     s.aggregate(1, [upd(0, 0.0), upd(1, 0.0), upd(2, 0.0)])
     before = s.global_model()
     s.aggregate(2, [upd(0, 0.1), upd(1, 0.2), upd(2, 0.3)])
@@ -293,16 +293,16 @@ def test_approximate_batches_exclude_later_batches() -> None:
 
 
 def test_random_and_newest_modes() -> None:
-    s = FedCDAStrategy(cfg(**{"fedcda.selection": "random"}))
+    s = FedCDAStrategy.from_config(cfg(**{"fedcda.selection": "random"}))
     random_fill(s, 8, [0, 1, 2])
     assert all(r in [e.round for e in s.cache.of(n)] for n, r in s.selected.items())
-    s2 = FedCDAStrategy(cfg(**{"fedcda.selection": "random"}))
+    s2 = FedCDAStrategy.from_config(cfg(**{"fedcda.selection": "random"}))
     random_fill(s2, 8, [0, 1, 2])
     assert s.selected == s2.selected  # seeded
 
 
 def test_warmup_newest_all_mode_averages_seen_clients_uniformly() -> None:
-    s = FedCDAStrategy(cfg(**{"fedcda.warmup": 5, "fedcda.warmup-mode": "newest-all"}))
+    s = FedCDAStrategy.from_config(cfg(**{"fedcda.warmup": 5, "fedcda.warmup-mode": "newest-all"}))
     s.aggregate(1, [upd(0, 1.0, ex=1), upd(1, 3.0, ex=9)])
     g = s.aggregate(2, [upd(0, 5.0)])
     assert g is not None
@@ -322,11 +322,11 @@ def update_stream(rounds: int, clients: list[int], seed: int) -> list[list[Clien
 def test_state_dict_resume_is_identical(tmp_path, cache: str) -> None:
     c = cfg(**{"fedcda.cache": cache, "fedcda.warmup": 2, "output-dir": str(tmp_path)})
     stream = update_stream(8, [0, 1, 2, 3, 4, 5], seed=3)
-    full = FedCDAStrategy(c)
+    full = FedCDAStrategy.from_config(c)
     full.workdir = tmp_path / "full"
     for r, ups in enumerate(stream, 1):
         full.aggregate(r, ups)
-    part = FedCDAStrategy(c)
+    part = FedCDAStrategy.from_config(c)
     part.workdir = tmp_path / "part"
     for r, ups in enumerate(stream[:6], 1):
         part.aggregate(r, ups)
@@ -335,7 +335,7 @@ def test_state_dict_resume_is_identical(tmp_path, cache: str) -> None:
             state = part.state_dict()
             part.checkpoint_written()
     # killed after round 6; a fresh strategy resumes from the round-4 checkpoint
-    part = FedCDAStrategy(c)
+    part = FedCDAStrategy.from_config(c)
     part.workdir = tmp_path / "part"
     part.load_state_dict(state)
     for r, ups in enumerate(stream[4:], 5):
@@ -348,12 +348,12 @@ def test_state_dict_resume_is_identical(tmp_path, cache: str) -> None:
 
 def test_impossible_search_sizes_are_config_errors() -> None:
     with pytest.raises(ConfigError, match=r"optimal.*lower 'num-clients'"):
-        FedCDAStrategy(cfg(**{"fedcda.selection": "optimal", "num-clients": 40}))
+        FedCDAStrategy.from_config(cfg(**{"fedcda.selection": "optimal", "num-clients": 40}))
     with pytest.raises(ConfigError, match=r"fedcda\.batches"):
-        FedCDAStrategy(cfg(**{"num-clients": 100, "clients-per-round": 60, "fedcda.batches": 1}))
+        FedCDAStrategy.from_config(cfg(**{"num-clients": 100, "clients-per-round": 60, "fedcda.batches": 1}))
 
 
 def test_weighted_average_reference_is_unchanged() -> None:
     # guard: the FedAvg used in warmup is the library's weighted mean
     a, b = model(1.0), model(3.0)
-    np.testing.assert_allclose(weighted_average([a, b], [1, 3])["w"], 2.5)
+    np.testing.assert_allclose(mean([a, b], [1, 3])["w"], 2.5)

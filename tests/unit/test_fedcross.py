@@ -7,8 +7,8 @@ Strategy tests drive ``configure_train`` / ``aggregate_train`` with a minimal Gr
 from __future__ import annotations
 
 import itertools
-import uuid
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,10 +16,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, Re
 from flwr.common.constant import ErrorCode
 
 from fedsys import fedcross as fc
-from fedsys import flwr_io
-from fedsys.aggregate import weighted_average
-from fedsys.config import ConfigError, build
-from fedsys.params import Params, checksum, copy
+from fedsys import protocol
+from fedsys.config import ConfigError
+from fedsys.params import Params, checksum, copy, mean
+from launch.registry import build
 from strategies.fedcross import FedCrossStrategy
 
 # ---------------------------------------------------------------------- helpers
@@ -113,7 +113,7 @@ def test_two_models_with_alpha_half_is_unweighted_fedavg():
     v = models(2, seed=1)
     c = fc.select_collaborators(fc.similarity(v)[0], "lowest", 1)
     out = fc.mix(v, fc.cross_matrix(c, 0.5))
-    want = weighted_average(v, [1.0, 1.0])
+    want = mean(v, [1.0, 1.0])
     for o in out:
         for key, val in want.items():
             if key.endswith("num_batches_tracked"):
@@ -334,34 +334,6 @@ def test_spread_from_the_gram_matches_direct_distances():
 NODES = {101: 0, 205: 1, 333: 2, 478: 3, 512: 4}  # node id -> partition id
 
 
-class ReplyGrid:
-    """Minimal Grid: node ids, and answers to the partition-id QUERY."""
-
-    def __init__(self, nodes: dict[int, int]) -> None:
-        self.nodes = nodes
-        self.outbox: dict[str, Message] = {}
-
-    def get_node_ids(self) -> Iterable[int]:
-        return list(self.nodes)
-
-    def push_messages(self, messages: Iterable[Message]) -> list[str]:
-        ids = []
-        for m in messages:
-            mid = str(uuid.uuid4())
-            m.metadata.__dict__["_message_id"] = mid
-            self.outbox[mid] = m
-            ids.append(mid)
-        return ids
-
-    def pull_messages(self, ids: Iterable[str]) -> list[Message]:
-        out = []
-        for i in list(ids):
-            m = self.outbox.pop(i)
-            pid = self.nodes[m.metadata.dst_node_id]
-            out.append(Message(RecordDict({"metrics": MetricRecord({"partition-id": pid})}), reply_to=m))
-        return out
-
-
 def cfg(**kw: object):
     base = {"dataset": "synthetic", "model": "mlp", "strategy": "fedcross", "num-clients": 5,
             "clients-per-round": 3, "num-server-rounds": 4, "seed": 3, "round-timeout": 2.0,
@@ -373,8 +345,8 @@ def init_model() -> Params:
     return models(1, seed=99, dtype=np.float32)[0]
 
 
-def configured(s: FedCrossStrategy, grid: ReplyGrid, rnd: int) -> list[Message]:
-    msgs = list(s.configure_train(rnd, flwr_io.to_record(init_model()), ConfigRecord(), grid))
+def configured(s: FedCrossStrategy, grid: Any, rnd: int) -> list[Message]:
+    msgs = list(s.configure_train(rnd, protocol.to_record(init_model()), ConfigRecord(), grid))
     grid.push_messages(msgs)  # message ids, as the runtime gives them
     grid.outbox.clear()
     return msgs
@@ -382,7 +354,7 @@ def configured(s: FedCrossStrategy, grid: ReplyGrid, rnd: int) -> list[Message]:
 
 def trained(msg: Message, nodes: dict[int, int] = NODES) -> Params:
     """What a client returns: the received model moved by a partition-dependent step."""
-    p = flwr_io.from_record(msg.content["arrays"])
+    p = protocol.from_record(msg.content["arrays"])
     rng = np.random.default_rng(nodes[msg.metadata.dst_node_id] + 1000 * int(msg.content["config"]["server-round"]))
     return {k: (v + rng.standard_normal(v.shape).astype(v.dtype) * 0.1 if v.dtype.kind == "f" else v + 1)
             for k, v in p.items()}
@@ -390,21 +362,21 @@ def trained(msg: Message, nodes: dict[int, int] = NODES) -> Params:
 
 def reply(msg: Message, params: Params | None = None, nodes: dict[int, int] = NODES) -> Message:
     pid = nodes[msg.metadata.dst_node_id]
-    content = RecordDict({"arrays": flwr_io.to_record(params if params is not None else trained(msg, nodes)),
+    content = RecordDict({"arrays": protocol.to_record(params if params is not None else trained(msg, nodes)),
                           "metrics": MetricRecord({"partition-id": pid, "num-examples": 10 + pid,
                                                    "train-loss": 0.5})})
     return Message(content, reply_to=msg)
 
 
-def play(s: FedCrossStrategy, grid: ReplyGrid, rnd: int, fail: Iterable[int] = ()) -> dict[int, Params]:
+def play(s: FedCrossStrategy, grid: Any, rnd: int, fail: Iterable[int] = ()) -> dict[int, Params]:
     """One round; nodes in ``fail`` answer with an error.  Returns the models sent."""
     msgs = configured(s, grid, rnd)
-    sent = {m.metadata.dst_node_id: flwr_io.from_record(m.content["arrays"]) for m in msgs}
+    sent = {m.metadata.dst_node_id: protocol.from_record(m.content["arrays"]) for m in msgs}
     replies = [Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, "boom"), reply_to=m)
                if m.metadata.dst_node_id in set(fail) else reply(m, nodes=grid.nodes) for m in msgs]
     arrays, _ = s.aggregate_train(rnd, replies)
     if arrays is not None:
-        s.params = flwr_io.from_record(arrays)
+        s.params = protocol.from_record(arrays)
     return sent
 
 
@@ -420,35 +392,35 @@ def assert_global_is_slot_mean(s: FedCrossStrategy) -> None:
 
 def test_fedcross_needs_two_slots():
     with pytest.raises(ConfigError, match="'clients-per-round' >= 2"):
-        FedCrossStrategy(cfg(**{"clients-per-round": 1}))
+        FedCrossStrategy.from_config(cfg(**{"clients-per-round": 1}))
 
 
-def test_slot_assignment_is_a_seeded_permutation_onto_the_sampled_nodes():
-    s = FedCrossStrategy(cfg())
+def test_slot_assignment_is_a_seeded_permutation_onto_the_sampled_nodes(reply_grid):
+    s = FedCrossStrategy.from_config(cfg())
     seen = set()
     for rnd in range(1, 6):
-        msgs = configured(s, ReplyGrid(NODES), rnd)
+        msgs = configured(s, reply_grid(NODES), rnd)
         assert len(msgs) == 3 and sorted(s.assignment.values()) == [0, 1, 2]
         assert set(s.assignment) == {m.metadata.dst_node_id for m in msgs}
         by_pid = {NODES[n]: slot for n, slot in s.assignment.items()}
         seen.add(tuple(sorted(by_pid.items())))
         # same seed and round, other node ids: the same partitions get the same slots
-        t = FedCrossStrategy(cfg())
+        t = FedCrossStrategy.from_config(cfg())
         renamed = {n + 7000: p for n, p in NODES.items()}
-        configured(t, ReplyGrid(renamed), rnd)
+        configured(t, reply_grid(renamed), rnd)
         assert {renamed[n]: slot for n, slot in t.assignment.items()} == by_pid
     assert len(seen) > 1  # the assignment changes between rounds
     draws = set()
     for seed in range(8):  # the seed matters
-        other = FedCrossStrategy(cfg(seed=seed))
-        configured(other, ReplyGrid(NODES), 1)
+        other = FedCrossStrategy.from_config(cfg(seed=seed))
+        configured(other, reply_grid(NODES), 1)
         draws.add(tuple(sorted((NODES[n], x) for n, x in other.assignment.items())))
     assert len(draws) > 1
 
 
-def test_each_node_is_sent_exactly_its_slot_model():
-    s = FedCrossStrategy(cfg())
-    grid = ReplyGrid(NODES)
+def test_each_node_is_sent_exactly_its_slot_model(reply_grid):
+    s = FedCrossStrategy.from_config(cfg())
+    grid = reply_grid(NODES)
     play(s, grid, 1)
     assert len(set(slot_sums(s))) == 3  # slots differ after one round
     for rnd in (2, 3):
@@ -458,9 +430,9 @@ def test_each_node_is_sent_exactly_its_slot_model():
             assert checksum(params) == checksum(before[s.assignment[node]])
 
 
-def test_a_failed_node_keeps_its_slot_bit_for_bit():
-    s = FedCrossStrategy(cfg())
-    grid = ReplyGrid(NODES)
+def test_a_failed_node_keeps_its_slot_bit_for_bit(reply_grid):
+    s = FedCrossStrategy.from_config(cfg())
+    grid = reply_grid(NODES)
     play(s, grid, 1)
     msgs = configured(s, grid, 2)
     bad = msgs[0].metadata.dst_node_id
@@ -474,13 +446,13 @@ def test_a_failed_node_keeps_its_slot_bit_for_bit():
     assert all(after[i] != before[i] for i in range(3) if i != bad_slot)
     assert metrics["clients-ok"] == 2 and metrics["fedcross-uploads"] == 2
     assert s.last_updated_slots == sorted(set(range(3)) - {bad_slot})
-    s.params = flwr_io.from_record(arrays)
+    s.params = protocol.from_record(arrays)
     assert_global_is_slot_mean(s)
 
 
-def test_a_malformed_upload_is_not_mixed_in():
-    s = FedCrossStrategy(cfg())
-    grid = ReplyGrid(NODES)
+def test_a_malformed_upload_is_not_mixed_in(reply_grid):
+    s = FedCrossStrategy.from_config(cfg())
+    grid = reply_grid(NODES)
     msgs = configured(s, grid, 1)
     before = slot_sums(s)
     nan = trained(msgs[1])
@@ -492,11 +464,11 @@ def test_a_malformed_upload_is_not_mixed_in():
         i == bad_slot for i in range(3)]
 
 
-def test_fewer_nodes_than_slots_loses_and_duplicates_nothing():
-    s = FedCrossStrategy(cfg(**{"clients-per-round": 4}))
+def test_fewer_nodes_than_slots_loses_and_duplicates_nothing(reply_grid):
+    s = FedCrossStrategy.from_config(cfg(**{"clients-per-round": 4}))
     few = {101: 0, 205: 1}
-    grid = ReplyGrid(few)
-    play(s, ReplyGrid(NODES), 1)
+    grid = reply_grid(few)
+    play(s, reply_grid(NODES), 1)
     for rnd in (2, 3, 4):
         before = slot_sums(s)
         msgs = configured(s, grid, rnd)
@@ -511,9 +483,9 @@ def test_fewer_nodes_than_slots_loses_and_duplicates_nothing():
         assert all(after[i] != before[i] for i in used)
 
 
-def test_one_upload_is_stored_as_it_is():
-    s = FedCrossStrategy(cfg())
-    msgs = configured(s, ReplyGrid(NODES), 1)
+def test_one_upload_is_stored_as_it_is(reply_grid):
+    s = FedCrossStrategy.from_config(cfg())
+    msgs = configured(s, reply_grid(NODES), 1)
     up = trained(msgs[2])
     fails = [Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, "x"), reply_to=m) for m in msgs[:2]]
     _, metrics = s.aggregate_train(1, [*fails, reply(msgs[2], up)])
@@ -521,9 +493,9 @@ def test_one_upload_is_stored_as_it_is():
     assert metrics["fedcross-phase"] == 3.0
 
 
-def test_global_is_the_uniform_mean_of_the_slots_and_metrics_are_reported():
-    s = FedCrossStrategy(cfg(**{"fedcross.alpha": 0.9}))
-    grid = ReplyGrid(NODES)
+def test_global_is_the_uniform_mean_of_the_slots_and_metrics_are_reported(reply_grid):
+    s = FedCrossStrategy.from_config(cfg(**{"fedcross.alpha": 0.9}))
+    grid = reply_grid(NODES)
     for rnd in (1, 2):
         play(s, grid, rnd)
         assert_global_is_slot_mean(s)
@@ -537,9 +509,9 @@ def test_global_is_the_uniform_mean_of_the_slots_and_metrics_are_reported():
     assert m["fedcross-upload-spread"] > m["fedcross-slot-spread"]  # mixing pulls the models together
 
 
-def test_warmup_resets_every_slot_to_the_uploads_mean():
-    s = FedCrossStrategy(cfg(**{"clients-per-round": 4, "fedcross.warmup": 2}))
-    grid = ReplyGrid({101: 0, 205: 1, 333: 2})  # 3 nodes, 4 slots: one slot gets nothing
+def test_warmup_resets_every_slot_to_the_uploads_mean(reply_grid):
+    s = FedCrossStrategy.from_config(cfg(**{"clients-per-round": 4, "fedcross.warmup": 2}))
+    grid = reply_grid({101: 0, 205: 1, 333: 2})  # 3 nodes, 4 slots: one slot gets nothing
     msgs = configured(s, grid, 1)
     ups = {m.metadata.dst_node_id: trained(m, grid.nodes) for m in msgs}
     _, metrics = s.aggregate_train(1, [reply(m, ups[m.metadata.dst_node_id], grid.nodes) for m in msgs])
@@ -553,11 +525,11 @@ def test_warmup_resets_every_slot_to_the_uploads_mean():
     assert len(set(slot_sums(s))) == 4  # three mixed, one untouched copy of the old mean
 
 
-def test_propeller_and_dynamic_alpha_phases():
-    s = FedCrossStrategy(cfg(**{"clients-per-round": 4, "fedcross.propeller-rounds": 2,
+def test_propeller_and_dynamic_alpha_phases(reply_grid):
+    s = FedCrossStrategy.from_config(cfg(**{"clients-per-round": 4, "fedcross.propeller-rounds": 2,
                                 "fedcross.propellers": 2, "fedcross.dynamic-alpha-rounds": 4,
                                 "fedcross.alpha": 0.9}))
-    grid = ReplyGrid(NODES)
+    grid = reply_grid(NODES)
     got = []
     for rnd in range(1, 8):
         play(s, grid, rnd)
@@ -566,43 +538,43 @@ def test_propeller_and_dynamic_alpha_phases():
     assert [a for _, a in got] == pytest.approx([1 / 3, 1 / 3, 0.5, 0.6, 0.7, 0.8, 0.9])
 
 
-def test_state_dict_round_trip_continues_identically():
-    s = FedCrossStrategy(cfg())
-    grid = ReplyGrid(NODES)
+def test_state_dict_round_trip_continues_identically(reply_grid):
+    s = FedCrossStrategy.from_config(cfg())
+    grid = reply_grid(NODES)
     for rnd in (1, 2):
         play(s, grid, rnd)
     s.round = 2
-    t = FedCrossStrategy(cfg())
+    t = FedCrossStrategy.from_config(cfg())
     t.load_state_dict(s.state_dict())
     assert slot_sums(t) == slot_sums(s) and t.round == 2
     assert all(a is not b for a, b in zip(t.slots, s.slots, strict=True))
     for rnd in (3, 4):
         play(s, grid, rnd)
-        play(t, ReplyGrid({n + 50: p for n, p in NODES.items()}), rnd)  # new node ids after restart
+        play(t, reply_grid({n + 50: p for n, p in NODES.items()}), rnd)  # new node ids after restart
         assert slot_sums(t) == slot_sums(s)
         assert checksum(t.params) == checksum(s.params)
     with pytest.raises(ValueError, match="slots"):
-        FedCrossStrategy(cfg(**{"clients-per-round": 4})).load_state_dict(s.state_dict())
+        FedCrossStrategy.from_config(cfg(**{"clients-per-round": 4})).load_state_dict(s.state_dict())
 
 
-def test_ima_over_fedcross_averages_each_slot():
-    from strategies import REGISTRY
+def test_ima_over_fedcross_averages_each_slot(reply_grid):
+    from launch.registry import make_strategy
 
-    s = REGISTRY["ima"](cfg(**{"strategy": "ima", "ima.base": "fedcross", "ima.start-round": 1,
+    s = make_strategy(cfg(**{"strategy": "ima", "ima.base": "fedcross", "ima.start-round": 1,
                               "ima.window": 2}))
-    grid = ReplyGrid(NODES)
+    grid = reply_grid(NODES)
     for rnd in (1, 2, 3):
         play(s, grid, rnd)
-    assert s.round_metrics["ima-active"] == 1.0
+    assert s.wrappers[0].round_metrics()["ima-active"] == 1.0
     mean = fc.uniform_mean(s.slots)  # IMA averages the (window-averaged) slots itself
     for key, val in mean.items():
         np.testing.assert_allclose(s.params[key], val, rtol=1e-6, atol=1e-7)
 
 
-def test_reply_arrays_are_decoded_copies():
+def test_reply_arrays_are_decoded_copies(reply_grid):
     """The mixing writes into the slot arrays: the messages sent must not share them."""
-    s = FedCrossStrategy(cfg())
-    msgs = configured(s, ReplyGrid(NODES), 1)
-    sent = [flwr_io.from_record(m.content["arrays"]) for m in msgs]
+    s = FedCrossStrategy.from_config(cfg())
+    msgs = configured(s, reply_grid(NODES), 1)
+    sent = [protocol.from_record(m.content["arrays"]) for m in msgs]
     assert not any(np.shares_memory(p["fc.weight"], x["fc.weight"]) for p in sent for x in s.slots)
     assert isinstance(msgs[0].content["arrays"], ArrayRecord)

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from fedsys import ima
-from fedsys.config import build
-from fedsys.flwr_io import ClientUpdate
-from fedsys.params import Params
-from strategies import BASES, REGISTRY
-from strategies.ima import ImaMixin
+from fedsys.params import Params, mean
+from fedsys.protocol import ClientUpdate
+from launch.registry import build, make_strategy
+from strategies import REGISTRY
+from strategies.ima import IMA
 
 RNG = np.random.default_rng(7)
 
@@ -52,9 +52,9 @@ def test_start_round_explicit_overrides_fraction() -> None:
     assert ima.start_round(100, 0.0) == 0 and ima.start_round(10, 1.0) == 10
 
 
-def test_window_mean_averages_floats_and_takes_ints_from_newest() -> None:
+def test_window_mean_averages_floats_and_takes_the_largest_int_buffer() -> None:
     ms = [model(float(i), n=i) for i in range(1, 5)]
-    out = ima.window_mean(ms)
+    out = mean(ms)
     np.testing.assert_allclose(out["w"], 2.5)
     assert out["w"].dtype == np.float32
     assert out["bn.num_batches_tracked"] == 4 and out["bn.num_batches_tracked"].dtype == np.int64
@@ -89,45 +89,45 @@ def stream(rounds: int = 8, seed: int = 0) -> list[list[ClientUpdate]]:
 
 
 def test_window_rolls_and_holds_base_models_not_ima_outputs() -> None:
-    s = REGISTRY["ima"](cfg(**{"ima.start-round": 2, "ima.window": 3}))
+    s = make_strategy(cfg(**{"ima.start-round": 2, "ima.window": 3}))
     fma = [float(v) for v in (1, 2, 3, 4, 5)]
     outs = run(s, [[upd(0, v)] for v in fma])
     np.testing.assert_allclose([o["w"][0] for o in outs], [1, 2, 2, 3, 4])  # means of (1,2,3),(2,3,4),(3,4,5)
-    assert [w["w"][0] for w in s.windows[0]] == [3.0, 4.0, 5.0]
+    assert [w["w"][0] for w in s.wrappers[0].windows[0]] == [3.0, 4.0, 5.0]
 
 
 def test_start_before_window_fills_averages_what_is_there() -> None:
-    s = REGISTRY["ima"](cfg(**{"ima.start-round": 0, "ima.window": 5}))
+    s = make_strategy(cfg(**{"ima.start-round": 0, "ima.window": 5}))
     outs = run(s, [[upd(0, v)] for v in (2.0, 4.0, 9.0)])
     np.testing.assert_allclose([o["w"][0] for o in outs], [2.0, 3.0, 5.0])
-    code = REGISTRY["ima"](cfg(**{"ima.start-round": 0, "ima.window": 2, "ima.code-start-rule": True}))
+    code = make_strategy(cfg(**{"ima.start-round": 0, "ima.window": 2, "ima.code-start-rule": True}))
     outs = run(code, [[upd(0, v)] for v in (2.0, 4.0, 9.0)])
     np.testing.assert_allclose([o["w"][0] for o in outs], [2.0, 4.0, 6.5])
 
 
 def test_averaging_off_is_the_decay_only_control() -> None:
     c = cfg(**{"ima.start-round": 0, "ima.average": False, "lr-decay": 0.9, "ima.lr-decay": 0.5})
-    s = REGISTRY["ima"](c)
-    avg = BASES["fedavg"](c)
+    s = make_strategy(c)
+    avg = REGISTRY["fedavg"].from_config(c)
     st = stream()
     for a, b in zip(run(s, st), run(avg, st), strict=True):
         assert all(np.array_equal(a[k], b[k]) for k in a)
-    assert s.client_lr(3) == pytest.approx(0.01 * 0.5**2)  # t_s = 0: only the IMA decay
-    assert avg.client_lr(3) == pytest.approx(0.01 * 0.9**2)
+    assert s.client_lr(3, c.lr) == pytest.approx(0.01 * 0.5**2)  # t_s = 0: only the IMA decay
+    assert avg.client_lr(3, c.lr) == pytest.approx(0.01 * 0.9**2)
 
 
 @pytest.mark.parametrize("base", ["fedavg", "fedprox", "fedcda"])
 def test_composition_is_the_base_bit_for_bit_before_t_s(base: str) -> None:
     extra = {"fedcda.warmup": 2} if base == "fedcda" else {}
     c = cfg(**{"ima.base": base, "ima.start-round": 5, **extra})
-    s, b = REGISTRY["ima"](c), BASES[base](c)
-    assert isinstance(s, ImaMixin) and isinstance(s, BASES[base])
+    s, b = make_strategy(c), REGISTRY[base].from_config(c)
+    assert isinstance(s.wrappers[0], IMA) and type(s) is REGISTRY[base]
     assert s.trainer == b.trainer
     st = stream()
     outs_s, outs_b = run(s, st), run(b, st)
     for r in range(5):  # rounds 1..5 are t = 0..4 < t_s
         assert all(np.array_equal(outs_s[r][k], outs_b[r][k]) for k in outs_b[r])
-        assert s.client_lr(r + 1) == b.client_lr(r + 1)
+        assert s.client_lr(r + 1, c.lr) == b.client_lr(r + 1, c.lr)
     assert not np.array_equal(outs_s[6]["w"], outs_b[6]["w"])  # averaging from t = 5
     if base == "fedcda":
         assert s.selected == b.selected  # IMA never touches the base's own state
@@ -136,13 +136,13 @@ def test_composition_is_the_base_bit_for_bit_before_t_s(base: str) -> None:
 def test_ima_state_round_trip_resumes_identically() -> None:
     c = cfg(**{"ima.start-round": 2, "ima.window": 3})
     st = stream(8, seed=3)
-    full = REGISTRY["ima"](c)
+    full = make_strategy(c)
     ref = run(full, st)
-    part = REGISTRY["ima"](c)
+    part = make_strategy(c)
     run(part, st[:4])
     part.round = 4
     state = part.state_dict()
-    resumed = REGISTRY["ima"](c)
+    resumed = make_strategy(c)
     resumed.load_state_dict(state)
     outs = run_from(resumed, st, 5)
     for a, b in zip(outs, ref[4:], strict=True):
@@ -164,7 +164,7 @@ def test_fedcross_base_keeps_one_window_per_slot() -> None:
     the mean of the averaged slots."""
     c = cfg(**{"ima.base": "fedcross", "ima.start-round": 2, "ima.window": 2,
                "clients-per-round": 3, "fedcross.selection": "in-order"})
-    s, b = REGISTRY["ima"](c), BASES["fedcross"](c)
+    s, b = make_strategy(c), REGISTRY["fedcross"].from_config(c)
     for st in (s, b):
         st.params = model(0.0)
         st._ensure_slots()
@@ -183,8 +183,8 @@ def test_fedcross_base_keeps_one_window_per_slot() -> None:
         # from t_s the two runs see different slot models, so compare with IMA's own windows
         for i in range(3):
             np.testing.assert_allclose(
-                s.slots[i]["w"], np.mean([w["w"] for w in s.windows[i]], axis=0), rtol=1e-6)
-            assert len(s.windows[i]) == 2
+                s.slots[i]["w"], np.mean([w["w"] for w in s.wrappers[0].windows[i]], axis=0), rtol=1e-6)
+            assert len(s.wrappers[0].windows[i]) == 2
         np.testing.assert_allclose(out_s["w"], np.mean([sl["w"] for sl in s.slots], axis=0),
                                    rtol=1e-6)
-        assert s.round_metrics["ima-active"] == 1.0
+        assert s.wrappers[0].round_metrics()["ima-active"] == 1.0

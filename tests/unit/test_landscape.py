@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from fedsys import landscape as ls
-from fedsys.cli import main
+from fedsys.params import flatten, unflatten
+from launch.cli import main
 
 RNG = np.random.default_rng(11)
 
@@ -54,9 +55,9 @@ def test_interpolation_endpoints_and_midpoint() -> None:
 def test_vector_round_trip_keeps_dtypes_and_integers() -> None:
     m = {"w": RNG.normal(size=(2, 3)).astype(np.float32), "n": np.array(4, np.int64),
          "b": RNG.normal(size=2).astype(np.float32)}
-    v = ls.to_vector(m)
+    v = flatten(m)
     assert v.dtype == np.float64 and v.size == 8
-    back = ls.from_vector(v, m)
+    back = unflatten(v, m)
     assert list(back) == list(m) and back["n"] == 4 and back["w"].dtype == np.float32
     np.testing.assert_array_equal(back["w"], m["w"])
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fedsys import params as fp
-from fedsys.aggregate import weighted_average
+from fedsys.params import mean
 
 
 def _net() -> nn.Module:
@@ -193,17 +193,25 @@ def test_flatten_float_only():
     np.testing.assert_array_equal(v, [0, 1, 2, 3, 4, 5, 0.5, -1.5])
 
 
-def test_flatten_all():
-    v = fp.flatten(_ref(), float_only=False)
-    assert len(v) == 6 + 2 + 1
-    assert v[-1] == 7.0
+def test_unflatten_inverts_flatten_and_keeps_integers():
+    ref = _ref()
+    back = fp.unflatten(fp.flatten(ref) + 1.0, ref)
+    assert list(back) == list(ref)
+    for k, v in ref.items():
+        assert back[k].dtype == v.dtype and back[k].shape == v.shape
+        if np.issubdtype(v.dtype, np.floating):
+            np.testing.assert_allclose(back[k], v + 1.0)
+        else:
+            np.testing.assert_array_equal(back[k], v)
+    with pytest.raises(ValueError, match="entries"):
+        fp.unflatten(np.zeros(3), ref)
 
 
 def test_flatten_model_counts_float_elements():
     p = fp.from_torch(_net().state_dict())
     n_float = sum(v.size for v in p.values() if np.issubdtype(v.dtype, np.floating))
     assert len(fp.flatten(p)) == n_float
-    assert len(fp.flatten(p, float_only=False)) == n_float + 1  # num_batches_tracked
+    assert fp.flatten(p).dtype == np.float64
 
 
 def test_flatten_empty():
@@ -234,7 +242,7 @@ def _models() -> list[fp.Params]:
 
 
 def test_weighted_average_golden():
-    out = weighted_average(_models(), [1, 2, 3])
+    out = mean(_models(), [1, 2, 3])
     # (1*m1 + 2*m2 + 3*m3) / 6, computed by hand:
     # w[0,0] = (1 + 6 + 15)/6 = 22/6 ; w[0,1] = (2 + 0 + 12)/6 = 14/6
     # w[1,0] = (3 - 6 + 27)/6 = 24/6 ; w[1,1] = (4 + 16 + 0)/6 = 20/6
@@ -247,38 +255,40 @@ def test_weighted_average_golden():
 
 def test_weighted_average_equal_weights_is_mean():
     models = _models()
-    out = weighted_average(models, [5, 5, 5])
+    out = mean(models, [5, 5, 5])
     np.testing.assert_allclose(out["w"], np.mean([m["w"] for m in models], axis=0), rtol=1e-6)
     np.testing.assert_allclose(out["b"], np.mean([m["b"] for m in models], axis=0))
 
 
 def test_weighted_average_weights_are_normalised():
     models = _models()
-    a = weighted_average(models, [1, 2, 3])
-    b = weighted_average(models, [10, 20, 30])
-    c = weighted_average(models, [0.1, 0.2, 0.3])
+    a = mean(models, [1, 2, 3])
+    b = mean(models, [10, 20, 30])
+    c = mean(models, [0.1, 0.2, 0.3])
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-6)
         np.testing.assert_allclose(a[k], c[k], rtol=1e-6)
 
 
 def test_weighted_average_preserves_dtypes():
-    out = weighted_average(_models(), [1, 2, 3])
+    out = mean(_models(), [1, 2, 3])
     assert out["w"].dtype == np.float32
     assert out["b"].dtype == np.float64
     assert out["n"].dtype == np.int64
 
 
-def test_weighted_average_integer_entry_from_largest_weight():
+def test_integer_entry_is_the_elementwise_maximum_whatever_the_weights():
+    """The one rule for integer buffers (num_batches_tracked): the largest count."""
     models = _models()
-    assert weighted_average(models, [5, 1, 1])["n"] == 10
-    assert weighted_average(models, [1, 7, 2])["n"] == 20
-    assert weighted_average(models, [0, 0, 1])["n"] == 30
+    assert mean(models, [5, 1, 1])["n"] == 30
+    assert mean(models, [1, 7, 2])["n"] == 30
+    assert mean(models)["n"] == 30
+    assert mean(models[:2])["n"] == 20
 
 
 def test_weighted_average_single_model_is_identity():
     m = _models()[1]
-    out = weighted_average([m], [4])
+    out = mean([m], [4])
     for k in m:
         np.testing.assert_array_equal(out[k], m[k])
 
@@ -286,14 +296,14 @@ def test_weighted_average_single_model_is_identity():
 def test_weighted_average_zero_weight_ignores_model():
     models = _models()
     models[2]["w"][:] = np.float32(1e30)
-    out = weighted_average(models, [1, 1, 0])
+    out = mean(models, [1, 1, 0])
     np.testing.assert_allclose(out["w"], (models[0]["w"] + models[1]["w"]) / 2, rtol=1e-6)
 
 
 def test_weighted_average_does_not_modify_inputs():
     models = _models()
     before = [fp.checksum(m) for m in models]
-    out = weighted_average(models, [1, 2, 3])
+    out = mean(models, [1, 2, 3])
     out["n"][...] = -1
     assert [fp.checksum(m) for m in models] == before
 
@@ -301,10 +311,10 @@ def test_weighted_average_does_not_modify_inputs():
 def test_weighted_average_errors():
     models = _models()
     with pytest.raises(ValueError):
-        weighted_average([], [])
+        mean([], [])
     with pytest.raises(ValueError):
-        weighted_average(models, [1, 2])
+        mean(models, [1, 2])
     with pytest.raises(ValueError):
-        weighted_average(models, [1, -1, 3])
+        mean(models, [1, -1, 3])
     with pytest.raises(ValueError):
-        weighted_average(models, [0, 0, 0])
+        mean(models, [0, 0, 0])

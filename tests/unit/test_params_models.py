@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from fedsys import data as data
-from fedsys import flwr_io
-from fedsys.aggregate import weighted_average
+from fedsys import protocol
 from fedsys.models import build_model
-from fedsys.params import check_update, checksum, flatten, from_torch, to_torch
+from fedsys.params import check_update, checksum, flatten, from_torch, mean, to_torch
 
 
 def bn_model() -> torch.nn.Module:
@@ -25,7 +24,7 @@ def test_torch_numpy_flower_roundtrip_keeps_keys_order_dtypes_values():
     p = from_torch(sd)
     assert list(p) == list(sd)
     assert p["1.num_batches_tracked"].dtype == np.int64 and p["1.num_batches_tracked"].shape == ()
-    back = to_torch(flwr_io.from_record(flwr_io.to_record(p)))
+    back = to_torch(protocol.from_record(protocol.to_record(p)))
     assert list(back) == list(sd)
     for k, v in sd.items():
         assert back[k].dtype == v.dtype and back[k].shape == v.shape and torch.equal(back[k], v)
@@ -63,23 +62,23 @@ def test_weighted_average_golden():
     models = [{"w": np.array([1.0, 2.0], np.float32), "n": np.array(1)},
               {"w": np.array([3.0, 6.0], np.float32), "n": np.array(2)},
               {"w": np.array([5.0, 0.0], np.float32), "n": np.array(3)}]
-    out = weighted_average(models, [1, 2, 3])
+    out = mean(models, [1, 2, 3])
     # (1*[1,2] + 2*[3,6] + 3*[5,0]) / 6 = [22/6, 14/6]
     np.testing.assert_allclose(out["w"], [22 / 6, 14 / 6], rtol=1e-6)
     assert out["w"].dtype == np.float32
     assert int(out["n"]) == 3  # integer entry from the heaviest model
-    scaled = weighted_average(models, [10, 20, 30])
+    scaled = mean(models, [10, 20, 30])
     np.testing.assert_array_equal(scaled["w"], out["w"])
-    np.testing.assert_allclose(weighted_average(models, [1, 1, 1])["w"], [3.0, 8 / 3], rtol=1e-6)
+    np.testing.assert_allclose(mean(models, [1, 1, 1])["w"], [3.0, 8 / 3], rtol=1e-6)
     for bad in ([], ):
         with pytest.raises(ValueError):
-            weighted_average(bad, [])
+            mean(bad, [])
     with pytest.raises(ValueError):
-        weighted_average(models, [1, 2])
+        mean(models, [1, 2])
     with pytest.raises(ValueError):
-        weighted_average(models, [1, -1, 1])
+        mean(models, [1, -1, 1])
     with pytest.raises(ValueError):
-        weighted_average(models, [0, 0, 0])
+        mean(models, [0, 0, 0])
 
 
 def test_fmnist_cnn_is_the_papers_architecture():

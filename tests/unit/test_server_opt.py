@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedsys.config import build
-from fedsys.flwr_io import ClientUpdate
+from fedsys.protocol import ClientUpdate
 from fedsys.server_opt import OptConfig, step
-from strategies import BASES, REGISTRY
+from launch.registry import build, make_strategy
+from strategies import REGISTRY
 
 
 def test_adam_step_by_hand() -> None:
@@ -55,7 +55,7 @@ def ups(r: int) -> list[ClientUpdate]:
 
 def test_ima_averages_client_means_before_the_adam_step() -> None:
     c = cfg(**{"ima.start-round": 2, "ima.window": 2})
-    s, plain = REGISTRY["ima"](c), BASES["fedadam"](c)
+    s, plain = make_strategy(c), REGISTRY["fedadam"].from_config(c)
     s.params = plain.params = {"x": np.zeros(3, np.float32)}
     for r in range(1, 6):
         a, b = s.aggregate(r, ups(r)), plain.aggregate(r, ups(r))
@@ -63,7 +63,7 @@ def test_ima_averages_client_means_before_the_adam_step() -> None:
             np.testing.assert_array_equal(a["x"], b["x"])
         s.params, plain.params = a, b
     means = [np.average([u.params["x"] for u in ups(r)], axis=0, weights=[5, 15]) for r in (4, 5)]
-    np.testing.assert_allclose(s.windows[0][0]["x"], means[0], rtol=1e-6)  # pre-step means
-    np.testing.assert_allclose(s.windows[0][1]["x"], means[1], rtol=1e-6)
-    assert s.round_metrics["ima-active"] == 1.0
+    np.testing.assert_allclose(s.wrappers[0].windows[0][0]["x"], means[0], rtol=1e-6)  # pre-step means
+    np.testing.assert_allclose(s.wrappers[0].windows[0][1]["x"], means[1], rtol=1e-6)
+    assert s.wrappers[0].round_metrics()["ima-active"] == 1.0
     assert not np.array_equal(s.params["x"], plain.params["x"])
