@@ -4,7 +4,7 @@ For K middleware models (K = clients per round) in {10, 50, 100}, one round of
 :meth:`strategies.fedcross.FedCrossStrategy.aggregate` (similarity from the K x K Gram
 matrix, lowest-similarity selection, mixing, uniform mean of the K slots, metrics) is
 timed against :meth:`strategies.fedavg.FedAvgStrategy.aggregate`
-(:func:`fedsys.aggregate.weighted_average`) on the same K uploads, for the FMNIST
+(:func:`fedsys.params.mean`) on the same K uploads, for the FMNIST
 CNN (582,026 parameters) and ResNet-18 (11.2 M).  The uploads are seeded random
 perturbations of one initial model (no training: only the server's arithmetic is
 measured).  The FedCross time is also split into its two parts, timed separately

@@ -37,8 +37,7 @@ from clients.base import LocalConfig, TrainJob  # noqa: E402
 from clients.sgd import SGDTrainer  # noqa: E402
 from fedsys import metrics  # noqa: E402
 from fedsys.config import RunConfig  # noqa: E402
-from fedsys.params import from_torch, to_torch  # noqa: E402
-from fedsys.params import mean as weighted_average  # noqa: E402
+from fedsys.params import from_torch, mean, to_torch  # noqa: E402
 from fedsys.seeding import derive_seed  # noqa: E402
 from fedsys.task import dataset, evaluate, model, partitions  # noqa: E402
 from launch.registry import build  # noqa: E402
@@ -65,7 +64,7 @@ def plain(cfg: RunConfig) -> list[float]:
                     seed=derive_seed(cfg.seed, rnd, pid))))
             ups.append(from_torch(net.state_dict()))
             ws.append(res.num_examples)
-        glob = weighted_average(ups, ws)
+        glob = mean(ups, ws)
         net.load_state_dict(to_torch(glob))
         evaluate(net, ds, ds.x_test[:n], ds.y_test[:n], cfg.eval_batch_size, torch.device("cpu"))
         times.append(time.perf_counter() - t0)

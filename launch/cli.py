@@ -49,6 +49,7 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
 
 
 def cmd_run(args: argparse.Namespace, cfg: cfgmod.RunConfig | None = None) -> int:
+    """``fedsys run``: check the config, simulate, print the table."""
     if cfg is None:
         cfg = registry.load(Path(args.config) if args.config else None, args.set or [])
     _preflight(cfg)
@@ -57,8 +58,13 @@ def cmd_run(args: argparse.Namespace, cfg: cfgmod.RunConfig | None = None) -> in
     t0 = time.time()
     print(f"fedsys: running {cfg.strategies} on {cfg.dataset} ({cfg.num_clients} clients, "
           f"{cfg.num_server_rounds} rounds) -> {cfg.run_dir}", flush=True)
+    from strategies.base import NoUsableUpdateError
+
     try:
         simulate(cfg, verbose=args.verbose)
+    except NoUsableUpdateError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:
         print(f"error: the run stopped: {exc}\n  checkpoints are in {cfg.run_dir}; "
               f"'fedsys resume {cfg.run_dir}' continues it.", file=sys.stderr)
@@ -69,6 +75,7 @@ def cmd_run(args: argparse.Namespace, cfg: cfgmod.RunConfig | None = None) -> in
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    """``fedsys resume``: continue a run from its checkpoints."""
     run_dir = Path(args.run_dir).resolve()
     if not (run_dir / "config.yaml").exists():
         raise cfgmod.ConfigError(f"{run_dir} is not a fedsys run directory (no config.yaml)")
@@ -78,6 +85,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    """``fedsys compare``: one table and one plot over run directories."""
     runs: dict[str, list[dict[str, Any]]] = {}
     for d in args.run_dirs:
         p = Path(d)
@@ -92,6 +100,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
+    """``fedsys partition``: the per-client class histogram."""
     from rich.console import Console
     from rich.table import Table
 
@@ -116,6 +125,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
+    """``fedsys data fetch``: make a dataset available."""
     from fedsys.data import fetch_fashion_mnist, load_dataset
 
     if args.dataset == "fashion-mnist":
@@ -128,6 +138,8 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
+    """``fedsys keys``: every config key (``--toml``: pyproject's table)."""
+    registry.import_plugins(args.plugins or "")
     if args.toml:
         print(cfgmod.to_toml(registry.schema()), end="")
         return 0
@@ -137,6 +149,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    """The argument parser of every command."""
     p = argparse.ArgumentParser(
         prog="fedsys",
         description="Federated learning experiments on Flower 1.41: simulate, compare, resume.",
@@ -194,11 +207,14 @@ def parser() -> argparse.ArgumentParser:
     k = sub.add_parser("keys", help="list every config key with its default and allowed values")
     k.add_argument("--toml", action="store_true",
                    help="print the defaults as pyproject.toml's [tool.flwr.app.config] tables")
+    k.add_argument("--plugins", metavar="MODULES",
+                   help="also the keys of the methods these modules register (comma-separated)")
     k.set_defaults(fn=cmd_keys)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``fedsys`` command; errors in the input exit 2 with one line."""
     args = parser().parse_args(argv)
     from fedsys.data import DataError
     from fedsys.partition import PartitionError

@@ -91,6 +91,7 @@ def _models(args: argparse.Namespace) -> tuple[list[Params], list[str], cfgmod.R
 
 
 def cmd_landscape(args: argparse.Namespace) -> int:
+    """``fedsys landscape``: loss and error over the plane (or line) through saved models."""
     from rich.progress import Progress
 
     from fedsys.task import dataset, evaluate, model, pick_device

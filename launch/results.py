@@ -12,6 +12,7 @@ from launch.registry import schema
 
 
 def table(runs: dict[str, list[dict[str, Any]]], title: str) -> None:
+    """Print the results table (final, best, last-10 accuracy, time) of ``runs``."""
     from rich.console import Console
     from rich.table import Table
 
@@ -30,6 +31,7 @@ def table(runs: dict[str, list[dict[str, Any]]], title: str) -> None:
 
 
 def load_runs(run_dir: Path, prefix: str = "") -> dict[str, list[dict[str, Any]]]:
+    """Per-round records of every strategy of a run directory, by label."""
     out: dict[str, list[dict[str, Any]]] = {}
     cfg_path = run_dir / "config.yaml"
     names = (

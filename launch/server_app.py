@@ -143,6 +143,7 @@ class RoundRecorder:
                 torch.save(to_torch(u.params), d / f"client-r{rnd:04d}-p{u.partition_id:04d}.pt")
 
     def save(self, strategy: FedsysStrategy) -> None:
+        """Write the checkpoint atomically (and the kept one at ``keep-checkpoint``)."""
         payload = {
             "round": strategy.round,
             "strategy": strategy.state_dict(),
@@ -274,6 +275,8 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> dict[str, list[dict[str, Any]]
     for name, vcfg in cfg.variants():
         try:
             results[name] = run_strategy(grid, vcfg, name)
+        except NoUsableUpdateError:
+            raise
         except Exception as exc:
             log(WARNING, "[%s] failed: %s: %s (checkpoint kept; 'fedsys resume %s' continues)",
                 name, type(exc).__name__, exc, run_dir)

@@ -42,6 +42,7 @@ Subclasses implement :meth:`aggregate` (pure maths lives in :mod:`fedsys`).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -232,10 +233,12 @@ class FedsysStrategy(Strategy):
     def parse_options(cls, values: Mapping[str, Any]) -> Any:
         """Build :attr:`Options` from keyword arguments; a wrong name is a TypeError."""
         names = [f.name for f in dataclasses.fields(cls.Options)]
+        common = [p for p in inspect.signature(FedsysStrategy.__init__).parameters
+                  if p not in ("self", "options")]
         for k in values:
             if k not in names:
                 raise TypeError(f"{cls.__name__}() got an unexpected keyword argument "
-                                f"{k!r}.{suggest(k, names).split(' Run')[0]}")
+                                f"{k!r}.{suggest(k, names + common).split(' Run')[0]}")
         return parse_group(cls.Options, cls.prefix(), values)
 
     @classmethod
@@ -366,7 +369,10 @@ class FedsysStrategy(Strategy):
         if len(pids) < k:
             log(WARNING, "round %d: %d nodes known, %d wanted", server_round, len(pids), k)
         rng = np.random.default_rng(derive_seed(self.seed, server_round, tag))
-        chosen = sorted(rng.choice(pids, size=min(k, len(pids)), replace=False).tolist())
+        # draw positions, not values: node ids (the keys of nodes that declare no
+        # partition-id) do not fit numpy's int64; the same draw as choosing from ``pids``
+        picks = rng.choice(len(pids), size=min(k, len(pids)), replace=False)
+        chosen = sorted(pids[int(i)] for i in picks)
         return {by_pid[p]: int(p) for p in chosen}
 
     # ------------------------------------------------------------------ config
@@ -473,7 +479,6 @@ class FedsysStrategy(Strategy):
             log(ERROR, "[%s] round %d: no usable update (%d replies refused or missing); "
                 "model unchanged", self.label, server_round, len(rejected))
         else:
-            self.usable_rounds += 1
             self.params = new
             for w in self.wrappers:
                 self.round_metrics.update(w.round_metrics())
@@ -604,6 +609,8 @@ class FedsysStrategy(Strategy):
         for rnd in range(self.round + 1, self.num_rounds + 1):
             t0 = time.monotonic()
             train = self.run_round(grid, rnd, train_config)
+            if train.get("clients-ok", 0) > 0:
+                self.usable_rounds += 1
             record: dict[str, Any] = {"round": rnd, **train}
             fed = self.aggregate_evaluate(rnd, proto.send_and_receive(
                 grid, list(self.configure_evaluate(rnd, proto.to_record(self.params), evaluate_config, grid)),
@@ -646,15 +653,20 @@ class FedsysStrategy(Strategy):
         (a disk cache may now drop files the previous checkpoint needed)."""
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output."""
-        if state.get("name") != self.label:
+        """Restore :meth:`state_dict` output (also a checkpoint written before wrappers
+        existed, where IMA was a strategy named ``ima`` with its windows under ``ima``)."""
+        name = state.get("name")
+        wrapped = state.get("wrappers")
+        if wrapped is None and name == "ima" and [w.name for w in self.wrappers] == ["ima"]:
+            name, wrapped = self.label, {"ima": state["ima"]}
+        if name != self.label:
             raise ValueError(f"checkpoint is for strategy {state.get('name')!r}, not {self.label!r}")
         self.round = int(state["round"])
         self.params = copy(state["params"]) if state["params"] is not None else None
         self.history = [dict(h) for h in state["history"]]
         self.usable_rounds = int(state.get("usable_rounds", self.round))
         for w in self.wrappers:
-            w.load_state_dict(state["wrappers"][w.name])
+            w.load_state_dict((wrapped or {})[w.name])
 
 
 __all__ = ["EVAL_TAG", "SAMPLE_TAG", "Builder", "ConfigError", "EvaluateFn", "FedsysStrategy",

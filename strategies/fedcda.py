@@ -128,6 +128,7 @@ class FedCDAStrategy(FedsysStrategy):
             self.warmup = int(self.options.warmup_fraction * num_rounds)
 
     def summary(self) -> None:
+        """Log K, B, L, the warmup and the selection rule."""
         super().summary()
         log(INFO, "[%s] K=%d, B=%d, L=%g, warmup=%d (%s), selection=%s, cache=%s",
             self.name, self.K, self.B, self.L, self.warmup,
@@ -155,6 +156,8 @@ class FedCDAStrategy(FedsysStrategy):
     # ------------------------------------------------------------------ round
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
+        """Alg. 1 lines 8-10: cache the uploads, select per client (Eq. 8 or an
+        ablation), average every seen client's selection; FedAvg during the warmup."""
         cache, layout = self._ensure(updates[0].params)
         assert self.sel_sum is not None
         t0 = time.perf_counter()
@@ -291,10 +294,12 @@ class FedCDAStrategy(FedsysStrategy):
     # ------------------------------------------------------------------ state
 
     def checkpoint_written(self) -> None:
+        """Let a disk cache drop the files no checkpoint needs any more."""
         if self.cache is not None:
             self.cache.collect()
 
     def state_dict(self) -> dict[str, Any]:
+        """Base state plus the cache, the selections and their running sum."""
         state = super().state_dict()
         state["fedcda"] = {
             "layout": self.layout,
@@ -308,6 +313,7 @@ class FedCDAStrategy(FedsysStrategy):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (a disk cache is reopened under the work directory)."""
         super().load_state_dict(state)
         s = state["fedcda"]
         self.layout = s["layout"]

@@ -135,6 +135,7 @@ class FedCrossStrategy(FedsysStrategy):
         self.K = k
 
     def summary(self) -> None:
+        """Log K, alpha, the selection rule and the acceleration settings."""
         super().summary()
         c: FedCrossOptions = self.options
         log(INFO, "[%s] K=%s slots, alpha=%g, selection=%s, similarity=%s, warmup=%d, "
@@ -176,6 +177,7 @@ class FedCrossStrategy(FedsysStrategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> list[Message]:
+        """Sample nodes, assign them slots (Alg. 1 line 4) and send each its slot model."""
         self.assignment = {}
         return list(super().configure_train(server_round, arrays, config, grid))
 
@@ -292,6 +294,7 @@ class FedCrossStrategy(FedsysStrategy):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output; K must match."""
         super().load_state_dict(state)
         fc = state["fedcross"]
         if int(fc["K"]) != self.K:

@@ -52,6 +52,7 @@ class FedOptStrategy(FedsysStrategy):
         self.steps = 0
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
+        """Alg. 2: the weighted client mean (through the wrappers), then the server step."""
         assert self.params is not None
         avg = mean([u.params for u in updates], [u.num_examples for u in updates])
         x = self.finish(server_round, {0: avg})[0]
@@ -59,12 +60,14 @@ class FedOptStrategy(FedsysStrategy):
         return step(self.kind, self.params, x, self.m, self.v, self.steps, self.opt)
 
     def state_dict(self) -> dict[str, Any]:
+        """Base state plus the moments and the step count."""
         state = super().state_dict()
         state["fedopt"] = {"m": {k: a.copy() for k, a in self.m.items()},
                            "v": {k: a.copy() for k, a in self.v.items()}, "steps": self.steps}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output."""
         super().load_state_dict(state)
         s = state["fedopt"]
         self.m = {k: a.copy() for k, a in s["m"].items()}

@@ -110,6 +110,7 @@ class IMA(StrategyWrapper):
         self.t_s = ima.start_round(num_rounds, o.start_fraction, o.start_round)
 
     def summary(self) -> None:
+        """Log P, t_s and the late lr decay."""
         o = self.options
         log(INFO, "[ima] base=%s, window P=%d, t_s=%d (Flower round %d), then lr decay %g "
             "per round, averaging %s", self.base_name, self.P, self.t_s, self.t_s + 1,
@@ -133,13 +134,16 @@ class IMA(StrategyWrapper):
         return model
 
     def round_metrics(self) -> dict[str, float]:
+        """``ima-active`` (the window mean replaced a model this round) and ``ima-window`` (models in the fullest window)."""
         return {"ima-active": float(self.active),
                 "ima-window": float(max((len(w) for w in self.windows.values()), default=0))}
 
     def state_dict(self) -> dict[str, Any]:
+        """The windows, per slot."""
         return {str(k): [copy(m) for m in w] for k, w in self.windows.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output."""
         self.windows = {int(k): deque((copy(m) for m in w), maxlen=self.P)
                         for k, w in state.items()}
 

@@ -92,3 +92,23 @@ def test_asking_for_a_gpu_without_cuda_is_a_config_error(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a CPU machine
     assert main(["run", "--set", "dataset=synthetic", "--set", "client-num-gpus=0.5"]) == 2
     assert "'client-num-gpus' asks for a GPU" in capsys.readouterr().err
+
+
+def test_a_run_without_any_usable_update_exits_1_with_one_line(monkeypatch, capsys, tmp_path):
+    from launch import simulation
+    from strategies.base import NoUsableUpdateError
+
+    def no_updates(cfg, verbose=False, client_app=None):
+        raise NoUsableUpdateError("[fedcda] no round produced a usable update: every reply "
+                                  "was refused or missing")
+
+    monkeypatch.setattr(simulation, "simulate", no_updates)
+    code = main(["run", "--set", "dataset=synthetic", "--set", "num-clients=3",
+                 "--set", "clients-per-round=2", "--set", f"output-dir={tmp_path}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "no round produced a usable update" in err[0]
+
+
+def test_a_plugin_that_cannot_be_imported_is_named(capsys):
+    assert main(["run", "--set", "plugins=no_such_module_xyz"]) == 2
+    assert "config key 'plugins': cannot import 'no_such_module_xyz'" in capsys.readouterr().err

@@ -353,7 +353,7 @@ def test_impossible_search_sizes_are_config_errors() -> None:
         FedCDAStrategy.from_config(cfg(**{"num-clients": 100, "clients-per-round": 60, "fedcda.batches": 1}))
 
 
-def test_weighted_average_reference_is_unchanged() -> None:
+def test_the_warmup_mean_is_the_library_weighted_mean() -> None:
     # guard: the FedAvg used in warmup is the library's weighted mean
     a, b = model(1.0), model(3.0)
     np.testing.assert_allclose(mean([a, b], [1, 3])["w"], 2.5)

@@ -188,3 +188,19 @@ def test_fedcross_base_keeps_one_window_per_slot() -> None:
         np.testing.assert_allclose(out_s["w"], np.mean([sl["w"] for sl in s.slots], axis=0),
                                    rtol=1e-6)
         assert s.wrappers[0].round_metrics()["ima-active"] == 1.0
+
+
+def test_a_checkpoint_from_before_wrappers_still_resumes() -> None:
+    """Runs checkpointed when IMA was a strategy named 'ima' (windows under 'ima') resume."""
+    c = cfg(**{"ima.start-round": 1, "ima.window": 3})
+    s = make_strategy(c)
+    run(s, stream(4, seed=1))
+    new = s.state_dict()
+    old = {k: v for k, v in new.items() if k not in ("wrappers", "usable_rounds")}
+    old.update(name="ima", ima={int(k): w for k, w in new["wrappers"]["ima"].items()})
+    back = make_strategy(c)
+    back.load_state_dict(old)
+    assert back.round == s.round and back.usable_rounds == s.round
+    for k, w in s.wrappers[0].windows.items():
+        assert all(np.array_equal(a["w"], b["w"]) for a, b in zip(w, back.wrappers[0].windows[k],
+                                                                   strict=True))
