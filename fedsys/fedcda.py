@@ -317,8 +317,10 @@ def split_batches(clients: Sequence[int], num_batches: int, rng: np.random.Gener
     """
     if not clients:
         return []
-    perm = rng.permutation(np.asarray(clients))
-    return [[int(x) for x in b] for b in np.array_split(perm, min(num_batches, len(clients)))]
+    # permute positions, not the ids (node ids do not fit numpy's int64); the same draw
+    perm = rng.permutation(len(clients))
+    return [[int(clients[i]) for i in b]
+            for b in np.array_split(perm, min(num_batches, len(clients)))]
 
 
 def batch_sizes(participants: int, num_batches: int) -> list[int]:

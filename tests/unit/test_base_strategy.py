@@ -323,3 +323,18 @@ def test_timeout_bounds_each_round_and_a_round_without_updates_is_logged(reply_g
     assert sorted(res.train_metrics_clientapp) == [1, 2] and s.usable_rounds == 0
     assert all(h["clients-rejected"] == 2 for h in s.history)
     assert sum("no usable update" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_nodes_keyed_by_64_bit_node_ids_sample_and_select_exactly(reply_grid):
+    """Real node ids are 64-bit (beyond numpy's int64 and float64's exact range)."""
+    from strategies.fedcda import FedCDAStrategy
+
+    big = [2**64 - 3, 2**63 + 5, 12345678901234567890, 2**62 + 1]
+    sent: list[Message] = []
+    s = FedCDAStrategy(clients_per_round=3, min_available_nodes=3, warmup=1, memory=2,
+                       batches=2)
+    s.start(reply_grid(dict.fromkeys(big, 0), plain_client(sent, loss=True)),
+            protocol.to_record(model(0.0)), num_rounds=4)
+    assert all(h["clients-ok"] == 3 for h in s.history)
+    assert set(s.selected) <= set(big) and len(s.selected) >= 3
+    assert {m.metadata.dst_node_id for m in sent} <= set(big)
