@@ -32,8 +32,8 @@ def _procs_mentioning(text: str) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("strategy", ["fedcda", "fedcross"])
-def test_the_readme_flower_app_runs_with_fedsys_strategies(tmp_path, strategy):
+def test_the_readme_flower_app_runs_with_a_fedsys_strategy(tmp_path):
+    strategy = "fedcda"  # the one that needs the most of a client (train-loss, node-id keys)
     home = tmp_path / "flwr-home"
     home.mkdir()
     env = {**os.environ, **FLWR_ENV, "FLWR_HOME": str(home),
