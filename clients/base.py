@@ -15,6 +15,7 @@ read (config validation, ``fedsys keys``) without it.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -81,7 +82,7 @@ class NoOptions:
     """A trainer without options of its own."""
 
 
-class Trainer:
+class Trainer(ABC):
     """Base class of fedsys trainers (see the module docstring)."""
 
     name: ClassVar[str] = "base"
@@ -92,9 +93,9 @@ class Trainer:
         """The config-key prefix of the trainer's options (its name)."""
         return cls.name
 
+    @abstractmethod
     def train(self, job: TrainJob) -> TrainResult:
         """Train ``job.net`` in place; return what happened."""
-        raise NotImplementedError
 
 
 def batches(n: int, batch_size: int, epochs: int, seed: int) -> Iterator[tuple[int, torch.Tensor]]:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +74,52 @@ class ReplyGrid:
 def reply_grid() -> type[ReplyGrid]:
     """The mock grid shared by the strategy unit tests (:class:`ReplyGrid`)."""
     return ReplyGrid
+
+
+def _procs_mentioning(text: str) -> list[int]:
+    out = []
+    for cmd in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text.encode() in cmd.read_bytes():
+                out.append(int(cmd.parent.name))
+        except OSError:
+            continue
+    return out
+
+
+class FlwrLocal:
+    """A private ``FLWR_HOME`` and environment for ``flwr run`` against Flower's local
+    SuperLink (a detached daemon that :meth:`stop` ends by PID)."""
+
+    def __init__(self, home: Path) -> None:
+        from launch.deploy import free_port
+        from launch.simulation import FLWR_ENV
+
+        self.home = home
+        self.home.mkdir()
+        self.env = {**os.environ, **FLWR_ENV, "FLWR_HOME": str(home),
+                    "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+                    "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+                    "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+    def stop(self) -> list[int]:
+        """SIGTERM every process started under this home; return their PIDs."""
+        from launch.deploy import descendants
+
+        daemons = [d for p in _procs_mentioning(str(self.home)) for d in descendants(p)]
+        for pid in daemons:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        return daemons
+
+
+@pytest.fixture
+def flwr_local(tmp_path: Path) -> Iterator[FlwrLocal]:
+    """:class:`FlwrLocal` for one test; whatever it started is stopped afterwards."""
+    local = FlwrLocal(tmp_path / "flwr-home")
+    try:
+        yield local
+    finally:
+        local.stop()
