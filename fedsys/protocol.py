@@ -190,17 +190,26 @@ def state_to_records(state: Mapping[str, Any], into: RecordDict, scope: str) -> 
     Scalars (and lists of them) go into the ConfigRecord ``fedsys.state[<scope>]``,
     each model into an ArrayRecord ``fedsys.state[<scope>].<key>``; what the state no
     longer holds is removed.  ``scope`` keeps the states of the strategies of one run
-    (and of their trainers) apart.
+    (and of their trainers) apart.  A value of another kind raises ``TypeError`` naming
+    its key, before anything stored is touched.
     """
+    scalar = bool | int | float | str | bytes
+    values: dict[str, Any] = {}
+    models: dict[str, ArrayRecord] = {}
+    for k, v in state.items():
+        if isinstance(v, dict) and all(isinstance(a, np.ndarray) for a in v.values()):
+            models[k] = to_record(v)
+        elif isinstance(v, scalar) or (isinstance(v, list) and all(isinstance(x, scalar)
+                                                                   for x in v)):
+            values[k] = v
+        else:
+            raise TypeError(f"trainer state '{k}' is a {type(v).__name__}: a state holds "
+                            "scalars, lists of scalars and models ({name: ndarray})")
     base = _state_key(scope)
     for k in [k for k in into.keys() if k == base or k.startswith(base + ".")]:
         del into[k]
-    values: dict[str, Any] = {}
-    for k, v in state.items():
-        if isinstance(v, dict):
-            into[f"{base}.{k}"] = to_record(v)
-        else:
-            values[k] = v
+    for k, rec in models.items():
+        into[f"{base}.{k}"] = rec
     into[base] = ConfigRecord(values)
 
 

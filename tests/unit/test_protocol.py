@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from flwr.app import MessageType, RecordDict
 
 from fedsys import protocol
@@ -55,3 +56,6 @@ def test_trainer_state_round_trips_per_scope_and_forgets_what_is_gone():
     assert protocol.state_from_records(box, "other/sgd") == {}
     protocol.state_to_records({"rounds": 4}, box, "fedavg/sgd")
     assert protocol.state_from_records(box, "fedavg/sgd") == {"rounds": 4}
+    with pytest.raises(TypeError, match="trainer state 'opt' is a dict"):
+        protocol.state_to_records({"opt": {"lr": 0.1}}, box, "fedavg/sgd")
+    assert protocol.state_from_records(box, "fedavg/sgd") == {"rounds": 4}  # nothing lost
