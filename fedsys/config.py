@@ -252,6 +252,11 @@ class RunConfig(CoreOptions):
         """The values of one method's keys, by full key (``{"fedcda.warmup": 50, ...}``)."""
         return {k: v for k, v in self.methods if k.startswith(prefix + ".")}
 
+    def fields_of(self, prefix: str) -> dict[str, Scalar]:
+        """One method's values by option field name (``{"warmup_mode": "fedavg", ...}``),
+        the keyword arguments of its options dataclass."""
+        return {k.split(".", 1)[1].replace("-", "_"): v for k, v in self.group(prefix).items()}
+
     def to_dict(self) -> dict[str, Scalar]:
         """Return the flat kebab-case mapping (the Flower run-config form)."""
         core = {o.key: getattr(self, o.field) for o in declared("", CoreOptions)}

@@ -245,8 +245,7 @@ class FedsysStrategy(Strategy):
     def config_kwargs(cls, cfg: RunConfig) -> dict[str, Any]:
         """Keyword arguments of the strategy from a fedsys run config."""
         fields = {f.name for f in dataclasses.fields(cls.Options)}
-        opts = {f: v for k, v in cfg.group(cls.prefix()).items()
-                if (f := k.split(".", 1)[1].replace("-", "_")) in fields}
+        opts = {f: v for f, v in cfg.fields_of(cls.prefix()).items() if f in fields}
         return {
             "clients_per_round": cfg.clients_per_round,
             "min_available_nodes": cfg.min_available_clients,

@@ -100,7 +100,7 @@ class IMA(StrategyWrapper):
         """``ima.base`` built by ``build``, with IMA attached (registry entry ``ima``)."""
         if build is None:
             raise ValueError("IMA.from_config needs a builder for its base strategy")
-        opts = {k.split(".", 1)[1].replace("-", "_"): v for k, v in cfg.group(cls.name).items()}
+        opts = cfg.fields_of(cls.name)
         return build(str(opts["base"])).wrap(cls(**opts))
 
     def on_start(self, strategy: FedsysStrategy, num_rounds: int) -> None:
