@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from clients.base import LocalConfig, Trainer, TrainJob, TrainResult
+from clients.fedelmy import FedElmyTrainer, FedSeqTrainer
 from clients.fedprox import FedProxTrainer
 from clients.sgd import SGDTrainer
 
@@ -13,6 +14,8 @@ from clients.sgd import SGDTrainer
 TRAINERS: dict[str, type[Trainer]] = {
     "sgd": SGDTrainer,
     "fedprox": FedProxTrainer,
+    "fedseq": FedSeqTrainer,
+    "fedelmy": FedElmyTrainer,
 }
 
 __all__ = ["TRAINERS", "LocalConfig", "TrainJob", "TrainResult", "Trainer"]

@@ -41,6 +41,10 @@ class LocalConfig:
     weight_decay: float = 0.0
     seed: int = 0
     device: str = "cpu"
+    #: Plain cross-entropy epochs before the method's own training (a chain's first hop).
+    warmup_epochs: int = 0
+    #: Re-initialise the model from this seed before training (-1: keep the received one).
+    init_seed: int = -1
 
 
 @dataclass
@@ -62,6 +66,9 @@ class TrainJob:
     models: dict[str, Params] = field(default_factory=dict)
     server_round: int = 0
     partition_id: int = 0
+    #: The run's seed (``config.seed`` is this round's): what must not change between
+    #: rounds, such as a local validation split, derives from it.
+    run_seed: int = 0
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -119,6 +119,11 @@ def mean(models: Sequence[Params], weights: Sequence[float] | None = None) -> Pa
         if np.any(w < 0) or not w.sum() > 0:
             raise ValueError(f"weights must be non-negative with a positive sum, got {weights}")
         w = w / w.sum()
+    if w is None:
+        run = RunningMean()
+        for m in models:
+            run.add(m)
+        return run.mean()
     out: Params = {}
     for key, ref in models[0].items():
         if not is_float(ref):
@@ -126,15 +131,46 @@ def mean(models: Sequence[Params], weights: Sequence[float] | None = None) -> Pa
                                   dtype=ref.dtype)
             continue
         acc = np.zeros(ref.shape, dtype=np.float64)
-        if w is None:
-            for m in models:
-                acc += np.asarray(m[key], dtype=np.float64)
-            out[key] = (acc / len(models)).astype(ref.dtype)
-        else:
-            for m, wk in zip(models, w, strict=True):
-                acc += wk * m[key]
-            out[key] = acc.astype(ref.dtype)
+        for m, wk in zip(models, w, strict=True):
+            acc += wk * m[key]
+        out[key] = acc.astype(ref.dtype)
     return out
+
+
+class RunningMean:
+    """The uniform :func:`mean` of models added one at a time, holding one float64 sum
+    (not the models): ``mean()`` after adding ``m_1..m_n`` equals ``mean([m_1..m_n])``
+    bit for bit (same order of additions, one division, integer buffers by maximum).
+
+    A client's model pool (FedELMY, LSS) averages S+1 models this way with one
+    accumulator instead of S+1 copies.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._acc: dict[str, NDArray[Any]] = {}
+        self._dtypes: dict[str, np.dtype] = {}
+
+    def add(self, model: Params) -> None:
+        """Add one model (same keys, shapes and dtypes as the first)."""
+        first = not self._acc
+        for k, v in model.items():
+            if first:
+                self._dtypes[k] = v.dtype
+                self._acc[k] = np.zeros(v.shape, np.float64) if is_float(v) else np.array(v)
+            if is_float(v):
+                self._acc[k] += np.asarray(v, dtype=np.float64)
+            elif not first:
+                self._acc[k] = np.maximum(self._acc[k], v)
+        self.count += 1
+
+    def mean(self) -> Params:
+        """The uniform mean of the models added so far."""
+        if not self.count:
+            raise ValueError("mean needs at least one model")
+        return {k: ((a / self.count).astype(self._dtypes[k]) if np.issubdtype(a.dtype, np.floating)
+                    else np.asarray(a, dtype=self._dtypes[k]))
+                for k, a in self._acc.items()}
 
 
 def flatten(params: Params) -> NDArray[np.float64]:

@@ -64,6 +64,8 @@ LOCAL_STEPS = "local-steps"
 BATCH_SIZE = "batch-size"
 MOMENTUM = "momentum"
 WEIGHT_DECAY = "weight-decay"
+WARMUP_EPOCHS = "warmup-epochs"  #: plain epochs before the method's training (a chain's first hop)
+INIT_SEED = "init-seed"  #: re-initialise the model from this seed first (own-init variants)
 ASK = "ask"
 
 # ---------------------------------------------------------------- metric keys
@@ -87,6 +89,15 @@ def to_record(params: Params) -> ArrayRecord:
 def from_record(record: ArrayRecord) -> Params:
     """Read an :class:`ArrayRecord` back into :data:`Params`."""
     return {k: record[k].numpy() for k in record.keys()}
+
+
+def model_bytes(message: Message) -> tuple[int, int]:
+    """``(models, bytes)`` a message carries: its ArrayRecords and their serialised
+    size (every array's bytes as they travel)."""
+    if not message.has_content():
+        return 0, 0
+    recs = list(message.content.array_records.values())
+    return len(recs), sum(len(a.data) for r in recs for a in r.values())
 
 
 def config_record(config: Mapping[str, object]) -> ConfigRecord:
@@ -337,12 +348,47 @@ def metric_record(values: Mapping[str, float | int]) -> MetricRecord:
 
 
 __all__ = [
-    "ARRAYS", "ASK", "BATCH_SIZE", "CONFIG", "EVAL_ACC", "EVAL_LOSS", "LOCAL_EPOCHS",
-    "LOCAL_STEPS", "LR", "METRICS", "MODEL_PREFIX", "MOMENTUM", "NUM_EXAMPLES",
-    "NUM_PARTITIONS", "PARTITION_ID", "SERVER_ROUND", "STATE_PREFIX", "STATE_SCOPE",
-    "SUPERLINK_NODE_ID", "TRAINER", "TRAIN_LOSS", "WEIGHT_DECAY", "ClientUpdate",
-    "Rejection", "State", "config_record", "evaluate_reply", "extra_models", "from_record",
-    "message", "metric_record", "metrics_of", "missing_nodes", "parse_train_reply",
-    "query_message", "query_reply", "send_and_receive", "settings", "state_from_records",
-    "state_to_records", "to_record", "train_reply",
+    "ARRAYS",
+    "ASK",
+    "BATCH_SIZE",
+    "CONFIG",
+    "EVAL_ACC",
+    "EVAL_LOSS",
+    "LOCAL_EPOCHS",
+    "LOCAL_STEPS",
+    "LR",
+    "METRICS",
+    "MODEL_PREFIX",
+    "MOMENTUM",
+    "NUM_EXAMPLES",
+    "NUM_PARTITIONS",
+    "PARTITION_ID",
+    "SERVER_ROUND",
+    "STATE_PREFIX",
+    "STATE_SCOPE",
+    "SUPERLINK_NODE_ID",
+    "TRAINER",
+    "TRAIN_LOSS",
+    "WEIGHT_DECAY",
+    "ClientUpdate",
+    "Rejection",
+    "State",
+    "config_record",
+    "evaluate_reply",
+    "extra_models",
+    "from_record",
+    "message",
+    "metric_record",
+    "metrics_of",
+    "missing_nodes",
+    "model_bytes",
+    "parse_train_reply",
+    "query_message",
+    "query_reply",
+    "send_and_receive",
+    "settings",
+    "state_from_records",
+    "state_to_records",
+    "to_record",
+    "train_reply",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -65,10 +66,24 @@ def evaluate(
     device: torch.device,
 ) -> tuple[float, float]:
     """Mean cross-entropy and accuracy of ``net`` on ``(x, y)``."""
+    return score(net, ds.normalise, x, y, batch_size, device)
+
+
+@torch.no_grad()
+def score(
+    net: nn.Module,
+    normalise: Callable[[torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int,
+    device: torch.device,
+) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``net`` on raw ``(x, y)`` (``normalise``
+    maps a raw batch to the model's input)."""
     net.to(device).eval()
     loss_sum, correct = 0.0, 0
     for i in range(0, len(y), batch_size):
-        xb = ds.normalise(x[i : i + batch_size]).to(device)
+        xb = normalise(x[i : i + batch_size]).to(device)
         yb = y[i : i + batch_size].to(device)
         out = net(xb)
         loss_sum += float(nn.functional.cross_entropy(out, yb, reduction="sum"))

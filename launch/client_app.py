@@ -74,6 +74,8 @@ def local_config(cfg: RunConfig, s: dict[str, Any], seed: int) -> LocalConfig:
         weight_decay=float(s.get(proto.WEIGHT_DECAY, cfg.weight_decay)),
         seed=seed,
         device=str(pick_device(cfg.device)),
+        warmup_epochs=int(s.get(proto.WARMUP_EPOCHS, 0)),
+        init_seed=int(s.get(proto.INIT_SEED, -1)),
     )
 
 
@@ -97,7 +99,7 @@ def train(msg: Message, context: Context) -> Message:
     net = _load(cfg, ds, msg)
     job = TrainJob(net, x, y, ds.normalise, local_config(cfg, s, derive_seed(cfg.seed, rnd, pid)),
                    options, proto.state_from_records(context.state, scope),
-                   proto.extra_models(msg.content), rnd, pid)
+                   proto.extra_models(msg.content), rnd, pid, cfg.seed)
     res = trainer().train(job)
     proto.state_to_records(res.state, context.state, scope)
     return proto.train_reply(

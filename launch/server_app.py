@@ -114,17 +114,19 @@ class RoundRecorder:
     def __call__(self, strategy: FedsysStrategy, record: dict[str, Any]) -> None:
         rec = {"strategy": self.name, **record}
         metrics.append_jsonl(self.out / "metrics.jsonl", rec)
-        rnd, total = int(record["round"]), self.cfg.num_server_rounds
+        rnd, total = int(record["round"]), strategy.num_rounds
         if rnd > 0:
             self.save_models(strategy, rnd)
             elapsed = time.monotonic() - self.t0
             done = rnd - self.done_at_start
             eta = elapsed / max(done, 1) * (total - rnd)
-            log(INFO, "[%s] round %d/%d | acc %.4f | loss %.4f | clients %d ok, %d rejected"
-                " | elapsed %s | ETA %s", self.name, rnd, total, record.get("accuracy", float("nan")),
+            log(INFO, "[%s] %s | acc %.4f | loss %.4f | clients %d ok, %d rejected"
+                " | elapsed %s | ETA %s", self.name, strategy.progress(record),
+                record.get("accuracy", float("nan")),
                 record.get("loss", float("nan")), int(record.get("clients-ok", 0)),
                 int(record.get("clients-rejected", 0)), _fmt(elapsed), _fmt(eta))
-            if rnd % self.cfg.checkpoint_every == 0 or rnd in (total, self.cfg.keep_checkpoint):
+            if (strategy.checkpoint_each_round or rnd % self.cfg.checkpoint_every == 0
+                    or rnd in (total, self.cfg.keep_checkpoint)):
                 self.save(strategy)
         else:
             log(INFO, "[%s] round 0 | acc %.4f | loss %.4f", self.name,
@@ -247,7 +249,7 @@ def run_strategy(grid: Grid, cfg: RunConfig, name: str) -> list[dict[str, Any]]:
     if cfg.estimators:
         strategy.estimator_fn = make_estimator_fn(cfg)
     initial = from_torch(model(cfg).state_dict())
-    if strategy.round < cfg.num_server_rounds:
+    if strategy.round < strategy.num_rounds:
         strategy.start(grid, proto.to_record(initial), cfg.num_server_rounds,
                        timeout=cfg.round_timeout,
                        train_config=ConfigRecord({**train_config(cfg, strategy.trainer),

@@ -13,6 +13,12 @@ from strategies.base import FedsysStrategy, StrategyWrapper
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedcda import FedCDAStrategy
 from strategies.fedcross import FedCrossStrategy
+from strategies.fedelmy import (
+    FedElmyStrategy,
+    FedSeqStrategy,
+    OneShotFedAvgStrategy,
+    ParallelFedElmyStrategy,
+)
 from strategies.fedopt import FedAdamStrategy, FedYogiStrategy
 from strategies.fedprox import FedProxStrategy
 from strategies.ima import IMA
@@ -26,8 +32,25 @@ REGISTRY: dict[str, Any] = {
     "fedadam": FedAdamStrategy,
     "fedyogi": FedYogiStrategy,
     "ima": IMA,
+    "fedelmy": FedElmyStrategy,
+    "fedseq": FedSeqStrategy,
+    "oneshot-fedavg": OneShotFedAvgStrategy,
+    "fedelmy-parallel": ParallelFedElmyStrategy,
 }
 
-__all__ = ["IMA", "REGISTRY", "FedAdamStrategy", "FedAvgStrategy", "FedCDAStrategy",
-           "FedCrossStrategy", "FedProxStrategy", "FedYogiStrategy", "FedsysStrategy",
-           "StrategyWrapper"]
+__all__ = [
+    "IMA",
+    "REGISTRY",
+    "FedAdamStrategy",
+    "FedAvgStrategy",
+    "FedCDAStrategy",
+    "FedCrossStrategy",
+    "FedElmyStrategy",
+    "FedProxStrategy",
+    "FedSeqStrategy",
+    "FedYogiStrategy",
+    "FedsysStrategy",
+    "OneShotFedAvgStrategy",
+    "ParallelFedElmyStrategy",
+    "StrategyWrapper",
+]

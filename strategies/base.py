@@ -171,6 +171,8 @@ class FedsysStrategy(Strategy):
     option_prefix: ClassVar[str] = ""
     #: Reply metrics the method cannot work without (besides ``num-examples``).
     required_metrics: ClassVar[dict[str, str]] = {}
+    #: Write a checkpoint after every round whatever ``checkpoint-every`` says (a chain's hops).
+    checkpoint_each_round: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -217,6 +219,7 @@ class FedsysStrategy(Strategy):
         self.workdir: Path | None = None
         self.round_metrics: dict[str, float] = {}
         self.last_updates: list[ClientUpdate] = []
+        self.last_replies: list[Message] = []
         self.usable_rounds = 0
         #: Optional per-round analysis (see ``estimators``): ``(round, updates, new
         #: global model) -> metrics``, set by the runner.
@@ -570,6 +573,7 @@ class FedsysStrategy(Strategy):
         self._outbox = [proto.message(node_id, MessageType.TRAIN, params, cfg, models)]
         replies, _ = proto.send_and_receive(grid, self._outbox, self.round_timeout,
                                             self.poll_interval)
+        self.last_replies = replies
         ok, _ = self.validate(replies)
         return ok[0] if ok else None
 
@@ -611,23 +615,35 @@ class FedsysStrategy(Strategy):
             if train.get("clients-ok", 0) > 0:
                 self.usable_rounds += 1
             record: dict[str, Any] = {"round": rnd, **train}
-            fed = self.aggregate_evaluate(rnd, proto.send_and_receive(
-                grid, list(self.configure_evaluate(rnd, proto.to_record(self.params), evaluate_config, grid)),
-                self.round_timeout, self.poll_interval)[0])
-            if fed is not None:
-                result.evaluate_metrics_clientapp[rnd] = fed
-                record.update({f"fed-{k}": float(v) for k, v in fed.items()})  # type: ignore[arg-type]
-            if evaluate_fn is not None:
-                res = evaluate_fn(rnd, proto.to_record(self.params))
-                if res is not None:
-                    result.evaluate_metrics_serverapp[rnd] = res
-                    record.update({k: float(v) for k, v in res.items()})  # type: ignore[arg-type]
+            self.evaluate_round(grid, rnd, evaluate_config, evaluate_fn, result, record)
             result.train_metrics_clientapp[rnd] = proto.metric_record(train)
             self.round = rnd
             record["round-time"] = time.monotonic() - t0
             self._emit(record)
         result.arrays = proto.to_record(self.params)
         return result
+
+    def evaluate_round(self, grid: Grid, rnd: int, evaluate_config: ConfigRecord,
+                       evaluate_fn: EvaluateFn | None, result: Result,
+                       record: dict[str, Any]) -> None:
+        """Federated (``fed-*`` keys) and central evaluation of the current model into
+        ``record`` and ``result``."""
+        assert self.params is not None
+        fed = self.aggregate_evaluate(rnd, proto.send_and_receive(
+            grid, list(self.configure_evaluate(rnd, proto.to_record(self.params), evaluate_config, grid)),
+            self.round_timeout, self.poll_interval)[0])
+        if fed is not None:
+            result.evaluate_metrics_clientapp[rnd] = fed
+            record.update({f"fed-{k}": float(v) for k, v in fed.items()})  # type: ignore[arg-type]
+        if evaluate_fn is not None:
+            res = evaluate_fn(rnd, proto.to_record(self.params))
+            if res is not None:
+                result.evaluate_metrics_serverapp[rnd] = res
+                record.update({k: float(v) for k, v in res.items()})  # type: ignore[arg-type]
+
+    def progress(self, record: dict[str, Any]) -> str:
+        """Where the run stands after ``record``, for the progress line."""
+        return f"round {int(record['round'])}/{self.num_rounds}"
 
     def _emit(self, record: dict[str, Any]) -> None:
         self.history.append(record)

@@ -1,0 +1,270 @@
+"""FedELMY's diverse local model pool, and FedSeq's plain sequential local training.
+
+FedELMY (Wang et al., ACM MM 2024, Alg. 1 lines 8-19; spec ``fedelmy.md`` §2.4): the
+pool starts with the received model :math:`m_0`; ``fedelmy.pool-size`` (S) more
+models each start at the pool's uniform mean (Eq. 6) and train ``local-epochs``
+epochs on Eq. 9 with a fresh Adam (coupled weight decay, as the paper's code); each
+keeps its best-validation epoch (a seeded ``val-fraction`` local split, App. A);
+the reply is the uniform mean of the S + 1 pool models, BatchNorm buffers included
+(Eq. 5).  The maths is :mod:`fedsys.fedelmy`.
+
+FedSeq (Li & Lyu 2024, the paper's SFL baseline; spec §6.16): the same Adam training
+with best-validation selection, one model, sent as trained.
+
+Both honour the instruction's ``warmup-epochs`` (plain cross-entropy epochs first,
+the chain's first hop, Alg. 1 line 1) and ``init-seed`` (start from an own random
+model: the parallel variant, Alg. 3).  ``local-steps`` caps each model's steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from clients.base import Trainer, TrainJob, TrainResult, batches
+from fedsys.options import option
+from fedsys.params import Params, RunningMean, from_torch, to_torch
+from fedsys.seeding import derive_seed
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+VAL_TAG = 0x7A11
+WARMUP_TAG = 0x3A4B
+
+
+@dataclass(frozen=True)
+class FedSeqOptions:
+    """Options of FedSeq's local training (config keys ``fedseq.*``)."""
+
+    val_fraction: float = option(
+        0.1, "Share of the client's data held out (seeded, the same every hop) for choosing "
+        "the best epoch (paper App. A: 10 %).", bounds="[0, 1)")
+    select_best: bool = option(
+        True, "Keep the epoch with the best local validation accuracy (paper App. A); "
+        "false: the last epoch.")
+
+
+@dataclass(frozen=True)
+class FedElmyOptions(FedSeqOptions):
+    """Options of the FedELMY pool trainer (config keys ``fedelmy.*``)."""
+
+    pool_size: int = option(5, "S: models trained per client besides the received one "
+                            "(pool of S + 1; paper: 5 on CIFAR-10, 10 on PACS).", bounds=">= 1")
+    alpha: float = option(0.06, "Weight of the diversity distance d1, subtracted (Eq. 9; "
+                          "paper CIFAR-10: 0.06).", bounds=">= 0")
+    beta: float = option(1.0, "Weight of the proximity distance d2 to the received model "
+                         "(Eq. 9).", bounds=">= 0")
+    form: str = option("paper", "paper: L2 norms, pairwise d1 (Eqs. 7-8); code: the official "
+                       "code's squared L2 with the start as extra anchor, closed-form "
+                       "gradient (spec §2.2).", choices=("paper", "code"))
+    scaling: str = option("auto", "Order-of-magnitude factor dividing d1 and d2 (spec §2.2): "
+                          "auto = on for form code, off for paper.",
+                          choices=("auto", "on", "off"))
+
+
+@dataclass
+class Fit:
+    """One model's training: its kept state and what happened."""
+
+    state: Params
+    best_acc: float
+    last_loss: float
+    steps: int
+    examples: int
+    logs: dict[str, float] = field(default_factory=dict)
+
+
+def split_validation(n: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded ``(train, validation)`` index tensors: the first ``int(fraction * n)``
+    of a permutation (at least one when ``fraction > 0`` and ``n >= 2``) validate."""
+    import torch
+
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    k = int(fraction * n)
+    if fraction > 0 and n >= 2:
+        k = max(k, 1)
+    return perm[k:], perm[:k]
+
+
+class Regulariser:
+    """Eq. 9's extra terms for one pool model (see :mod:`fedsys.fedelmy`)."""
+
+    def __init__(self, form: str, scaling: bool, alpha: float, beta: float,
+                 m0: torch.Tensor, start: torch.Tensor, pool: list[torch.Tensor]) -> None:
+        self.form, self.scaling, self.alpha, self.beta = form, scaling, alpha, beta
+        self.m0, self.start, self.pool = m0, start, pool
+        self.logs: dict[str, float] = {}
+
+    def loss(self, params: Sequence[torch.Tensor], ce: torch.Tensor) -> torch.Tensor:
+        """The loss to back-propagate (paper form: Eq. 9 in full)."""
+        from fedsys import fedelmy as fe
+
+        if self.form == "code":
+            return ce
+        d1, d2 = fe.paper_distances(fe.flat(params), self.pool, self.m0)
+        s = fe.magnitude_scale(float(ce.detach()), float(d2.detach())) if self.scaling else 1.0
+        self.logs = {"d1": float(d1.detach()), "d2": float(d2.detach()), "scale": s}
+        return fe.objective(ce, d1, d2, self.alpha, self.beta, s)
+
+    def after_backward(self, params: Sequence[torch.Tensor], ce: torch.Tensor) -> None:
+        """Code form: add the closed-form regulariser gradient to ``.grad``."""
+        import torch
+
+        from fedsys import fedelmy as fe
+
+        if self.form != "code":
+            return
+        with torch.no_grad():
+            theta = fe.flat([p.detach() for p in params])
+            d2 = float(((theta - self.m0) ** 2).sum())
+            s = fe.magnitude_scale(float(ce.detach()), d2) if self.scaling else 1.0
+            fe.add_to_grads(params, fe.code_gradient(theta, self.m0, self.start,
+                                                     self.alpha, self.beta, s))
+            self.logs = {"d1": float(((theta - self.start) ** 2).sum()), "d2": d2, "scale": s}
+
+
+def train_one(net: nn.Module, job: TrainJob, data: tuple[torch.Tensor, ...], epochs: int,
+              seed: int, select_best: bool, reg: Regulariser | None = None) -> Fit:
+    """Alg. 1's TRAIN_ONE (spec §2.4): ``epochs`` of Adam (fresh, coupled weight decay)
+    on cross-entropy (plus ``reg``), keeping the best-validation epoch (strict ``>``;
+    the last epoch when none scores above 0 or there is no validation data)."""
+    import torch
+    from torch import nn
+
+    from fedsys.task import score
+
+    x, y, xv, yv = data
+    cfg = job.config
+    device = torch.device(cfg.device)
+    net.to(device)
+    params = list(net.parameters())
+    opt = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    torch.manual_seed(seed)
+    best: Params | None = None
+    best_acc, last_loss, steps, examples = 0.0, 0.0, 0, 0
+    logs: dict[str, float] = {}
+    for epoch in range(epochs):
+        net.train()
+        loss_sum, n, sums = 0.0, 0, dict.fromkeys(("d1", "d2", "scale"), 0.0)
+        for _, idx in batches(len(y), cfg.batch_size, 1, derive_seed(seed, epoch)):
+            xb, yb = job.normalise(x[idx]).to(device), y[idx].to(device)
+            opt.zero_grad(set_to_none=True)
+            ce = nn.functional.cross_entropy(net(xb), yb)
+            (reg.loss(params, ce) if reg is not None else ce).backward()
+            if reg is not None:
+                reg.after_backward(params, ce)
+                for k in sums:
+                    sums[k] += reg.logs.get(k, 0.0) * len(idx)
+            opt.step()
+            loss_sum += float(ce.detach()) * len(idx)
+            n += len(idx)
+            steps += 1
+            if cfg.max_steps and steps >= cfg.max_steps:
+                break
+        examples += n
+        last_loss = loss_sum / max(n, 1)
+        if not torch.isfinite(torch.tensor(last_loss)):
+            raise FloatingPointError("local training diverged (loss is NaN or Inf)")
+        if reg is not None:
+            logs = {k: v / max(n, 1) for k, v in sums.items()}
+        if select_best and len(yv):
+            _, acc = score(net, job.normalise, xv, yv, 512, device)
+            if acc > best_acc:
+                best_acc, best = acc, from_torch(net.state_dict())
+        if cfg.max_steps and steps >= cfg.max_steps:
+            break
+    if best is None:
+        best = from_torch(net.state_dict())
+        if len(yv):
+            _, best_acc = score(net, job.normalise, xv, yv, 512, device)
+    return Fit(best, best_acc, last_loss, steps, examples, logs)
+
+
+def _prepare(job: TrainJob, options: Any) -> tuple[tuple[torch.Tensor, ...], list[Fit]]:
+    """Validation split, own initialisation and the warm-up (a chain's first hop)."""
+    import torch
+
+    tr, va = split_validation(len(job.y), float(options.val_fraction),
+                              derive_seed(job.run_seed, job.partition_id, VAL_TAG))
+    data = (job.x[tr], job.y[tr], job.x[va], job.y[va])
+    if job.config.init_seed >= 0:
+        torch.manual_seed(job.config.init_seed)
+        for m in job.net.modules():
+            reset = getattr(m, "reset_parameters", None)
+            if callable(reset):
+                reset()
+    fits: list[Fit] = []
+    if job.config.warmup_epochs > 0:
+        fit = train_one(job.net, job, data, job.config.warmup_epochs,
+                        derive_seed(job.config.seed, WARMUP_TAG), bool(options.select_best))
+        job.net.load_state_dict(to_torch(fit.state))
+        fits.append(fit)
+    return data, fits
+
+
+def _result(data: tuple[torch.Tensor, ...], fits: list[Fit], extra: dict[str, float]) -> TrainResult:
+    last = fits[-1]
+    return TrainResult(
+        num_examples=len(data[1]), train_loss=last.last_loss, steps=sum(f.steps for f in fits),
+        metrics={"val-acc": last.best_acc, "trained-examples": sum(f.examples for f in fits),
+                 **extra})
+
+
+class FedSeqTrainer(Trainer):
+    """FedSeq's local training: Adam, best-validation epoch, the trained model sent."""
+
+    name = "fedseq"
+    Options = FedSeqOptions
+
+    def train(self, job: TrainJob) -> TrainResult:
+        """Warm up if asked, train ``local-epochs``, keep the best-validation epoch."""
+        data, fits = _prepare(job, job.options)
+        if job.config.epochs > 0 or not fits:
+            fit = train_one(job.net, job, data, job.config.epochs, job.config.seed,
+                            bool(job.options.select_best))
+            job.net.load_state_dict(to_torch(fit.state))
+            fits.append(fit)
+        return _result(data, fits, {})
+
+
+class FedElmyTrainer(Trainer):
+    """FedELMY's local model pool (Alg. 1 lines 8-19); see the module docstring."""
+
+    name = "fedelmy"
+    Options = FedElmyOptions
+
+    def train(self, job: TrainJob) -> TrainResult:
+        """Build the pool from the received model; leave its uniform mean in ``job.net``."""
+        from fedsys import fedelmy as fe
+
+        o = job.options
+        data, fits = _prepare(job, o)
+        scaling = o.scaling == "on" or (o.scaling == "auto" and o.form == "code")
+        device = job.config.device
+        m0 = fe.trainable_vector(job.net).to(device)
+        pool = RunningMean()
+        pool.add(from_torch(job.net.state_dict()))
+        anchors = [m0]  # paper form: every pool model's trainable vector (d1 is pairwise)
+        for j in range(1, int(o.pool_size) + 1):
+            job.net.load_state_dict(to_torch(pool.mean()))  # Eq. 6
+            start = fe.trainable_vector(job.net).to(device)
+            reg = Regulariser(o.form, scaling, float(o.alpha), float(o.beta), m0, start, anchors)
+            fit = train_one(job.net, job, data, job.config.epochs,
+                            derive_seed(job.config.seed, j), bool(o.select_best), reg)
+            pool.add(fit.state)
+            fits.append(fit)
+            if o.form == "paper" and j < int(o.pool_size):
+                job.net.load_state_dict(to_torch(fit.state))
+                anchors.append(fe.trainable_vector(job.net).to(device))
+            del start, reg
+        job.net.load_state_dict(to_torch(pool.mean()))  # Eq. 5: the reply
+        last = fits[-1].logs
+        return _result(data, fits, {"pool-size": pool.count,
+                                    **{f"last-{k}": v for k, v in last.items()}})
+
+
+__all__ = ["FedElmyOptions", "FedElmyTrainer", "FedSeqOptions", "FedSeqTrainer", "Fit",
+           "Regulariser", "split_validation", "train_one"]

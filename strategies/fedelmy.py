@@ -1,0 +1,434 @@
+"""Sequential FL on a Flower server: FedELMY's chain, FedSeq, and their one-shot
+parallel baselines.
+
+FedELMY (Wang et al., "One-Shot Sequential Federated Learning for Non-IID Data by
+Enhancing Local Model Diversity", ACM MM 2024; spec ``fedelmy.md``): one model
+travels through the clients one hop at a time (Alg. 1; ``chain.passes`` > 1 is the
+few-shot ring of Alg. 2).  Flower is hub and spoke, so the server relays it (spec
+§3): every hop sends the carried model to one node and takes back that node's pool
+mean.  The first client of the first pass warms up first (``chain.warmup-epochs``);
+the final model is the last hop's reply.  There is no server-side averaging.
+
+* :class:`FedElmyStrategy` (``fedelmy``): the chain with the pool trainer
+  (:mod:`clients.fedelmy`);
+* :class:`FedSeqStrategy` (``fedseq``): the same chain, plain local training;
+* :class:`OneShotFedAvgStrategy` (``oneshot-fedavg``): the first client warms up,
+  then every client trains once from that start and the server takes the
+  example-weighted mean;
+* :class:`ParallelFedElmyStrategy` (``fedelmy-parallel``, Alg. 3, App. C): every
+  client warms up its own model and builds its pool at once; the server averages
+  the pool means uniformly.
+
+A "round" of these strategies is one step of the plan: a hop of the chain (or the
+warm-up and the parallel round of the parallel variants).  The server keeps the
+model after every hop: a checkpoint is written after each, the central evaluation
+runs after each (``chain.evaluate: hop``) or after each pass, and a hop that fails,
+errs or times out is tried ``chain.retries`` more times, then skipped (logged, kept
+in the metrics), the chain going on from the last good model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from logging import ERROR, INFO, WARNING
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, MessageType
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
+from flwr.supercore import log
+
+from fedsys import protocol as proto
+from fedsys.chain import ORDERS, chain_order, parse_order_list
+from fedsys.options import ConfigError, option
+from fedsys.params import Params, mean
+from fedsys.protocol import ClientUpdate
+from fedsys.seeding import derive_seed
+from strategies.base import EvaluateFn, FedsysStrategy
+
+INIT_TAG = 0x1417
+
+
+class ChainBrokenError(RuntimeError):
+    """More hops were skipped than ``chain.max-skipped`` allows."""
+
+
+@dataclass(frozen=True)
+class ChainOptions:
+    """Options of the sequential strategies (config keys ``chain.*``)."""
+
+    passes: int = option(1, "T: passes through the chain (1: one-shot, Alg. 1; more: the "
+                         "few-shot ring of Alg. 2).", bounds=">= 1")
+    order: str = option("index", "Visiting order: index (partition ids ascending, the "
+                        "paper's experiments), permutation (seeded, §3.1), list "
+                        "(chain.order-list).", choices=ORDERS)
+    reshuffle: bool = option(False, "With order permutation: draw a new order every pass "
+                             "(Alg. 2 keeps one).")
+    order_list: str = option("", "With order list: partition ids in visiting order, "
+                             "comma-separated (\"3,0,2,1\").")
+    warmup_epochs: int = option(1, "E_w: plain cross-entropy epochs on the first client "
+                                "before its own training, first pass only (moves to the "
+                                "next client if that hop fails).", bounds=">= 0")
+    evaluate: str = option("hop", "Central evaluation after every hop or after every pass.",
+                           choices=("hop", "pass"))
+    retries: int = option(1, "Tries of a failed hop (error, refused reply, timeout) before "
+                          "it is skipped.", bounds=">= 0")
+    max_skipped: float = option(0.5, "Stop the run when more than this share of a run's "
+                                "hops was skipped.", bounds="[0, 1]")
+    own_init: bool = option(True, "fedelmy-parallel: each client starts from its own "
+                            "random model (Alg. 3); false: from the server's.")
+
+
+class FedElmyStrategy(FedsysStrategy):
+    """FedELMY's chain of single-node hops (see the module docstring).
+
+    Built like a Flower strategy::
+
+        FedElmyStrategy(passes=1, order="permutation", warmup_epochs=2).start(
+            grid, initial_arrays, timeout=600, train_config=ConfigRecord({"lr": 1e-3}))
+
+    ``num_rounds`` of :meth:`start` is not used: the chain has ``passes`` x nodes hops.
+    """
+
+    name = "fedelmy"
+    default_trainer = "fedelmy"
+    Options = ChainOptions
+    option_prefix = "chain"
+    checkpoint_each_round = True
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if self.options.order == "list":
+            try:
+                parse_order_list(self.options.order_list)
+            except ValueError as exc:
+                raise ConfigError(f"config key 'chain.order-list': {exc}") from None
+        self.pids: list[int] = []
+        self.orders: list[list[int]] = []
+        self.warmed = False
+        self.skipped = 0
+        self.traffic = {"models-down": 0, "bytes-down": 0, "models-up": 0, "bytes-up": 0}
+
+    # ------------------------------------------------------------------ plan
+
+    def plan_length(self, n: int) -> int:
+        """Rounds (steps) of the whole run with ``n`` clients."""
+        return self.options.passes * n
+
+    def prepare(self, num_rounds: int) -> None:
+        """The schedule is the plan (``num_rounds`` is not used)."""
+        super().prepare(self.plan_length(len(self.pids) or self.num_partitions or 1))
+
+    def order_of(self, pass_index: int) -> list[int]:
+        """The visiting order of a pass (drawn when the pass starts, then kept)."""
+        while len(self.orders) <= pass_index:
+            o = self.options
+            given = parse_order_list(o.order_list) if o.order == "list" else ()
+            self.orders.append(chain_order(self.pids, o.order, self.seed, len(self.orders),
+                                           o.reshuffle, given))
+        return self.orders[pass_index]
+
+    def where(self, rnd: int) -> tuple[int, int]:
+        """``(pass, hop)``, 0-based, of round ``rnd``."""
+        n = len(self.pids)
+        return (rnd - 1) // n, (rnd - 1) % n
+
+    def progress(self, record: dict[str, Any]) -> str:
+        """``pass 1/1, hop 7/10, client 3``."""
+        if record.get("hop", 0) > 0:
+            return (f"pass {int(record['pass'])}/{self.options.passes}, hop "
+                    f"{int(record['hop'])}/{len(self.pids)}, client {int(record['client'])}")
+        return f"pass {int(record.get('pass', 0))}/{self.options.passes}, all clients"
+
+    def evaluate_now(self, rnd: int) -> bool:
+        """Evaluate after this round (every hop, or the last hop of a pass)."""
+        return self.options.evaluate == "hop" or rnd % len(self.pids) == 0 or rnd == self.num_rounds
+
+    # ------------------------------------------------------------------ nodes
+
+    def node_of(self, grid: Grid, pid: int) -> int | None:
+        """The connected node holding partition ``pid`` (the map is refreshed when that
+        node is gone: a restarted node has a new id)."""
+        live = set(grid.get_node_ids())
+        node = next((n for n, p in self.node_pid.items() if p == pid and n in live), None)
+        if node is None:
+            self.refresh_partition_map(grid, live)
+            node = next((n for n, p in self.node_pid.items() if p == pid), None)
+        return node
+
+    def discover(self, grid: Grid) -> None:
+        """Learn the partitions the chain visits (first start only; kept on resume)."""
+        if self.pids:
+            return
+        ids = self.wait_for_nodes(grid, self.num_partitions or self.min_available_nodes)
+        self.refresh_partition_map(grid, ids)
+        self.pids = sorted(set(self.node_pid.values()))
+        self.num_rounds = self.plan_length(len(self.pids))
+
+    # ------------------------------------------------------------------ steps
+
+    def hop_config(self, rnd: int, train_config: ConfigRecord, warm: bool) -> dict[str, Any]:
+        """The instruction's settings of one hop."""
+        cfg: dict[str, Any] = dict(train_config)
+        if warm:
+            cfg[proto.WARMUP_EPOCHS] = self.options.warmup_epochs
+        return cfg
+
+    def count_traffic(self) -> None:
+        """Add the last exchange's ArrayRecords (sent and received) to the totals."""
+        for m in self._outbox:
+            k, b = proto.model_bytes(m)
+            self.traffic["models-down"] += k
+            self.traffic["bytes-down"] += b
+        for r in self.last_replies:
+            if not r.has_error():
+                k, b = proto.model_bytes(r)
+                self.traffic["models-up"] += k
+                self.traffic["bytes-up"] += b
+
+    def run_hop(self, grid: Grid, rnd: int, pid: int, cfg: dict[str, Any]) -> tuple[ClientUpdate | None, int, str]:
+        """One hop with its retries: ``(update or None, tries, why it failed)``."""
+        assert self.params is not None
+        why = ""
+        for attempt in range(1, self.options.retries + 2):
+            node = self.node_of(grid, pid)
+            if node is None:
+                why = f"no connected node holds partition {pid}"
+            else:
+                upd = self.train_hop(grid, rnd, node, pid, self.params, cfg)
+                self.count_traffic()
+                if upd is not None:
+                    return upd, attempt, ""
+                why = self.last_rejections[0].reason if self.last_rejections else "no reply"
+            if attempt <= self.options.retries:
+                log(WARNING, "[%s] round %d: client %d failed (%s); trying again", self.label,
+                    rnd, pid, why)
+        return None, self.options.retries + 1, why
+
+    def step(self, grid: Grid, rnd: int, train_config: ConfigRecord) -> dict[str, Any]:
+        """Round ``rnd`` of the plan: one hop of the chain."""
+        p, h = self.where(rnd)
+        pid = self.order_of(p)[h]
+        warm = not self.warmed and p == 0 and self.options.warmup_epochs > 0
+        upd, tries, why = self.run_hop(grid, rnd, pid, self.hop_config(rnd, train_config, warm))
+        record: dict[str, Any] = {"pass": p + 1, "hop": h + 1, "client": pid, "hop-tries": tries}
+        if upd is None:
+            self.skip(rnd, f"client {pid}", why)
+            record.update({"clients-ok": 0, "clients-rejected": 1, "hop-skipped": 1})
+            return record
+        self.warmed = self.warmed or warm
+        self.params = self.finish(rnd, {0: upd.params})[0]
+        self.last_updates = [upd]
+        record.update({"clients-ok": 1, "clients-rejected": 0, "hop-skipped": 0,
+                       **{k: v for k, v in upd.metrics.items() if k != proto.PARTITION_ID}})
+        return record
+
+    def skip(self, rnd: int, what: str, why: str) -> None:
+        """Log and count a skipped step; stop the run past ``chain.max-skipped``."""
+        self.skipped += 1
+        log(WARNING, "[%s] round %d: %s skipped after %d tries (%s); the chain goes on from "
+            "the last good model", self.label, rnd, what, self.options.retries + 1, why)
+        if self.skipped > self.options.max_skipped * self.num_rounds:
+            raise ChainBrokenError(
+                f"[{self.label}] {self.skipped} of {self.num_rounds} steps skipped, more than "
+                f"chain.max-skipped={self.options.max_skipped:g} allows")
+
+    # ------------------------------------------------------------------ loop
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 1,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: EvaluateFn | None = None,
+    ) -> Result:
+        """Run the plan from the step after the last checkpoint (see the class)."""
+        self.prepare(num_rounds)
+        self.round_timeout = float(timeout)
+        train_config = train_config if train_config is not None else ConfigRecord()
+        evaluate_config = evaluate_config if evaluate_config is not None else ConfigRecord()
+        if self.params is None:
+            self.params = proto.from_record(initial_arrays)
+        self.discover(grid)
+        self.summary()
+        log(INFO, "[%s] %d clients, %d steps; order of pass 1: %s", self.label, len(self.pids),
+            self.num_rounds, self.order_of(0))
+        result = Result()
+        if self.round == 0 and evaluate_fn is not None:
+            res = evaluate_fn(0, proto.to_record(self.params))
+            if res is not None:
+                result.evaluate_metrics_serverapp[0] = res
+                self._emit({"round": 0, **{k: float(v) for k, v in res.items()},  # type: ignore[arg-type]
+                            "round-time": 0.0})
+        for rnd in range(self.round + 1, self.num_rounds + 1):
+            t0 = time.monotonic()
+            record: dict[str, Any] = {"round": rnd, **self.step(grid, rnd, train_config)}
+            if record.get("clients-ok", 0) > 0:
+                self.usable_rounds += 1
+            record.update(self.traffic)
+            if self.evaluate_now(rnd):
+                self.evaluate_round(grid, rnd, evaluate_config, evaluate_fn, result, record)
+            result.train_metrics_clientapp[rnd] = proto.metric_record(
+                {k: v for k, v in record.items() if isinstance(v, int | float)})
+            self.round = rnd
+            record["round-time"] = time.monotonic() - t0
+            self._emit(record)
+        result.arrays = proto.to_record(self.params)
+        return result
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Base state plus the chain's partitions, orders, warm-up, skips and traffic."""
+        return {**super().state_dict(), "chain": {
+            "pids": list(self.pids), "orders": [list(o) for o in self.orders],
+            "warmed": self.warmed, "skipped": self.skipped, "traffic": dict(self.traffic)}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output."""
+        super().load_state_dict(state)
+        c = state["chain"]
+        self.pids = [int(p) for p in c["pids"]]
+        self.orders = [[int(p) for p in o] for o in c["orders"]]
+        self.warmed, self.skipped = bool(c["warmed"]), int(c["skipped"])
+        self.traffic = {k: int(v) for k, v in c["traffic"].items()}
+        if self.pids:
+            self.num_rounds = self.plan_length(len(self.pids))
+
+    def summary(self) -> None:
+        """Log the chain's settings."""
+        log(INFO, "[%s] trainer=%s, seed=%d, options %s", self.label, self.trainer, self.seed,
+            self.options)
+
+
+class FedSeqStrategy(FedElmyStrategy):
+    """FedSeq (Li & Lyu 2024): the same chain, plain local training (trainer
+    ``fedseq``), the trained model passed on (spec §6.16)."""
+
+    name = "fedseq"
+    default_trainer = "fedseq"
+
+
+class ParallelStrategy(FedElmyStrategy):
+    """Base of the one-shot parallel baselines: a parallel round per pass."""
+
+    def parallel(self, grid: Grid, rnd: int, cfg: dict[str, Any]) -> list[ClientUpdate]:
+        """Send the current model to every partition's node at once; the good replies."""
+        assert self.params is not None
+        nodes = {n: p for p in self.pids if (n := self.node_of(grid, p)) is not None}
+        settings = self.round_config(rnd, cfg)
+        self._expected = nodes
+        self._payloads = dict.fromkeys(nodes, self.params)
+        self._outbox = []
+        for n, p in nodes.items():
+            s = dict(settings)
+            if proto.INIT_SEED in s:
+                s[proto.INIT_SEED] = derive_seed(int(s[proto.INIT_SEED]), p)
+            self._outbox.append(proto.message(n, MessageType.TRAIN, self.params, s))
+        self.last_replies, _ = proto.send_and_receive(grid, self._outbox, self.round_timeout,
+                                                      self.poll_interval)
+        self.count_traffic()
+        ok, _ = self.validate(self.last_replies)
+        self.last_updates = ok
+        return ok
+
+    def combine(self, updates: list[ClientUpdate]) -> Params:
+        """The server's mean of the replies."""
+        raise NotImplementedError
+
+    def parallel_step(self, grid: Grid, rnd: int, cfg: dict[str, Any], p: int) -> dict[str, Any]:
+        """One parallel round: every client, then :meth:`combine`."""
+        ok = self.parallel(grid, rnd, cfg)
+        record: dict[str, Any] = {"pass": p + 1, "hop": 0, "client": -1,
+                                  "clients-ok": len(ok),
+                                  "clients-rejected": len(self.pids) - len(ok)}
+        if not ok:
+            log(ERROR, "[%s] round %d: no usable update; model unchanged", self.label, rnd)
+            return record
+        self.params = self.finish(rnd, {0: self.combine(ok)})[0]
+        n = sum(u.num_examples for u in ok)
+        if all(proto.TRAIN_LOSS in u.metrics for u in ok) and n > 0:
+            record[proto.TRAIN_LOSS] = sum(u.metrics[proto.TRAIN_LOSS] * u.num_examples
+                                           for u in ok) / n
+        record["trained-examples"] = sum(u.metrics.get("trained-examples", 0) for u in ok)
+        return record
+
+    def evaluate_now(self, rnd: int) -> bool:
+        """Every step of a parallel plan is worth evaluating."""
+        return True
+
+
+class OneShotFedAvgStrategy(ParallelStrategy):
+    """One-shot parallel FedAvg: the first client of the order warms up
+    (``chain.warmup-epochs``, one step), then per pass every client trains once from
+    the current model and the server takes the example-weighted mean (McMahan et
+    al. 2017, Alg. 1, one round)."""
+
+    name = "oneshot-fedavg"
+    default_trainer = "fedseq"
+
+    def plan_length(self, n: int) -> int:
+        """A warm-up step (when ``warmup-epochs`` > 0), then one round per pass."""
+        return (1 if self.options.warmup_epochs > 0 else 0) + self.options.passes
+
+    def step(self, grid: Grid, rnd: int, train_config: ConfigRecord) -> dict[str, Any]:
+        """The warm-up hop, or a parallel round."""
+        warm_steps = 1 if self.options.warmup_epochs > 0 else 0
+        if rnd <= warm_steps:
+            order = self.order_of(0)
+            for pid in order:  # the warm-up moves on when a client fails
+                cfg = {**self.hop_config(rnd, train_config, True), proto.LOCAL_EPOCHS: 0}
+                upd, tries, why = self.run_hop(grid, rnd, pid, cfg)
+                if upd is not None:
+                    self.params, self.warmed = upd.params, True
+                    return {"pass": 0, "hop": 1, "client": pid, "clients-ok": 1,
+                            "clients-rejected": 0, "hop-tries": tries,
+                            "trained-examples": upd.metrics.get("trained-examples", 0)}
+                self.skip(rnd, f"warm-up on client {pid}", why)
+            return {"pass": 0, "hop": 1, "client": -1, "clients-ok": 0, "clients-rejected": 1}
+        return self.parallel_step(grid, rnd, dict(train_config), rnd - warm_steps - 1)
+
+    def progress(self, record: dict[str, Any]) -> str:
+        """``warm-up, client 3`` or ``pass 1/1, all clients``."""
+        if int(record.get("pass", 0)) == 0:
+            return f"warm-up, client {int(record['client'])}"
+        return super().progress(record)
+
+    def combine(self, updates: list[ClientUpdate]) -> Params:
+        """FedAvg's example-weighted mean (Alg. 1)."""
+        return mean([u.params for u in updates], [u.num_examples for u in updates])
+
+
+class ParallelFedElmyStrategy(ParallelStrategy):
+    """Parallel FedELMY (Alg. 3, App. C, the server-centred variant): in the first
+    pass every client warms up its own model (its own random start with
+    ``chain.own-init``) and builds its pool; the server averages the pool means
+    uniformly.  Later passes start every client from that mean."""
+
+    name = "fedelmy-parallel"
+    default_trainer = "fedelmy"
+
+    def plan_length(self, n: int) -> int:
+        """One parallel round per pass."""
+        return self.options.passes
+
+    def step(self, grid: Grid, rnd: int, train_config: ConfigRecord) -> dict[str, Any]:
+        """A parallel round (the first with warm-up and own starts)."""
+        cfg = dict(train_config)
+        if rnd == 1:
+            cfg = self.hop_config(rnd, train_config, self.options.warmup_epochs > 0)
+            if self.options.own_init:
+                cfg[proto.INIT_SEED] = derive_seed(self.seed, INIT_TAG)
+        return self.parallel_step(grid, rnd, cfg, rnd - 1)
+
+    def combine(self, updates: list[ClientUpdate]) -> Params:
+        """Alg. 3's uniform mean of the pool means."""
+        return mean([u.params for u in updates])
+
+
+__all__ = ["ChainBrokenError", "ChainOptions", "FedElmyStrategy", "FedSeqStrategy",
+           "OneShotFedAvgStrategy", "ParallelFedElmyStrategy"]
