@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 
 IndexArray = NDArray[np.int64]
 
-PARTITIONERS = ("iid", "dirichlet", "shards")
+PARTITIONERS = ("iid", "dirichlet", "shards", "domain")
 
 
 class PartitionError(ValueError):

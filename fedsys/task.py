@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedsys import domains
 from fedsys import partition as part
 from fedsys.config import RunConfig
 from fedsys.data import Dataset, load_dataset
@@ -33,7 +34,7 @@ def _partitions(
     alpha: float, min_size: int, spc: int,
 ) -> tuple[np.ndarray, ...]:
     labels = load_dataset(dataset_name, data_dir).y_train.numpy()
-    if kind == "iid":
+    if kind in ("iid", "domain"):  # domain: IID samples, a transform per client
         parts = part.iid(labels, n, seed)
     elif kind == "dirichlet":
         parts = part.dirichlet(labels, n, seed, alpha, min_size)
@@ -48,6 +49,33 @@ def partitions(cfg: RunConfig, num_partitions: int | None = None) -> list[np.nda
         cfg.dataset, cfg.data_dir, cfg.partition, num_partitions or cfg.num_clients,
         cfg.seed, cfg.dirichlet_alpha, cfg.dirichlet_min_size, cfg.shards_per_client,
     ))
+
+
+def client_data(cfg: RunConfig, pid: int, num_partitions: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partition ``pid``'s raw training images and labels (with ``partition: domain``,
+    seen through that client's domain transform)."""
+    ds = dataset(cfg)
+    idx = torch.from_numpy(partitions(cfg, num_partitions)[pid])
+    x, y = ds.x_train[idx], ds.y_train[idx]
+    if cfg.partition == "domain":
+        x = domains.apply(domains.domain_of(pid, cfg.seed), x)
+    return x, y
+
+
+def test_sets(cfg: RunConfig) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """The central test split(s): ``[("", x, y)]``, or with ``partition: domain`` one
+    ``(label, x, y)`` per client's domain (their union is the test set scored)."""
+    ds = dataset(cfg)
+    n = cfg.test_subset or len(ds.y_test)
+    x, y = ds.x_test[:n], ds.y_test[:n]
+    if cfg.partition != "domain":
+        return [("", x, y)]
+    out = []
+    for k in range(cfg.num_clients):
+        d = domains.domain_of(k, cfg.seed)
+        out.append((f"domain-{k}", domains.apply(d, x), y))
+    return out
 
 
 def model(cfg: RunConfig, ds: Dataset | None = None) -> nn.Module:

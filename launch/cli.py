@@ -104,6 +104,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from fedsys.domains import domain_of, plot_samples
     from fedsys.partition import class_histogram, plot_histogram
     from fedsys.task import dataset, partitions
 
@@ -115,12 +116,19 @@ def cmd_partition(args: argparse.Namespace) -> int:
     for c in range(ds.num_classes):
         t.add_column(str(c), justify="right")
     t.add_column("total", justify="right")
+    doms = [domain_of(i, cfg.seed) for i in range(cfg.num_clients)] if cfg.partition == "domain" else []
+    if doms:
+        t.add_column("domain (input transform)")
     for i, row in enumerate(hist):
-        t.add_row(str(i), *[str(int(v)) for v in row], str(int(row.sum())))
+        t.add_row(str(i), *[str(int(v)) for v in row], str(int(row.sum())),
+                  *([doms[i].label] if doms else []))
     Console(width=max(Console().width, 110)).print(t)
     out = Path(args.out) if args.out else cfg.run_dir / "partition.png"
     plot_histogram(hist, out, f"{cfg.dataset} {cfg.partition} (seed {cfg.seed})")
     print(f"histogram: {out}")
+    if doms:
+        seen = plot_samples(ds.x_test[:8], doms, out.with_name(out.stem + "-domains.png"))
+        print(f"domains (8 test images as each client sees them): {seen}")
     return 0
 
 

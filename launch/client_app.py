@@ -22,7 +22,7 @@ from fedsys.config import ConfigError, RunConfig
 from fedsys.data import Dataset
 from fedsys.options import parse_group
 from fedsys.seeding import derive_seed
-from fedsys.task import dataset, evaluate, model, partitions, pick_device
+from fedsys.task import client_data, dataset, evaluate, model, pick_device
 from launch.registry import from_run_config
 
 app = ClientApp()
@@ -53,8 +53,8 @@ def _setup(context: Context) -> tuple[RunConfig, Dataset, int, torch.Tensor, tor
     if not 0 <= pid < nparts:
         raise ValueError(f"{proto.PARTITION_ID} {pid} outside 0..{nparts - 1}")
     ds = dataset(cfg)
-    idx = torch.from_numpy(partitions(cfg, nparts)[pid])
-    return cfg, ds, pid, ds.x_train[idx], ds.y_train[idx]
+    x, y = client_data(cfg, pid, nparts)
+    return cfg, ds, pid, x, y
 
 
 def _load(cfg: RunConfig, ds: Dataset, msg: Message) -> torch.nn.Module:

@@ -34,7 +34,7 @@ from fedsys.config import ConfigError, RunConfig
 from fedsys.ima import start_round
 from fedsys.params import from_torch, to_torch
 from fedsys.seeding import derive_seed
-from fedsys.task import dataset, evaluate, model, partitions, pick_device
+from fedsys.task import dataset, evaluate, model, partitions, pick_device, test_sets
 from launch.registry import from_run_config, make_strategy, train_config
 from strategies.base import FedsysStrategy, NoUsableUpdateError
 
@@ -46,15 +46,21 @@ def _fmt(seconds: float) -> str:
 def make_evaluate_fn(cfg: RunConfig) -> Any:
     """Central evaluation of a global model on the server's test split."""
     ds = dataset(cfg)
-    n = cfg.test_subset or len(ds.y_test)
-    x, y = ds.x_test[:n], ds.y_test[:n]
+    sets = test_sets(cfg)
     net = model(cfg, ds)
     device = pick_device(cfg.device)
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         net.load_state_dict(to_torch(proto.from_record(arrays)))
-        loss, acc = evaluate(net, ds, x, y, cfg.eval_batch_size, device)
-        return MetricRecord({"accuracy": acc, "loss": loss})
+        out: dict[str, float] = {}
+        loss_sum, acc_sum, n = 0.0, 0.0, 0
+        for label, x, y in sets:
+            loss, acc = evaluate(net, ds, x, y, cfg.eval_batch_size, device)
+            if label:
+                out[f"accuracy-{label}"] = acc
+            loss_sum, acc_sum, n = loss_sum + loss * len(y), acc_sum + acc * len(y), n + len(y)
+        # one test set: its numbers; domains: the union of the domains' test sets
+        return MetricRecord({"accuracy": acc_sum / n, "loss": loss_sum / n, **out})
 
     return evaluate_fn
 

@@ -384,3 +384,59 @@ def test_plot_histogram_writes_png_prop(tmp_path):
     parts = part.shards(PROP_LABELS, 6, 0, 2)
     out = part.plot_histogram(part.class_histogram(PROP_LABELS, parts, 10), tmp_path / "h.png", "t")
     assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+# ---------------------------------------------------------------- domain shift
+
+
+def test_domains_cycle_through_four_kinds_with_seeded_parameters():
+    from fedsys.domains import KINDS, domain_of
+
+    doms = [domain_of(k, 3) for k in range(8)]
+    assert [d.kind for d in doms] == [*KINDS, *KINDS]
+    assert doms == [domain_of(k, 3) for k in range(8)]                   # fixed per seed
+    assert any(domain_of(k, 3) != domain_of(k, 4) for k in (0, 2, 3))    # the seed matters
+    assert all(d.value in (90.0, 180.0, 270.0) for d in doms if d.kind == "rotate")
+
+
+def test_domain_transforms_keep_shape_and_dtype_and_change_the_images():
+    import torch
+
+    from fedsys.domains import Domain, apply
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (5, 1, 28, 28), generator=g, dtype=torch.uint8)
+    for d in [Domain(0, "rotate", 90.0), Domain(1, "invert", 0.0), Domain(2, "blur", 1.2),
+              Domain(3, "contrast", 0.3)]:
+        y = apply(d, x)
+        assert y.shape == x.shape and y.dtype == torch.uint8 and not torch.equal(x, y)
+    assert torch.equal(apply(Domain(0, "invert", 0), apply(Domain(0, "invert", 0), x)), x)
+    r = Domain(0, "rotate", 90.0)
+    assert torch.equal(apply(r, apply(r, apply(r, apply(r, x)))), x)
+    c = apply(Domain(0, "contrast", 0.3), x).float()
+    assert c.std() < 0.35 * x.float().std()                              # less contrast
+    flat = torch.full((1, 1, 9, 9), 77, dtype=torch.uint8)
+    assert torch.equal(apply(Domain(0, "blur", 1.5), flat), flat)        # blur keeps flat areas
+
+
+def test_domain_partition_gives_each_client_its_transformed_iid_share():
+    import torch
+
+    from fedsys import domains
+    from fedsys.task import client_data, dataset, partitions, test_sets
+    from launch.registry import build
+
+    cfg = build({"dataset": "synthetic", "model": "mlp", "num-clients": 4, "clients-per-round": 4,
+                 "partition": "domain", "seed": 2, "test-subset": 50})
+    iid = build({**cfg.to_dict(), "partition": "iid"})
+    assert [p.tolist() for p in partitions(cfg)] == [p.tolist() for p in partitions(iid)]
+    ds = dataset(cfg)
+    for k in range(4):
+        x, y = client_data(cfg, k)
+        idx = torch.from_numpy(partitions(cfg)[k])
+        assert torch.equal(y, ds.y_train[idx])
+        assert torch.equal(x, domains.apply(domains.domain_of(k, 2), ds.x_train[idx]))
+    sets = test_sets(cfg)
+    assert [s[0] for s in sets] == [f"domain-{k}" for k in range(4)]
+    assert all(len(s[2]) == 50 for s in sets)
+    assert [s[0] for s in test_sets(iid)] == [""]
