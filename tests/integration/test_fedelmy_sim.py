@@ -1,0 +1,106 @@
+"""FedELMY and FedSeq in Flower's simulation engine, through ``fedsys run``: the chain
+visits the clients in the seeded order of every pass, keeps a checkpoint after every
+hop, counts the models and bytes it relays (spec §3: one model down and one up per
+hop), resumes bit-identically after a SIGKILL mid-chain, and skips a site whose
+training fails (tried twice) while the chain goes on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedsys import checkpoint, metrics
+from fedsys import protocol as proto
+from fedsys.chain import chain_order, relay_model_messages
+from fedsys.params import from_torch
+from fedsys.task import model
+from launch.registry import build
+
+pytestmark = pytest.mark.slow
+HERE = Path(__file__).resolve().parent
+N, PASSES = 3, 2
+SETS = {"dataset": "synthetic", "model": "mlp", "partition": "dirichlet", "dirichlet-alpha": 0.5,
+        "dirichlet-min-size": 20, "num-clients": N, "clients-per-round": N, "seed": 5,
+        "strategy": "fedelmy,fedseq", "chain.passes": PASSES, "chain.order": "permutation",
+        "chain.reshuffle": True, "local-epochs": 1, "lr": 0.003, "batch-size": 32,
+        "fedelmy.pool-size": 2, "test-subset": 300}
+
+
+def _fedsys(tmp: Path, *args: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-m", "launch", *args], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=tmp)
+
+
+def _sets(tmp: Path, name: str, **extra: object) -> list[str]:
+    return [f"--set={k}={v}" for k, v in {**SETS, "output-dir": tmp, "name": name, **extra}.items()]
+
+
+def test_chain_order_traffic_checkpoints_and_resume(tmp_path):
+    ref = _fedsys(tmp_path, "run", *_sets(tmp_path, "ref"))
+    assert ref.wait(timeout=600) == 0, ref.stderr.read().decode()[-3000:]
+    orders = [chain_order(range(N), "permutation", 5, p, reshuffle=True) for p in range(PASSES)]
+    size = sum(len(a.data) for a in proto.to_record(
+        from_torch(model(build({k: v for k, v in SETS.items()})).state_dict())).values())
+    for strategy in ("fedelmy", "fedseq"):
+        recs = metrics.read_jsonl(tmp_path / "ref" / strategy / "metrics.jsonl")
+        assert [r["round"] for r in recs] == list(range(N * PASSES + 1))
+        hops = recs[1:]
+        assert [r["client"] for r in hops] == [p for o in orders for p in o]
+        assert [(r["pass"], r["hop"]) for r in hops] == [(p, h) for p in (1, 2) for h in (1, 2, 3)]
+        assert all(r["hop-skipped"] == 0 and r["clients-ok"] == 1 for r in hops)
+        assert all("accuracy" in r for r in recs)          # central evaluation after every hop
+        last = hops[-1]
+        assert last["models-down"] + last["models-up"] == relay_model_messages(N * PASSES)
+        assert last["bytes-down"] == last["bytes-up"] == N * PASSES * size
+        assert recs[-1]["accuracy"] > recs[0]["accuracy"] + 0.2
+    elmy = metrics.read_jsonl(tmp_path / "ref" / "fedelmy" / "metrics.jsonl")[1:]
+    seq = metrics.read_jsonl(tmp_path / "ref" / "fedseq" / "metrics.jsonl")[1:]
+    # the pool trains S = 2 models per hop, FedSeq one (plus the first hop's warm-up)
+    assert elmy[1]["trained-examples"] == 2 * seq[1]["trained-examples"]
+    assert elmy[0]["pool-size"] == 3
+
+    victim = _fedsys(tmp_path, "run", *_sets(tmp_path, "victim", strategy="fedelmy"))
+    ck = tmp_path / "victim" / "fedelmy" / "checkpoint.pt"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if ck.exists() and checkpoint.load(ck)["round"] >= 2:
+            break
+        time.sleep(0.05)
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait(timeout=60)
+    assert 2 <= checkpoint.load(ck)["round"] < N * PASSES, "the kill must land mid-chain"
+    resumed = _fedsys(tmp_path, "resume", str(tmp_path / "victim"))
+    assert resumed.wait(timeout=600) == 0, resumed.stderr.read().decode()[-3000:]
+    a = torch.load(tmp_path / "ref" / "fedelmy" / "model.pt")
+    b = torch.load(tmp_path / "victim" / "fedelmy" / "model.pt")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ra = metrics.read_jsonl(tmp_path / "ref" / "fedelmy" / "metrics.jsonl")
+    rb = metrics.read_jsonl(tmp_path / "victim" / "fedelmy" / "metrics.jsonl")
+    for key in ("accuracy", "loss", "client", "bytes-down", "train-loss"):
+        assert [r.get(key) for r in ra] == [r.get(key) for r in rb], key
+
+
+def test_a_site_that_always_fails_is_tried_twice_then_skipped(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "launch", "run",
+         *_sets(tmp_path, "flaky", strategy="fedseq", trainer="flaky", **{
+             "chain.passes": 1, "chain.order": "index", "plugins": "flaky_example",
+             "flaky.partition": 1})],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])})
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-3000:]
+    recs = metrics.read_jsonl(tmp_path / "flaky" / "fedseq" / "metrics.jsonl")[1:]
+    assert [(r["client"], r["hop-skipped"], r["hop-tries"]) for r in recs] == [
+        (0, 0, 1), (1, 1, 2), (2, 0, 1)]
+    assert "site 1 crashed while training" in out
+    assert "client 1 skipped after 2 tries" in out
+    assert recs[2]["accuracy"] > recs[0]["accuracy"]   # client 2 trained on from client 0's model
