@@ -13,7 +13,9 @@ with its own SuperExec running the ClientApp.  On it:
   ``round-timeout`` and the strategy's rule for missing clients holds (FedAvg
   aggregates the others, FedCross keeps that slot's model);
 * the ServerApp side killed after a checkpoint and restarted: the resubmitted run
-  (``resume=true``) ends with bit-identical weights to the uninterrupted run.
+  (``resume=true``) ends with bit-identical weights to the uninterrupted run;
+* a one-shot FedELMY chain over the three nodes, in the seeded order the server
+  records, and the same chain going on when a site dies in the middle of its hop.
 
 FedCross cases run once ``fedcross`` is in ``strategies.REGISTRY``; until then they
 are reported as skipped with that reason.  Deployment costs seconds per message
@@ -38,6 +40,7 @@ import pytest
 import torch
 
 from fedsys import checkpoint, metrics
+from fedsys.chain import chain_order
 from fedsys.params import from_torch
 from fedsys.task import model
 from launch.deploy import (
@@ -282,6 +285,57 @@ def _heal(dep: LocalDeployment) -> None:
 
 
 KILLED = 1  # the SuperNode (and partition) killed in the middle of its training
+
+
+def _chain_config(out: Path, name: str, **extra: object) -> dict[str, object]:
+    return run_config(out, name, strategy="fedelmy", seed=7, lr=0.003, **{
+        "fedelmy.pool-size": 2, "chain.warmup-epochs": 1, **extra})
+
+
+def test_fedelmy_chain_runs_over_tls_in_the_recorded_order(dep: LocalDeployment,
+                                                            tmp_path: Path) -> None:
+    """A one-shot FedELMY chain over the three SuperNodes (TLS, node authentication):
+    the server relays the model hop by hop in the seeded order and records it."""
+    _heal(dep)
+    log = dep.flwr_run(ROOT, _chain_config(tmp_path, "chain", **{"chain.order": "permutation"}),
+                       timeout=900)
+    recs = metrics.read_jsonl(tmp_path / "chain" / "fedelmy" / "metrics.jsonl")
+    assert [r["round"] for r in recs] == [0, 1, 2, 3], log[-3000:]
+    hops = recs[1:]
+    assert [r["client"] for r in hops] == chain_order(range(NODES), "permutation", 7)
+    assert [r["hop"] for r in hops] == [1, 2, 3]
+    assert all(r["clients-ok"] == 1 and r["hop-skipped"] == 0 for r in hops)
+    assert hops[0]["trained-examples"] > hops[1]["trained-examples"]  # the warm-up
+    assert recs[-1]["accuracy"] > recs[0]["accuracy"] + 0.2, recs
+    assert "pass 1/1, hop 3/3" in log
+
+
+def test_fedelmy_chain_goes_on_when_a_site_dies_mid_hop(dep: LocalDeployment,
+                                                       tmp_path: Path) -> None:
+    """SuperNode 1 is shut down while it trains its hop: the hop is tried again, then
+    skipped, and the chain goes on to client 2 from client 0's model."""
+    _heal(dep)
+    proc = dep.submit(ROOT, _chain_config(tmp_path, "chain-kill"), tmp_path / "flwr.log")
+    log = dep.log_file(node_name(KILLED))
+    base = _count(log, "Receiving: train message")
+    try:
+        _wait_for(lambda: _count(log, "Receiving: train message") > base, 600,
+                  f"a train message at {node_name(KILLED)}", proc)
+        time.sleep(1.0)
+        dep.kill(node_exec_name(KILLED))
+        dep.kill(node_name(KILLED), signal.SIGTERM)
+        assert proc.wait(timeout=600) == 0, (tmp_path / "flwr.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            _signal_all(descendants(proc.pid), signal.SIGKILL)
+            proc.wait()
+    out = (tmp_path / "flwr.log").read_text()
+    recs = metrics.read_jsonl(tmp_path / "chain-kill" / "fedelmy" / "metrics.jsonl")[1:]
+    assert [(r["client"], r["hop-skipped"]) for r in recs] == [(0, 0), (KILLED, 1), (2, 0)], out[-3000:]
+    assert recs[2]["accuracy"] > recs[0]["accuracy"] - 0.05
+    assert f"client {KILLED} skipped after 2 tries" in out, out[-3000:]
+    _restart_site(dep, KILLED, timeout=60)
+
 # How the site dies, per strategy: "shutdown" stops the SuperNode with SIGTERM (it
 # tells the SuperLink, which answers NODE_UNAVAILABLE at once, and a restart is let in
 # at once); "crash" SIGKILLs it (no reply ever comes: the round waits round-timeout,
