@@ -98,32 +98,29 @@ class Regulariser:
         self.m0, self.start, self.pool = m0, start, pool
         self.logs: dict[str, float] = {}
 
-    def loss(self, params: Sequence[torch.Tensor], ce: torch.Tensor) -> torch.Tensor:
-        """The loss to back-propagate (paper form: Eq. 9 in full)."""
-        from fedsys import fedelmy as fe
-
-        if self.form == "code":
-            return ce
-        d1, d2 = fe.paper_distances(fe.flat(params), self.pool, self.m0)
-        s = fe.magnitude_scale(float(ce.detach()), float(d2.detach())) if self.scaling else 1.0
-        self.logs = {"d1": float(d1.detach()), "d2": float(d2.detach()), "scale": s}
-        return fe.objective(ce, d1, d2, self.alpha, self.beta, s)
-
     def after_backward(self, params: Sequence[torch.Tensor], ce: torch.Tensor) -> None:
-        """Code form: add the closed-form regulariser gradient to ``.grad``."""
+        """Add the regulariser's gradient (closed form, both forms) to ``.grad``; the
+        factor ``s`` comes from this batch's loss and d2 (both detached)."""
         import torch
 
         from fedsys import fedelmy as fe
 
-        if self.form != "code":
-            return
         with torch.no_grad():
             theta = fe.flat([p.detach() for p in params])
-            d2 = float(((theta - self.m0) ** 2).sum())
-            s = fe.magnitude_scale(float(ce.detach()), d2) if self.scaling else 1.0
-            fe.add_to_grads(params, fe.code_gradient(theta, self.m0, self.start,
-                                                     self.alpha, self.beta, s))
-            self.logs = {"d1": float(((theta - self.start) ** 2).sum()), "d2": d2, "scale": s}
+            loss = float(ce.detach())
+            if self.form == "code":
+                d2 = float(torch.sub(theta, self.m0).pow_(2).sum())
+                s = fe.magnitude_scale(loss, d2) if self.scaling else 1.0
+                grad = fe.code_gradient(theta, self.m0, self.start, self.alpha, self.beta, s)
+                d1 = float(torch.sub(theta, self.start).pow_(2).sum())  # up to a constant
+            else:
+                d2 = float(torch.linalg.vector_norm(theta - self.m0)) if self.scaling else 0.0
+                s = fe.magnitude_scale(loss, d2) if self.scaling else 1.0
+                grad, d1, d2 = fe.paper_gradient(theta, self.pool, self.m0, self.alpha,
+                                                 self.beta, s)
+            del theta
+            fe.add_to_grads(params, grad)
+            self.logs = {"d1": d1, "d2": d2, "scale": s}
 
 
 def train_one(net: nn.Module, job: TrainJob, data: tuple[torch.Tensor, ...], epochs: int,
@@ -153,7 +150,7 @@ def train_one(net: nn.Module, job: TrainJob, data: tuple[torch.Tensor, ...], epo
             xb, yb = job.normalise(x[idx]).to(device), y[idx].to(device)
             opt.zero_grad(set_to_none=True)
             ce = nn.functional.cross_entropy(net(xb), yb)
-            (reg.loss(params, ce) if reg is not None else ce).backward()
+            ce.backward()
             if reg is not None:
                 reg.after_backward(params, ce)
                 for k in sums:
@@ -201,6 +198,7 @@ def _prepare(job: TrainJob, options: Any) -> tuple[tuple[torch.Tensor, ...], lis
         fit = train_one(job.net, job, data, job.config.warmup_epochs,
                         derive_seed(job.config.seed, WARMUP_TAG), bool(options.select_best))
         job.net.load_state_dict(to_torch(fit.state))
+        fit.state = {}  # in the model now: no copy kept
         fits.append(fit)
     return data, fits
 
@@ -226,6 +224,7 @@ class FedSeqTrainer(Trainer):
             fit = train_one(job.net, job, data, job.config.epochs, job.config.seed,
                             bool(job.options.select_best))
             job.net.load_state_dict(to_torch(fit.state))
+            fit.state = {}
             fits.append(fit)
         return _result(data, fits, {})
 
@@ -255,10 +254,11 @@ class FedElmyTrainer(Trainer):
             fit = train_one(job.net, job, data, job.config.epochs,
                             derive_seed(job.config.seed, j), bool(o.select_best), reg)
             pool.add(fit.state)
-            fits.append(fit)
             if o.form == "paper" and j < int(o.pool_size):
                 job.net.load_state_dict(to_torch(fit.state))
                 anchors.append(fe.trainable_vector(job.net).to(device))
+            fit.state = {}  # in the running mean (and an anchor): no copy kept
+            fits.append(fit)
             del start, reg
         job.net.load_state_dict(to_torch(pool.mean()))  # Eq. 5: the reply
         last = fits[-1].logs

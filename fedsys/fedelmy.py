@@ -13,9 +13,11 @@ parameters as one vector.  The reply is the pool's uniform mean (Eq. 5).
 
 Two forms (spec ``fedelmy.md`` §2.2, §7):
 
-* **paper** (default): the non-squared L2 norms above, pairwise over the pool;
-  :func:`torch.linalg.vector_norm` has a zero subgradient at distance 0, so the first
-  step of :math:`m_1` (where :math:`m_1 = m_0`) is finite;
+* **paper** (default): the non-squared L2 norms above, pairwise over the pool, so
+  every pool model's parameters are kept as an anchor; the gradient is the closed
+  form :func:`paper_gradient` (a term is 0 at distance 0, the subgradient of
+  :func:`torch.linalg.vector_norm`, so the first step of :math:`m_1`, where
+  :math:`m_1 = m_0`, is finite);
 * **code** (the official implementation): squared L2, the new model's own start as
   one more anchor, and one loss-relative factor ``s`` (:func:`magnitude_scale`)
   dividing both terms.  With squared distances the anchors' mean is the start
@@ -88,6 +90,38 @@ def objective(ce: torch.Tensor, d1: torch.Tensor, d2: torch.Tensor, alpha: float
     return ce - alpha * d1 / scale + beta * d2 / scale
 
 
+def paper_gradient(theta: torch.Tensor, pool: Sequence[torch.Tensor], m0: torch.Tensor,
+                   alpha: float, beta: float, scale: float = 1.0
+                   ) -> tuple[torch.Tensor, float, float]:
+    r"""Gradient of the paper form's regulariser :math:`(-\alpha d_1 + \beta d_2)/s`
+    (Eqs. 7-9), with :math:`d_1` and :math:`d_2`:
+
+    .. math:: \frac{1}{s}\Big[-\frac{\alpha}{|M|}\sum_t
+              \frac{\theta - m_t}{\lVert\theta - m_t\rVert}
+              + \beta\,\frac{\theta - m_0}{\lVert\theta - m_0\rVert}\Big],
+
+    a term being 0 at distance 0 (the subgradient :func:`torch.linalg.vector_norm`
+    takes, so the first step of :math:`m_1` is finite).  Built in place: one vector
+    and one temporary besides the pool, where autograd would keep a difference per
+    pool model for the backward pass.
+    """
+    with torch.no_grad():
+        grad = torch.zeros_like(theta)
+        diff = torch.empty_like(theta)
+        d1 = 0.0
+        for a in pool:
+            torch.sub(theta, a, out=diff)
+            norm = float(torch.linalg.vector_norm(diff))
+            d1 += norm
+            if norm > 0:
+                grad.add_(diff, alpha=-alpha / (len(pool) * norm * scale))
+        torch.sub(theta, m0, out=diff)
+        d2 = float(torch.linalg.vector_norm(diff))
+        if d2 > 0:
+            grad.add_(diff, alpha=beta / (d2 * scale))
+        return grad, d1 / len(pool), d2
+
+
 def code_gradient(theta: torch.Tensor, m0: torch.Tensor, start: torch.Tensor, alpha: float,
                   beta: float, scale: float = 1.0) -> torch.Tensor:
     r"""Closed-form gradient of the code form's regulariser (spec §2.2):
@@ -99,7 +133,8 @@ def code_gradient(theta: torch.Tensor, m0: torch.Tensor, start: torch.Tensor, al
     start :math:`\theta_s` (Eq. 6).  Two model copies (``m0``, ``start``), not j + 1.
     """
     with torch.no_grad():
-        return (2.0 / scale) * (beta * (theta - m0) - alpha * (theta - start))
+        grad = torch.sub(theta, m0).mul_(2.0 * beta / scale)
+        return grad.add_(torch.sub(theta, start), alpha=-2.0 * alpha / scale)
 
 
 def add_to_grads(params: Sequence[torch.Tensor], vector: torch.Tensor) -> None:
@@ -116,4 +151,5 @@ def add_to_grads(params: Sequence[torch.Tensor], vector: torch.Tensor) -> None:
 
 
 __all__ = ["FORMS", "add_to_grads", "code_distances", "code_gradient", "flat",
-           "magnitude_scale", "objective", "paper_distances", "trainable_vector"]
+           "magnitude_scale", "objective", "paper_distances", "paper_gradient",
+           "trainable_vector"]

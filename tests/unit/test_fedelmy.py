@@ -80,6 +80,8 @@ def test_paper_form_gradient_is_finite_at_zero_distance():
     fe.objective(torch.tensor(0.0, dtype=torch.float64), d1, d2, 0.06, 1.0).backward()
     assert theta.grad is not None and torch.isfinite(theta.grad).all()
     assert torch.count_nonzero(theta.grad) == 0
+    g, d1, d2 = fe.paper_gradient(m0.clone(), [m0], m0, 0.06, 1.0)
+    assert torch.count_nonzero(g) == 0 and d1 == d2 == 0.0
 
 
 @pytest.mark.parametrize("form", ["paper", "code"])
@@ -105,6 +107,11 @@ def test_each_regulariser_gradient_matches_finite_differences(form):
     assert torch.allclose(t.grad, fd, atol=1e-7)
     if form == "code":  # the closed form (§2.2) equals autograd of the extra-anchor form
         assert torch.allclose(fe.code_gradient(theta0, m0, start, alpha, beta, s), t.grad)
+    else:  # the in-place closed form the trainer uses equals autograd of Eqs. 7-9
+        g, d1, d2 = fe.paper_gradient(theta0, pool, m0, alpha, beta, s)
+        assert torch.allclose(g, t.grad)
+        want1, want2 = fe.paper_distances(theta0, pool, m0)
+        assert math.isclose(d1, float(want1)) and math.isclose(d2, float(want2))
 
 
 def test_code_form_with_equal_weights_leaves_the_first_pool_model_unregularised():
