@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +67,8 @@ def one(case: str, model_name: str, pool: int) -> dict[str, float]:
         cfg = load(ROOT / "configs" / "fedelmy-dir0.5.yaml")
         ds = dataset(cfg)
         x, y = client_data(cfg, 0)
-        shape, norm, steps = ds.input_shape, ds.normalise, 0
+        shape, steps = ds.input_shape, 0
+        norm: Callable[[torch.Tensor], torch.Tensor] = ds.normalise
     else:
         from torch import nn
 
@@ -75,15 +77,17 @@ def one(case: str, model_name: str, pool: int) -> dict[str, float]:
         y = torch.randint(0, 10, (96,), generator=g)
         shape, steps = (3, 32, 32), 2
 
-        def norm(b: torch.Tensor) -> torch.Tensor:
+        def scaled(b: torch.Tensor) -> torch.Tensor:
             return b.float() / 255
+
+        norm = scaled
 
     net = (build_model(model_name, shape, 10, 0) if model_name == "fmnist-cnn" else
            nn.Sequential(nn.Flatten(), nn.Linear(3072, 4096), nn.ReLU(), nn.Linear(4096, 10)))
     size = num_bytes(from_torch(net.state_dict()))
     name = case.split()[0]
     trainer = TRAINERS[name]
-    given = {f"{name}.pool-size": pool} if name == "fedelmy" else {}
+    given: dict[str, int | str] = {f"{name}.pool-size": pool} if name == "fedelmy" else {}
     if name == "fedelmy":
         given[f"{name}.form"] = case.split()[1]
     options = parse_group(trainer.Options, trainer.prefix(), given)
