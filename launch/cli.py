@@ -15,8 +15,10 @@ from launch import registry
 from launch.results import load_runs, table
 
 EPILOG = """examples:
-  fedsys run configs/default.yaml                     FedAvg, FedProx, FedCross, IMA on Fashion-MNIST
+  fedsys run configs/default.yaml                     every method on Fashion-MNIST
   fedsys run configs/default.yaml --set num-server-rounds=5 --set name=quick
+  fedsys run configs/fedelmy-dir0.5.yaml              FedELMY's chain against FedSeq and one-shot baselines
+  fedsys partition configs/fedelmy-domain.yaml        the domain-shift split, a transform per client
   fedsys resume runs/default                          continue an interrupted run
   fedsys compare runs/default runs/quick              one table, one plot
   fedsys partition configs/default.yaml               per-client class histogram
