@@ -101,9 +101,14 @@ class FedElmyStrategy(FedsysStrategy):
         super().__init__(**kwargs)
         if self.options.order == "list":
             try:
-                parse_order_list(self.options.order_list)
+                given = parse_order_list(self.options.order_list)
             except ValueError as exc:
                 raise ConfigError(f"config key 'chain.order-list': {exc}") from None
+            outside = [p for p in given if self.num_partitions and p >= self.num_partitions]
+            if outside:
+                raise ConfigError(f"config key 'chain.order-list': partitions {outside} do not "
+                                  f"exist (num-clients {self.num_partitions}: 0.."
+                                  f"{self.num_partitions - 1})")
         self.pids: list[int] = []
         self.orders: list[list[int]] = []
         self.warmed = False

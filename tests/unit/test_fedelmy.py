@@ -419,5 +419,7 @@ def test_parallel_baselines(reply_grid):
 def test_a_wrong_order_list_is_a_config_error():
     with pytest.raises(ConfigError, match=r"chain\.order-list"):
         FedElmyStrategy(order="list", order_list="1,1")
+    with pytest.raises(ConfigError, match=r"partitions \[7\] do not exist"):
+        FedElmyStrategy(order="list", order_list="0,7", num_partitions=4)
     with pytest.raises(TypeError, match="passes"):
         FedElmyStrategy(passs=3)
