@@ -6,7 +6,7 @@ models each start at the pool's uniform mean (Eq. 6) and train ``local-epochs``
 epochs on Eq. 9 with a fresh Adam (coupled weight decay, as the paper's code); each
 keeps its best-validation epoch (a seeded ``val-fraction`` local split, App. A);
 the reply is the uniform mean of the S + 1 pool models, BatchNorm buffers included
-(Eq. 5).  The maths is :mod:`fedsys.fedelmy`.
+(Eq. 5).  The maths is :mod:`fedsys.fedelmy` and :mod:`fedsys.pool`.
 
 FedSeq (Li & Lyu 2024, the paper's SFL baseline; spec §6.16): the same Adam training
 with best-validation selection, one model, sent as trained.
@@ -104,9 +104,10 @@ class Regulariser:
         import torch
 
         from fedsys import fedelmy as fe
+        from fedsys import pool as pool_ops
 
         with torch.no_grad():
-            theta = fe.flat([p.detach() for p in params])
+            theta = pool_ops.flat([p.detach() for p in params])
             loss = float(ce.detach())
             if self.form == "code":
                 d2 = float(torch.sub(theta, self.m0).pow_(2).sum())
@@ -116,10 +117,10 @@ class Regulariser:
             else:
                 d2 = float(torch.linalg.vector_norm(theta - self.m0)) if self.scaling else 0.0
                 s = fe.magnitude_scale(loss, d2) if self.scaling else 1.0
-                grad, d1, d2 = fe.paper_gradient(theta, self.pool, self.m0, self.alpha,
+                grad, d1, d2 = pool_ops.distance_gradient(theta, self.pool, self.m0, self.alpha,
                                                  self.beta, s)
             del theta
-            fe.add_to_grads(params, grad)
+            pool_ops.add_to_grads(params, grad)
             self.logs = {"d1": d1, "d2": d2, "scale": s}
 
 
@@ -237,26 +238,26 @@ class FedElmyTrainer(Trainer):
 
     def train(self, job: TrainJob) -> TrainResult:
         """Build the pool from the received model; leave its uniform mean in ``job.net``."""
-        from fedsys import fedelmy as fe
+        from fedsys import pool as pool_ops
 
         o = job.options
         data, fits = _prepare(job, o)
         scaling = o.scaling == "on" or (o.scaling == "auto" and o.form == "code")
         device = job.config.device
-        m0 = fe.trainable_vector(job.net).to(device)
+        m0 = pool_ops.trainable_vector(job.net).to(device)
         pool = RunningMean()
         pool.add(from_torch(job.net.state_dict()))
         anchors = [m0]  # paper form: every pool model's trainable vector (d1 is pairwise)
         for j in range(1, int(o.pool_size) + 1):
             job.net.load_state_dict(to_torch(pool.mean()))  # Eq. 6
-            start = fe.trainable_vector(job.net).to(device)
+            start = pool_ops.trainable_vector(job.net).to(device)
             reg = Regulariser(o.form, scaling, float(o.alpha), float(o.beta), m0, start, anchors)
             fit = train_one(job.net, job, data, job.config.epochs,
                             derive_seed(job.config.seed, j), bool(o.select_best), reg)
             pool.add(fit.state)
             if o.form == "paper" and j < int(o.pool_size):
                 job.net.load_state_dict(to_torch(fit.state))
-                anchors.append(fe.trainable_vector(job.net).to(device))
+                anchors.append(pool_ops.trainable_vector(job.net).to(device))
             fit.state = {}  # in the running mean (and an anchor): no copy kept
             fits.append(fit)
             del start, reg

@@ -14,17 +14,16 @@ parameters as one vector.  The reply is the pool's uniform mean (Eq. 5).
 Two forms (spec ``fedelmy.md`` §2.2, §7):
 
 * **paper** (default): the non-squared L2 norms above, pairwise over the pool, so
-  every pool model's parameters are kept as an anchor; the gradient is the closed
-  form :func:`paper_gradient` (a term is 0 at distance 0, the subgradient of
-  :func:`torch.linalg.vector_norm`, so the first step of :math:`m_1`, where
-  :math:`m_1 = m_0`, is finite);
+  every pool model's parameters are kept as an anchor; the distances and their
+  closed-form gradient are :mod:`fedsys.pool`'s (shared with Local Superior Soups);
 * **code** (the official implementation): squared L2, the new model's own start as
   one more anchor, and one loss-relative factor ``s`` (:func:`magnitude_scale`)
   dividing both terms.  With squared distances the anchors' mean is the start
   :math:`\theta_{s}`, so the regulariser's gradient is the closed form
   :func:`code_gradient`, which needs two model copies instead of the whole pool.
 
-Pure functions on flat parameter vectors; the trainer is :mod:`clients.fedelmy`.
+Pure functions on flat parameter vectors (see :mod:`fedsys.pool`); the trainer is
+:mod:`clients.fedelmy`.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ import math
 from collections.abc import Sequence
 
 import torch
-from torch import nn
 
 FORMS = ("paper", "code")
 
@@ -55,24 +53,6 @@ def magnitude_scale(loss: float, distance: float) -> float:
     return float(10.0 ** (o_d - o_l + 1)) if o_d > o_l - 1 else 1.0
 
 
-def flat(params: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The tensors as one vector (differentiable; used for the live model)."""
-    return torch.cat([p.reshape(-1) for p in params])
-
-
-def trainable_vector(net: nn.Module) -> torch.Tensor:
-    """A detached copy of ``net``'s trainable parameters as one vector (an anchor)."""
-    return flat([p.detach() for p in net.parameters()]).clone()
-
-
-def paper_distances(theta: torch.Tensor, pool: Sequence[torch.Tensor],
-                    m0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""Eq. 7 and Eq. 8: :math:`d_1 = \frac{1}{|M|}\sum_t\lVert\theta - m_t\rVert_2`,
-    :math:`d_2 = \lVert\theta - m_0\rVert_2` (``pool`` is :math:`m_0..m_{j-1}`)."""
-    d1 = torch.stack([torch.linalg.vector_norm(theta - a) for a in pool]).mean()
-    return d1, torch.linalg.vector_norm(theta - m0)
-
-
 def code_distances(theta: torch.Tensor, anchors: Sequence[torch.Tensor],
                    m0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     r"""The official code's terms: :math:`d_1 = \frac1K\sum_k\lVert\theta - a_k\rVert^2`
@@ -90,38 +70,6 @@ def objective(ce: torch.Tensor, d1: torch.Tensor, d2: torch.Tensor, alpha: float
     return ce - alpha * d1 / scale + beta * d2 / scale
 
 
-def paper_gradient(theta: torch.Tensor, pool: Sequence[torch.Tensor], m0: torch.Tensor,
-                   alpha: float, beta: float, scale: float = 1.0
-                   ) -> tuple[torch.Tensor, float, float]:
-    r"""Gradient of the paper form's regulariser :math:`(-\alpha d_1 + \beta d_2)/s`
-    (Eqs. 7-9), with :math:`d_1` and :math:`d_2`:
-
-    .. math:: \frac{1}{s}\Big[-\frac{\alpha}{|M|}\sum_t
-              \frac{\theta - m_t}{\lVert\theta - m_t\rVert}
-              + \beta\,\frac{\theta - m_0}{\lVert\theta - m_0\rVert}\Big],
-
-    a term being 0 at distance 0 (the subgradient :func:`torch.linalg.vector_norm`
-    takes, so the first step of :math:`m_1` is finite).  Built in place: one vector
-    and one temporary besides the pool, where autograd would keep a difference per
-    pool model for the backward pass.
-    """
-    with torch.no_grad():
-        grad = torch.zeros_like(theta)
-        diff = torch.empty_like(theta)
-        d1 = 0.0
-        for a in pool:
-            torch.sub(theta, a, out=diff)
-            norm = float(torch.linalg.vector_norm(diff))
-            d1 += norm
-            if norm > 0:
-                grad.add_(diff, alpha=-alpha / (len(pool) * norm * scale))
-        torch.sub(theta, m0, out=diff)
-        d2 = float(torch.linalg.vector_norm(diff))
-        if d2 > 0:
-            grad.add_(diff, alpha=beta / (d2 * scale))
-        return grad, d1 / len(pool), d2
-
-
 def code_gradient(theta: torch.Tensor, m0: torch.Tensor, start: torch.Tensor, alpha: float,
                   beta: float, scale: float = 1.0) -> torch.Tensor:
     r"""Closed-form gradient of the code form's regulariser (spec §2.2):
@@ -137,19 +85,4 @@ def code_gradient(theta: torch.Tensor, m0: torch.Tensor, start: torch.Tensor, al
         return grad.add_(torch.sub(theta, start), alpha=-2.0 * alpha / scale)
 
 
-def add_to_grads(params: Sequence[torch.Tensor], vector: torch.Tensor) -> None:
-    """Add a flat vector to the ``.grad`` of each parameter (in order)."""
-    at = 0
-    for p in params:
-        n = p.numel()
-        g = vector[at : at + n].view_as(p)
-        if p.grad is None:
-            p.grad = g.clone()
-        else:
-            p.grad.add_(g)
-        at += n
-
-
-__all__ = ["FORMS", "add_to_grads", "code_distances", "code_gradient", "flat",
-           "magnitude_scale", "objective", "paper_distances", "paper_gradient",
-           "trainable_vector"]
+__all__ = ["FORMS", "code_distances", "code_gradient", "magnitude_scale", "objective"]

@@ -104,11 +104,11 @@ class FedElmyStrategy(FedsysStrategy):
                 given = parse_order_list(self.options.order_list)
             except ValueError as exc:
                 raise ConfigError(f"config key 'chain.order-list': {exc}") from None
-            outside = [p for p in given if self.num_partitions and p >= self.num_partitions]
+            n = self.num_partitions or 0
+            outside = [p for p in given if n and p >= n]
             if outside:
                 raise ConfigError(f"config key 'chain.order-list': partitions {outside} do not "
-                                  f"exist (num-clients {self.num_partitions}: 0.."
-                                  f"{self.num_partitions - 1})")
+                                  f"exist (num-clients {n}: 0..{n - 1})")
         self.pids: list[int] = []
         self.orders: list[list[int]] = []
         self.warmed = False

@@ -24,7 +24,7 @@ from flwr.common.constant import ErrorCode
 from clients import TRAINERS, LocalConfig, TrainJob
 from clients.fedelmy import FedElmyTrainer, FedSeqTrainer, split_validation, train_one
 from fedsys import fedelmy as fe
-from fedsys import protocol
+from fedsys import pool, protocol
 from fedsys.chain import chain_order, p2p_model_transfers, parse_order_list, relay_model_messages
 from fedsys.options import ConfigError, parse_group
 from fedsys.params import RunningMean, from_torch, mean
@@ -67,7 +67,7 @@ def _vecs(n: int, dim: int = 7, seed: int = 0) -> list[torch.Tensor]:
 
 def test_paper_distances_are_eq7_and_eq8():
     theta, m0, m1, m2 = _vecs(4)
-    d1, d2 = fe.paper_distances(theta, [m0, m1, m2], m0)
+    d1, d2 = pool_ops.distances(theta, [m0, m1, m2], m0)
     want = (torch.dist(theta, m0) + torch.dist(theta, m1) + torch.dist(theta, m2)) / 3
     assert torch.allclose(d1, want) and torch.allclose(d2, torch.dist(theta, m0))
 
@@ -76,11 +76,11 @@ def test_paper_form_gradient_is_finite_at_zero_distance():
     # first step of m_1: theta == m_0 exactly (spec §6.4)
     m0 = _vecs(1)[0]
     theta = m0.clone().requires_grad_(True)
-    d1, d2 = fe.paper_distances(theta, [m0], m0)
+    d1, d2 = pool_ops.distances(theta, [m0], m0)
     fe.objective(torch.tensor(0.0, dtype=torch.float64), d1, d2, 0.06, 1.0).backward()
     assert theta.grad is not None and torch.isfinite(theta.grad).all()
     assert torch.count_nonzero(theta.grad) == 0
-    g, d1, d2 = fe.paper_gradient(m0.clone(), [m0], m0, 0.06, 1.0)
+    g, d1, d2 = pool_ops.distance_gradient(m0.clone(), [m0], m0, 0.06, 1.0)
     assert torch.count_nonzero(g) == 0 and d1 == d2 == 0.0
 
 
@@ -93,7 +93,7 @@ def test_each_regulariser_gradient_matches_finite_differences(form):
 
     def f(t: torch.Tensor) -> torch.Tensor:
         if form == "paper":
-            d1, d2 = fe.paper_distances(t, pool, m0)
+            d1, d2 = pool_ops.distances(t, pool, m0)
         else:
             d1, d2 = fe.code_distances(t, [*pool, start], m0)
         return fe.objective(torch.zeros((), dtype=torch.float64), d1, d2, alpha, beta, s)
@@ -108,9 +108,9 @@ def test_each_regulariser_gradient_matches_finite_differences(form):
     if form == "code":  # the closed form (§2.2) equals autograd of the extra-anchor form
         assert torch.allclose(fe.code_gradient(theta0, m0, start, alpha, beta, s), t.grad)
     else:  # the in-place closed form the trainer uses equals autograd of Eqs. 7-9
-        g, d1, d2 = fe.paper_gradient(theta0, pool, m0, alpha, beta, s)
+        g, d1, d2 = pool_ops.distance_gradient(theta0, pool, m0, alpha, beta, s)
         assert torch.allclose(g, t.grad)
-        want1, want2 = fe.paper_distances(theta0, pool, m0)
+        want1, want2 = pool_ops.distances(theta0, pool, m0)
         assert math.isclose(d1, float(want1)) and math.isclose(d2, float(want2))
 
 
@@ -124,7 +124,7 @@ def test_code_form_and_paper_form_differ_from_the_second_pool_model_on():
     theta, m0, m1 = _vecs(3, seed=2)
     start = (m0 + m1) / 2
     t = theta.clone().requires_grad_(True)
-    d1, d2 = fe.paper_distances(t, [m0, m1], m0)
+    d1, d2 = pool_ops.distances(t, [m0, m1], m0)
     fe.objective(torch.zeros((), dtype=torch.float64), d1, d2, 0.5, 1.0).backward()
     assert t.grad is not None
     code = fe.code_gradient(theta, m0, start, 0.5, 1.0)
@@ -135,7 +135,7 @@ def test_code_form_and_paper_form_differ_from_the_second_pool_model_on():
 def test_add_to_grads_splits_a_flat_vector_over_the_parameters():
     a, b = torch.zeros(2, 3, requires_grad=True), torch.zeros(4, requires_grad=True)
     b.grad = torch.ones(4)
-    fe.add_to_grads([a, b], torch.arange(10.0))
+    pool_ops.add_to_grads([a, b], torch.arange(10.0))
     assert a.grad is not None and torch.equal(a.grad, torch.arange(6.0).view(2, 3))
     assert torch.equal(b.grad, 1 + torch.arange(6.0, 10.0))
 
