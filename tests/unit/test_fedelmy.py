@@ -24,7 +24,8 @@ from flwr.common.constant import ErrorCode
 from clients import TRAINERS, LocalConfig, TrainJob
 from clients.fedelmy import FedElmyTrainer, FedSeqTrainer, split_validation, train_one
 from fedsys import fedelmy as fe
-from fedsys import pool, protocol
+from fedsys import pool as pool_ops
+from fedsys import protocol
 from fedsys.chain import chain_order, p2p_model_transfers, parse_order_list, relay_model_messages
 from fedsys.options import ConfigError, parse_group
 from fedsys.params import RunningMean, from_torch, mean
