@@ -8,6 +8,7 @@ from __future__ import annotations
 from clients.base import LocalConfig, Trainer, TrainJob, TrainResult
 from clients.fedelmy import FedElmyTrainer, FedSeqTrainer
 from clients.fedprox import FedProxTrainer
+from clients.lss import LssTrainer
 from clients.sgd import SGDTrainer
 
 #: ``trainer`` name -> trainer class.
@@ -16,6 +17,7 @@ TRAINERS: dict[str, type[Trainer]] = {
     "fedprox": FedProxTrainer,
     "fedseq": FedSeqTrainer,
     "fedelmy": FedElmyTrainer,
+    "lss": LssTrainer,
 }
 
 __all__ = ["TRAINERS", "LocalConfig", "TrainJob", "TrainResult", "Trainer"]
