@@ -16,7 +16,7 @@ read (config validation, ``fedsys keys``) without it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -45,6 +45,26 @@ class LocalConfig:
     warmup_epochs: int = 0
     #: Re-initialise the model from this seed before training (-1: keep the received one).
     init_seed: int = -1
+
+
+def local_config(settings: Mapping[str, Any], base: LocalConfig, seed: int) -> LocalConfig:
+    """The round's local-training settings: an instruction's keys (:mod:`fedsys.protocol`:
+    ``local-epochs``, ``lr``, ...), else ``base``'s values; ``seed`` is the round's."""
+    from fedsys import protocol as proto
+
+    s = settings
+    return LocalConfig(
+        epochs=int(s.get(proto.LOCAL_EPOCHS, base.epochs)),
+        max_steps=int(s.get(proto.LOCAL_STEPS, base.max_steps)),
+        batch_size=int(s.get(proto.BATCH_SIZE, base.batch_size)),
+        lr=float(s.get(proto.LR, base.lr)),
+        momentum=float(s.get(proto.MOMENTUM, base.momentum)),
+        weight_decay=float(s.get(proto.WEIGHT_DECAY, base.weight_decay)),
+        seed=seed,
+        device=base.device,
+        warmup_epochs=int(s.get(proto.WARMUP_EPOCHS, base.warmup_epochs)),
+        init_seed=int(s.get(proto.INIT_SEED, base.init_seed)),
+    )
 
 
 @dataclass

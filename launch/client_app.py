@@ -17,6 +17,7 @@ from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from clients import TRAINERS, LocalConfig, TrainJob
+from clients.base import local_config
 from fedsys import protocol as proto
 from fedsys.config import ConfigError, RunConfig
 from fedsys.data import Dataset
@@ -63,20 +64,12 @@ def _load(cfg: RunConfig, ds: Dataset, msg: Message) -> torch.nn.Module:
     return net
 
 
-def local_config(cfg: RunConfig, s: dict[str, Any], seed: int) -> LocalConfig:
+def run_local_config(cfg: RunConfig, s: dict[str, Any], seed: int) -> LocalConfig:
     """The round's local-training settings: the instruction's, else the run config's."""
-    return LocalConfig(
-        epochs=int(s.get(proto.LOCAL_EPOCHS, cfg.local_epochs)),
-        max_steps=int(s.get(proto.LOCAL_STEPS, cfg.local_steps)),
-        batch_size=int(s.get(proto.BATCH_SIZE, cfg.batch_size)),
-        lr=float(s.get(proto.LR, cfg.lr)),
-        momentum=float(s.get(proto.MOMENTUM, cfg.momentum)),
-        weight_decay=float(s.get(proto.WEIGHT_DECAY, cfg.weight_decay)),
-        seed=seed,
-        device=str(pick_device(cfg.device)),
-        warmup_epochs=int(s.get(proto.WARMUP_EPOCHS, 0)),
-        init_seed=int(s.get(proto.INIT_SEED, -1)),
-    )
+    return local_config(s, LocalConfig(
+        epochs=cfg.local_epochs, max_steps=cfg.local_steps, batch_size=cfg.batch_size,
+        lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+        device=str(pick_device(cfg.device))), seed)
 
 
 @app.train()
@@ -97,7 +90,7 @@ def train(msg: Message, context: Context) -> Message:
         raise ValueError(f"trainer {name!r}: {exc}") from None
     scope = f"{s.get(proto.STATE_SCOPE, '')}/{name}"
     net = _load(cfg, ds, msg)
-    job = TrainJob(net, x, y, ds.normalise, local_config(cfg, s, derive_seed(cfg.seed, rnd, pid)),
+    job = TrainJob(net, x, y, ds.normalise, run_local_config(cfg, s, derive_seed(cfg.seed, rnd, pid)),
                    options, proto.state_from_records(context.state, scope),
                    proto.extra_models(msg.content), rnd, pid, cfg.seed)
     res = trainer().train(job)
