@@ -111,6 +111,12 @@ class CoreOptions:
         'fmnist-cnn', 'Model from the registry.', choices=MODELS)
     model_norm: str = option(
         'bn', 'ResNet-18 normalisation.', choices=('bn', 'gn'))
+    init_from: str = option(
+        '', 'Start from a saved model: a `fedsys pretrain` file or a plain state dict (a '
+        'torchvision .pth); empty: the seeded random model.')
+    init_reinit: str = option(
+        '', 'With init-from: entries kept freshly initialised, comma-separated name prefixes '
+        '(fc for a new head, conv1 for a small-image stem).')
     trainer: str = option(
         'auto', "Local trainer; 'auto' takes the strategy's own.")
     local_epochs: int = option(
@@ -294,6 +300,7 @@ SHARED_KEYS = frozenset({
     "resume", "dataset", "data-dir", "num-clients", "partition", "dirichlet-alpha",
     "dirichlet-min-size", "shards-per-client", "test-subset", "model", "model-norm",
     "device", "client-num-cpus", "client-num-gpus", "torch-threads",
+    "pretrain.holdout", "pretrain.split", "pretrain.labels",
 })
 
 

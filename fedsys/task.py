@@ -9,11 +9,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedsys import domains
+from fedsys import domains, pretrain
 from fedsys import partition as part
-from fedsys.config import RunConfig
+from fedsys.config import ConfigError, RunConfig
 from fedsys.data import Dataset, load_dataset
 from fedsys.models import build_model
+from fedsys.params import Params, from_torch
 
 
 def pick_device(name: str) -> torch.device:
@@ -29,26 +30,78 @@ def dataset(cfg: RunConfig) -> Dataset:
 
 
 @functools.lru_cache(maxsize=8)
+def _holdout(dataset_name: str, data_dir: str, n: int, split: str, labels: str) -> np.ndarray:
+    ds = load_dataset(dataset_name, data_dir)
+    classes = pretrain.parse_labels(labels, ds.num_classes) if split == "labels" else None
+    return pretrain.holdout_indices(ds.y_train.numpy(), n, split, classes)
+
+
+def holdout(cfg: RunConfig) -> np.ndarray:
+    """The training indices held out for ``fedsys pretrain`` (empty without one)."""
+    n = int(cfg.get("pretrain.holdout"))
+    if n == 0:
+        return np.zeros(0, np.int64)
+    return _holdout(cfg.dataset, cfg.data_dir, n, str(cfg.get("pretrain.split")),
+                    str(cfg.get("pretrain.labels")))
+
+
+@functools.lru_cache(maxsize=8)
 def _partitions(
     dataset_name: str, data_dir: str, kind: str, n: int, seed: int,
-    alpha: float, min_size: int, spc: int,
+    alpha: float, min_size: int, spc: int, held: tuple[int, str, str] = (0, "", ""),
 ) -> tuple[np.ndarray, ...]:
     labels = load_dataset(dataset_name, data_dir).y_train.numpy()
+    rest = None
+    if held[0]:  # clients never get the held-out samples: partition the rest
+        mask = np.ones(len(labels), bool)
+        mask[_holdout(dataset_name, data_dir, *held)] = False
+        rest = np.flatnonzero(mask)
+        labels = labels[rest]
     if kind in ("iid", "domain"):  # domain: IID samples, a transform per client
         parts = part.iid(labels, n, seed)
     elif kind == "dirichlet":
         parts = part.dirichlet(labels, n, seed, alpha, min_size)
     else:
         parts = part.shards(labels, n, seed, spc)
+    if rest is not None:
+        parts = [rest[p] for p in parts]
     return tuple(parts)
 
 
 def partitions(cfg: RunConfig, num_partitions: int | None = None) -> list[np.ndarray]:
-    """Index arrays of every client, identical on server and clients for one seed."""
+    """Index arrays of every client, identical on server and clients for one seed
+    (without the samples held out for pre-training)."""
+    held = (int(cfg.get("pretrain.holdout")), str(cfg.get("pretrain.split")),
+            str(cfg.get("pretrain.labels")))
     return list(_partitions(
         cfg.dataset, cfg.data_dir, cfg.partition, num_partitions or cfg.num_clients,
         cfg.seed, cfg.dirichlet_alpha, cfg.dirichlet_min_size, cfg.shards_per_client,
+        held if held[0] else (0, "", ""),
     ))
+
+
+def initial_params(cfg: RunConfig) -> Params:
+    """The run's starting model: ``init-from`` (checked against the model, see
+    :func:`fedsys.pretrain.load_initial`) or the seeded random one."""
+    from pathlib import Path
+
+    fresh = from_torch(model(cfg).state_dict())
+    if not cfg.init_from:
+        return fresh
+    reinit = [r.strip() for r in cfg.init_reinit.split(",") if r.strip()]
+    params, prov = pretrain.load_initial(Path(cfg.init_from).expanduser(), fresh, reinit)
+    held = prov.get("holdout")
+    if held and prov.get("dataset") == cfg.dataset:
+        import hashlib
+
+        mine = holdout(cfg)
+        if hashlib.sha256(mine.tobytes()).hexdigest() != held.get("indices-sha256"):
+            raise ConfigError(
+                f"config key 'init-from': {cfg.init_from} was pre-trained on {held['samples']} "
+                f"held-out samples ({held['split']}) that this run's clients would see; hold "
+                f"out the same: pretrain.holdout={held['samples']} pretrain.split={held['split']}"
+                + (f" pretrain.labels={held['labels']}" if held["split"] == "labels" else ""))
+    return params
 
 
 def client_data(cfg: RunConfig, pid: int, num_partitions: int | None = None

@@ -24,6 +24,7 @@ EPILOG = """examples:
   fedsys partition configs/default.yaml               per-client class histogram
   fedsys data fetch fashion-mnist                     get the dataset
   fedsys landscape runs/ima --rounds 58 59 60          loss plane through three global models
+  fedsys pretrain configs/lss-fmnist.yaml             a pre-trained start on held-out samples
   fedsys keys                                         every config key and its default
 """
 
@@ -33,7 +34,7 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
     that are not there (Ray would wait for them forever)."""
     import torch
 
-    from fedsys.task import dataset, partitions
+    from fedsys.task import dataset, initial_params, partitions
 
     if (cfg.client_num_gpus > 0 or cfg.device == "cuda") and not torch.cuda.is_available():
         key = "client-num-gpus" if cfg.client_num_gpus > 0 else "device"
@@ -42,6 +43,8 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
             "use client-num-gpus=0 and device=auto (or cpu)")
     dataset(cfg)
     partitions(cfg)
+    for _, vcfg in cfg.variants():  # a saved start that does not fit fails here, not in Ray
+        initial_params(vcfg)
     from launch.server_app import branch_point
 
     for _, vcfg in cfg.variants():  # strategy-specific checks (search sizes, K >= 2, ...)
@@ -206,9 +209,10 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--no-apt", action="store_true", help="never call apt-get")
     f.set_defaults(fn=cmd_data)
 
-    from launch import landscape_tool
+    from launch import landscape_tool, pretrain_tool
 
     landscape_tool.add_parser(sub)
+    pretrain_tool.add_parser(sub)
 
     from launch import deploy_cli
 

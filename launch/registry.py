@@ -20,6 +20,7 @@ from clients import TRAINERS
 from fedsys import config as cfgmod
 from fedsys import protocol as proto
 from fedsys.config import ConfigError, RunConfig, Schema
+from fedsys.pretrain import PretrainOptions
 from strategies import REGISTRY
 from strategies.base import FedsysStrategy
 
@@ -42,6 +43,7 @@ def schema() -> Schema:
     for entry in [*REGISTRY.values(), *TRAINERS.values()]:
         if entry.Options.__dataclass_fields__:
             groups.append((entry.prefix(), entry.Options))
+    groups.append(("pretrain", PretrainOptions))
     return Schema.assemble(tuple(REGISTRY), tuple(TRAINERS), groups)
 
 

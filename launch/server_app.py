@@ -32,9 +32,17 @@ from fedsys import checkpoint, metrics
 from fedsys import protocol as proto
 from fedsys.config import ConfigError, RunConfig
 from fedsys.ima import start_round
-from fedsys.params import from_torch, to_torch
+from fedsys.params import to_torch
 from fedsys.seeding import derive_seed
-from fedsys.task import dataset, evaluate, model, partitions, pick_device, test_sets
+from fedsys.task import (
+    dataset,
+    evaluate,
+    initial_params,
+    model,
+    partitions,
+    pick_device,
+    test_sets,
+)
 from launch.registry import from_run_config, make_strategy, train_config
 from strategies.base import FedsysStrategy, NoUsableUpdateError
 
@@ -254,7 +262,7 @@ def run_strategy(grid: Grid, cfg: RunConfig, name: str) -> list[dict[str, Any]]:
     strategy.hooks.append(recorder)
     if cfg.estimators:
         strategy.estimator_fn = make_estimator_fn(cfg)
-    initial = from_torch(model(cfg).state_dict())
+    initial = initial_params(cfg)
     if strategy.round < strategy.num_rounds:
         strategy.start(grid, proto.to_record(initial), cfg.num_server_rounds,
                        timeout=cfg.round_timeout,
