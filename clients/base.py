@@ -38,6 +38,8 @@ class LocalConfig:
     batch_size: int = 32
     lr: float = 0.01
     momentum: float = 0.0
+    #: ``sgd`` or ``adam`` (the SGD loop's optimiser).
+    optimizer: str = "sgd"
     weight_decay: float = 0.0
     seed: int = 0
     device: str = "cpu"
@@ -59,6 +61,7 @@ def local_config(settings: Mapping[str, Any], base: LocalConfig, seed: int) -> L
         batch_size=int(s.get(proto.BATCH_SIZE, base.batch_size)),
         lr=float(s.get(proto.LR, base.lr)),
         momentum=float(s.get(proto.MOMENTUM, base.momentum)),
+        optimizer=str(s.get(proto.OPTIMIZER, base.optimizer)),
         weight_decay=float(s.get(proto.WEIGHT_DECAY, base.weight_decay)),
         seed=seed,
         device=base.device,
@@ -144,7 +147,8 @@ def sgd_loop(
     cfg: LocalConfig,
     penalty: Callable[[nn.Module], torch.Tensor] | None = None,
 ) -> TrainResult:
-    """Mini-batch SGD on cross-entropy (plus an optional penalty term).
+    """Mini-batch SGD (or Adam, ``cfg.optimizer``) on cross-entropy (plus an optional
+    penalty term).
 
     Returns the mean data loss (without the penalty) of the last epoch.
     """
@@ -153,9 +157,15 @@ def sgd_loop(
 
     device = torch.device(cfg.device)
     net.to(device).train()
-    opt = torch.optim.SGD(
-        net.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
-    )
+    if cfg.optimizer == "adam":
+        opt: torch.optim.Optimizer = torch.optim.Adam(
+            net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    elif cfg.optimizer == "sgd":
+        opt = torch.optim.SGD(
+            net.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        )
+    else:
+        raise ValueError(f"optimizer {cfg.optimizer!r}; allowed: sgd, adam")
     torch.manual_seed(cfg.seed)  # dropout and similar layers
     steps, last_epoch, loss_sum, loss_n = 0, -1, 0.0, 0
     for epoch, idx in batches(len(y), cfg.batch_size, cfg.epochs, cfg.seed):

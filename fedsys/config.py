@@ -129,6 +129,9 @@ class CoreOptions:
         0.05, 'Client learning rate.', bounds='> 0')
     lr_decay: float = option(
         1.0, 'Per-round client lr decay gamma: lr_t = lr * gamma^t (t = round - 1; 1 = none).', bounds='(0, 1]')
+    optimizer: str = option(
+        'sgd', 'Optimiser of the sgd and fedprox trainers (adam: Adam with coupled weight '
+        'decay, as LSS and FedELMY, whose trainers always use Adam).', choices=('sgd', 'adam'))
     momentum: float = option(
         0.0, 'Client SGD momentum.', bounds='[0, 1]')
     weight_decay: float = option(

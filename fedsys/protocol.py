@@ -63,6 +63,7 @@ LOCAL_EPOCHS = "local-epochs"
 LOCAL_STEPS = "local-steps"
 BATCH_SIZE = "batch-size"
 MOMENTUM = "momentum"
+OPTIMIZER = "optimizer"
 WEIGHT_DECAY = "weight-decay"
 WARMUP_EPOCHS = "warmup-epochs"  #: plain epochs before the method's training (a chain's first hop)
 INIT_SEED = "init-seed"  #: re-initialise the model from this seed first (own-init variants)

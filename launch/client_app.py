@@ -68,7 +68,7 @@ def run_local_config(cfg: RunConfig, s: dict[str, Any], seed: int) -> LocalConfi
     """The round's local-training settings: the instruction's, else the run config's."""
     return local_config(s, LocalConfig(
         epochs=cfg.local_epochs, max_steps=cfg.local_steps, batch_size=cfg.batch_size,
-        lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+        lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, optimizer=cfg.optimizer,
         device=str(pick_device(cfg.device))), seed)
 
 

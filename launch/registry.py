@@ -97,6 +97,7 @@ def train_config(cfg: RunConfig, trainer: str) -> dict[str, Any]:
         proto.LOCAL_STEPS: cfg.local_steps,
         proto.BATCH_SIZE: cfg.batch_size,
         proto.MOMENTUM: cfg.momentum,
+        proto.OPTIMIZER: cfg.optimizer,
         proto.WEIGHT_DECAY: cfg.weight_decay,
     }
     if trainer in TRAINERS:

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Local Superior Soups against FedAvg and FedProx on real Fashion-MNIST from a pre-trained
+# start (docs/results/lss.md): first `fedsys pretrain` (once, shared by every seed and
+# method: runs/lss/pretrained.pt), then presets configs/lss-<setting>.yaml, seeds 0 1 2,
+# one run directory per seed: runs/lss/<setting>/seed-<k>/.  An interrupted run resumes
+# (run this script again); two copies side by side take turns by lock file.
+# Then: python scripts/lss_report.py
+# Usage: scripts/reproduce_lss.sh [fmnist ablation ingredients random]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+FEDSYS=${FEDSYS:-.venv/bin/fedsys}
+OUT=${OUT:-runs/lss}
+settings=("$@")
+[[ ${#settings[@]} -gt 0 ]] || settings=(fmnist ingredients ablation random)
+mkdir -p "$OUT"
+exec {plock}>"$OUT/pretrained.lock"
+flock "$plock"
+[[ -f "$OUT/pretrained.pt" ]] || $FEDSYS pretrain configs/lss-fmnist.yaml \
+  --set pretrain.out="$OUT/pretrained.pt" || exit 1
+exec {plock}>&-
+for s in "${settings[@]}"; do
+  for seed in ${SEEDS:-0 1 2}; do
+    dir="$OUT/$s/seed-$seed"
+    if [[ -f "$dir/results.md" ]]; then continue; fi
+    mkdir -p "$OUT/$s"
+    exec {lock}>"$dir.lock"
+    if ! flock -n "$lock"; then exec {lock}>&-; continue; fi  # another copy has it
+    sets=(--set seed="$seed" --set output-dir="$OUT/$s" --set name="seed-$seed")
+    if [[ "$(grep -c '^init-from: runs/lss' "configs/lss-$s.yaml")" == 1 ]]; then
+      sets+=(--set init-from="$OUT/pretrained.pt")
+    fi
+    if [[ -f "$dir/config.yaml" ]]; then
+      $FEDSYS resume "$dir" || echo "reproduce_lss: $dir failed" >&2
+    else
+      $FEDSYS run "configs/lss-$s.yaml" "${sets[@]}" || echo "reproduce_lss: $dir failed" >&2
+    fi
+    exec {lock}>&-
+  done
+done
