@@ -22,6 +22,7 @@ nor torch.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -312,23 +313,27 @@ class Variant:
     """One entry of ``strategy``: a strategy name plus config overrides.
 
     Written ``name`` or ``name[key=value;key=value]``, e.g.
-    ``fedcda[fedcda.selection=newest]``.  Its :attr:`label` names its results
+    ``fedcda[fedcda.selection=newest]``, optionally followed by ``as LABEL``
+    (``fedavg[trainer=lss] as fedavg+lss``).  Its :attr:`label` names its results
     directory and its row in the comparison table.
     """
 
     name: str
     overrides: tuple[tuple[str, Scalar], ...] = ()
+    alias: str = ""
 
     @property
     def spec(self) -> str:
         """Canonical written form."""
-        if not self.overrides:
-            return self.name
-        return f"{self.name}[{';'.join(f'{k}={v}' for k, v in self.overrides)}]"
+        base = (self.name if not self.overrides else
+                f"{self.name}[{';'.join(f'{k}={v}' for k, v in self.overrides)}]")
+        return f"{base} as {self.alias}" if self.alias else base
 
     @property
     def label(self) -> str:
-        """Directory-safe label, e.g. ``fedcda-selection-newest``."""
+        """Directory-safe label: the ``as`` name, else e.g. ``fedcda-selection-newest``."""
+        if self.alias:
+            return self.alias
         parts = [self.name] + [f"{k.rsplit('.', 1)[-1]}-{v}" for k, v in self.overrides]
         return "-".join(parts).lower()
 
@@ -357,6 +362,12 @@ def parse_strategy(text: str, schema: Schema) -> list[Variant]:
     """Parse the ``strategy`` value into :class:`Variant` entries (validated)."""
     variants: list[Variant] = []
     for entry in _split_entries(text):
+        entry, _, alias = entry.partition(" as ")
+        alias = alias.strip()
+        if alias and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", alias):
+            raise ConfigError(f"config key 'strategy': label {alias!r} must be letters, digits "
+                              "and _ . + - (it names a directory)")
+        entry = entry.strip()
         name, _, rest = entry.partition("[")
         name = name.strip()
         if name not in schema.strategies:
@@ -382,7 +393,7 @@ def parse_strategy(text: str, schema: Schema) -> list[Variant]:
                         "strategy of a run shares data, model, seed and rounds)"
                     )
                 overrides.append((k, coerce(k, yaml.safe_load(v) if v else "", schema)))
-        variants.append(Variant(name, tuple(overrides)))
+        variants.append(Variant(name, tuple(overrides), alias))
     if not variants:
         raise ConfigError("config key 'strategy' is empty")
     labels = [v.label for v in variants]

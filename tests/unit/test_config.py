@@ -551,3 +551,17 @@ def test_fedcda_presets_equal_the_documented_commands(preset, overrides):
     want = cfgmod.load(ROOT / "configs" / "fedcda-fmnist.yaml", overrides)
     got = cfgmod.load(ROOT / "configs" / f"{preset}.yaml")
     assert got == want
+
+
+def test_a_variant_may_name_its_results_directory():
+    from fedsys.config import parse_strategy
+    from launch.registry import schema
+
+    vs = parse_strategy("fedavg[trainer=lss;lr=0.001] as fedavg+lss, fedavg", schema())
+    assert [v.label for v in vs] == ["fedavg+lss", "fedavg"]
+    assert vs[0].overrides == (("trainer", "lss"), ("lr", 0.001))
+    assert vs[0].spec == "fedavg[trainer=lss;lr=0.001] as fedavg+lss"
+    with pytest.raises(ConfigError, match="label 'a/b'"):
+        parse_strategy("fedavg as a/b", schema())
+    with pytest.raises(ConfigError, match="twice"):
+        parse_strategy("fedavg[lr=0.1] as x, fedprox as x", schema())
