@@ -4,7 +4,7 @@
 # 0 1 2, one run directory per seed: runs/fedelmy/<setting>/seed-<k>/.  A run that was
 # interrupted resumes where it stopped (run this script again).  A chain keeps one core
 # busy, so two copies side by side use both (each takes the next run the other has not
-# locked): about 5 hours of 2 cores for everything; then: python scripts/fedelmy_report.py
+# locked): about 5 hours of 2 cores for everything; then: python scripts/seeds_report.py fedelmy
 # Usage: scripts/reproduce_fedelmy.sh [dir0.5 domain pool dir0.3 dir0.1 ablation fewshot]
 set -uo pipefail
 cd "$(dirname "$0")/.."

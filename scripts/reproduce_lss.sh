@@ -4,7 +4,7 @@
 # method: runs/lss/pretrained.pt), then presets configs/lss-<setting>.yaml, seeds 0 1 2,
 # one run directory per seed: runs/lss/<setting>/seed-<k>/.  An interrupted run resumes
 # (run this script again); two copies side by side take turns by lock file.
-# Then: python scripts/lss_report.py
+# Then: python scripts/seeds_report.py lss
 # Usage: scripts/reproduce_lss.sh [fmnist ablation ingredients random]
 set -uo pipefail
 cd "$(dirname "$0")/.."

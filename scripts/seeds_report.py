@@ -1,0 +1,216 @@
+"""Tables and curves across seeds for docs/results/<method>.md, from the runs of
+scripts/reproduce_<method>.sh (FedELMY, LSS).
+
+Reads ``runs/<method>/<setting>/seed-<k>/<strategy>/metrics.jsonl`` of finished runs,
+copies each to ``docs/results/data/<method>-<setting>-s<k>-<strategy>.jsonl`` (``runs/``
+is not kept between machines; a run whose directory is gone is read back from there),
+and writes the section "Measured (generated)" of docs/results/<method>.md: per setting,
+every strategy's accuracy as mean ± std across seeds (and each seed's) at the method's
+reported points (FedELMY: the final model; LSS: after round 1 and round 3), and the
+curves (mean across seeds, min-max band).
+
+Usage::
+
+    python scripts/seeds_report.py fedelmy|lss [--runs runs/<method>] [--out docs/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fedsys import metrics  # noqa: E402
+
+METHODS: dict[str, dict[str, Any]] = {
+    "fedelmy": {
+        "points": ["final"],
+        "settings": {
+            "dir0.5": "Dirichlet 0.5, 10 clients",
+            "dir0.3": "Dirichlet 0.3, 10 clients",
+            "dir0.1": "Dirichlet 0.1, 10 clients",
+            "domain": "domain shift (4 transforms), 4 clients",
+            "pool": "pool size, Dirichlet 0.5",
+            "ablation": "d1/d2 ablation, Dirichlet 0.5",
+            "fewshot": "few-shot T = 3, Dirichlet 0.5",
+        },
+        "names": {
+            "fedelmy": "FedELMY (S = 5)",
+            "fedseq": "FedSeq, epoch-matched (E = 1)",
+            "fedseq-local-epochs-5": "FedSeq, compute-matched (E = 5)",
+            "oneshot-fedavg": "one-shot parallel FedAvg",
+            "fedelmy-parallel": "parallel FedELMY (Alg. 3)",
+            "fedelmy-form-code": "FedELMY, official code's form",
+            "fedelmy-pool-size-1": "FedELMY S = 1",
+            "fedelmy-pool-size-3": "FedELMY S = 3",
+            "fedelmy-pool-size-8": "FedELMY S = 8",
+            "fedelmy-alpha-0.0-beta-0.0": "pool only (alpha = beta = 0)",
+            "fedelmy-alpha-0.0": "pool + d2 (alpha = 0)",
+            "fedelmy-beta-0.0": "pool + d1 (beta = 0)",
+            "fedelmy-passes-3": "FedELMY, T = 3",
+            "fedseq-passes-3": "FedSeq, T = 3",
+        },
+        "xlabel": "step (chains: hop; one-shot FedAvg: warm-up, parallel round)",
+    },
+    "lss": {
+        "points": [1, 3],
+        "settings": {
+            "fmnist": "pre-trained start, 5 clients, Dirichlet 1.0",
+            "ingredients": "number of ingredients N",
+            "ablation": "regulariser ablation",
+            "random": "random start",
+        },
+        "names": {
+            "fedavg-optimizer-adam": "FedAvg (Adam, 1 epoch)",
+            "fedprox-optimizer-adam": "FedProx (Adam, 1 epoch)",
+            "fedavg-trainer-lss": "LSS, N = 4 x 1 epoch (paper protocol)",
+            "fedavg-trainer-lss-local-steps-42": "LSS, N = 4 x 1/4 epoch (equal compute)",
+            "fedavg-trainer-lss-ingredients-2": "LSS, N = 2",
+            "fedavg-trainer-lss-ingredients-3": "LSS, N = 3",
+            "fedavg-trainer-lss-affinity-0.0": "LSS without affinity",
+            "fedavg-trainer-lss-diversity-0.0": "LSS without diversity",
+            "fedavg-trainer-lss-affinity-0.0-diversity-0.0": "LSS without either",
+        },
+        "xlabel": "round",
+    },
+}
+SETTINGS: dict[str, str] = {}
+NAMES: dict[str, str] = {}
+METHOD: list[str] = [""]
+
+Runs = dict[str, dict[str, dict[int, list[dict[str, Any]]]]]  # setting -> strategy -> seed -> recs
+
+
+def collect(runs: Path, data: Path) -> Runs:
+    """Every run's records, from ``runs`` (copied to ``data``) or from ``data``."""
+    out: Runs = {}
+    for f in sorted(runs.glob("*/seed-*/*/metrics.jsonl")):
+        setting, seed, strategy = f.parts[-4], int(f.parts[-3].split("-")[1]), f.parts[-2]
+        recs = metrics.read_jsonl(f)
+        if recs and (f.parent / "model.pt").exists():  # finished runs only
+            metrics.write_jsonl(data / f"{METHOD[0]}-{setting}-s{seed}-{strategy}.jsonl", recs)
+    for f in sorted(data.glob(f"{METHOD[0]}-*-s*-*.jsonl")):
+        m = re.fullmatch(rf"{METHOD[0]}-(.+?)-s(\d+)-(.+)\.jsonl", f.name)
+        if m and m.group(1) in SETTINGS:
+            out.setdefault(m.group(1), {}).setdefault(m.group(3), {})[int(m.group(2))] = \
+                metrics.read_jsonl(f)
+    return out
+
+
+def at(recs: list[dict[str, Any]], point: int | str, key: str = "accuracy") -> float | None:
+    """``key`` after round ``point`` (``"final"``: the last evaluated), in %."""
+    vals = [(int(r["round"]), r[key]) for r in recs if key in r and r["round"] > 0]
+    if not vals:
+        return None
+    if point == "final":
+        return 100 * float(vals[-1][1])
+    hit = [v for rnd, v in vals if rnd == point]
+    return 100 * float(hit[0]) if hit else None
+
+
+def stat(values: list[float]) -> str:
+    """``mean ± std (n)``."""
+    if not values:
+        return "(not run)"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.2f} ± {sd:.2f} (n={len(values)})"
+
+
+def table(runs: Runs, setting: str, points: list[int | str], key: str = "accuracy") -> str:
+    """One setting's strategies: mean ± std across seeds at each point, each seed's value."""
+    heads = ["final" if p == "final" else f"after round {p}" for p in points]
+    rows = ["| method | " + " | ".join(f"{h} %, mean ± std" for h in heads) + " | per seed | rounds |",
+            "|---|" + "---:|" * len(points) + "---|---:|"]
+    for strategy, seeds in runs.get(setting, {}).items():
+        cells = [stat([v for r in seeds.values() if (v := at(r, p, key)) is not None])
+                 for p in points]
+        per = ", ".join(f"s{s}: {v:.2f}" for s, r in sorted(seeds.items())
+                        if (v := at(r, points[-1], key)) is not None)
+        steps = max((int(r[-1]["round"]) for r in seeds.values() if r), default=0)
+        rows.append(f"| {NAMES.get(strategy, strategy)} | " + " | ".join(cells) +
+                    f" | {per} | {steps} |")
+    return "\n".join(rows)
+
+
+def curves(runs: Runs, setting: str, path: Path, title: str) -> Path:
+    """Accuracy after every hop (chains) and after the parallel round, mean across
+    seeds with a min-max band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    for strategy, seeds in runs.get(setting, {}).items():
+        series = [[100 * float(r["accuracy"]) for r in recs if "accuracy" in r]
+                  for recs in seeds.values()]
+        n = min(len(s) for s in series)
+        if n < 2:
+            continue
+        arr = np.array([s[:n] for s in series])
+        xs = np.arange(n)
+        line = ax.plot(xs, arr.mean(0), lw=1.6, label=f"{NAMES.get(strategy, strategy)} "
+                       f"({len(series)} seeds)", marker="o" if n <= 3 else None)[0]
+        ax.fill_between(xs, arr.min(0), arr.max(0), color=line.get_color(), alpha=0.15)
+    ax.set_xlabel(METHODS[METHOD[0]]["xlabel"])
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main() -> None:
+    """Collect, tabulate, plot, and write the generated section."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("method", choices=tuple(METHODS))
+    ap.add_argument("--runs", help="default: runs/<method>")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "results"))
+    args = ap.parse_args()
+    spec = METHODS[args.method]
+    METHOD[0] = args.method
+    SETTINGS.update(spec["settings"])
+    NAMES.update(spec["names"])
+    out = Path(args.out)
+    data = out / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    runs = collect(Path(args.runs or ROOT / "runs" / args.method), data)
+    parts = []
+    for setting, title in SETTINGS.items():
+        if setting not in runs:
+            continue
+        parts.append(f"### {title} (`configs/{args.method}-{setting}.yaml`)\n\n"
+                     f"{table(runs, setting, spec['points'])}\n")
+        doms = sorted({k for seeds in runs[setting].values() for recs in seeds.values()
+                       for k in recs[-1] if k.startswith("accuracy-domain-")})
+        if doms:
+            rows = ["| method | " + " | ".join(d.replace("accuracy-", "") for d in doms) + " |",
+                    "|---|" + "---:|" * len(doms)]
+            for strategy, seeds in runs[setting].items():
+                cells = [stat([v for r in seeds.values() if (v := at(r, "final", d)) is not None])
+                         for d in doms]
+                rows.append(f"| {NAMES.get(strategy, strategy)} | " + " | ".join(cells) + " |")
+            parts.append("Per domain (final accuracy %, mean ± std across seeds; domain k is "
+                         "client k's transform):\n\n" + "\n".join(rows) + "\n")
+        png = curves(runs, setting, out / f"{args.method}-{setting}-accuracy.png", title)
+        parts.append(f"![{title}]({png.name})\n")
+    body = "\n".join(parts) or "(no runs yet)\n"
+    doc = out / f"{args.method}.md"
+    text = doc.read_text() if doc.exists() else f"# {args.method}\n"
+    doc.write_text(metrics.replace_section(text, "## Measured (generated)", "\n" + body))
+    print(body)
+    print(f"written: {doc}")
+
+
+if __name__ == "__main__":
+    main()
