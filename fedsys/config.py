@@ -64,6 +64,11 @@ class CoreOptions:
         'fedavg,fedprox', 'Strategy, or a comma-separated list run one after another on identical partitions and seeds.')
     seed: int = option(
         0, 'The one seed: partitions, sampling, init and training.')
+    seeds: str = option(
+        '', 'Seeds to run everything with, comma-separated (YAML list or 0,1,2): one run per '
+        'seed under <output-dir>/<name>/seed-<k>/, each with its own partition, sampling, '
+        'initial model and training; tables and curves give the mean and std across seeds. '
+        'Empty: the one seed.')
     num_server_rounds: int = option(
         30, 'Federated rounds.', bounds='> 0')
     clients_per_round: int = option(
@@ -289,18 +294,33 @@ def coerce(key: str, value: Any, schema: Schema) -> Scalar:
     opt = schema.by_key.get(key)
     if opt is None:
         raise ConfigError(f"unknown config key '{key}'.{suggest(key, schema.by_key)}")
-    if key == "strategy" and isinstance(value, list | tuple):
+    if key in ("strategy", "seeds") and isinstance(value, list | tuple):
         value = ",".join(str(v) for v in value)
     out = coerce_value(opt, value)
     if key == "strategy":
         return ",".join(v.spec for v in parse_strategy(str(out), schema))
+    if key == "seeds":
+        return ",".join(str(k) for k in parse_seeds(str(out)))
+    return out
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0, 1,2"`` -> ``[0, 1, 2]`` (distinct integers >= 0, order kept); empty: ``[]``."""
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    try:
+        out = [int(t) for t in items]
+    except ValueError:
+        raise ConfigError(f"config key 'seeds' got {text!r}; give integers, e.g. 0,1,2") from None
+    if any(k < 0 for k in out) or len(set(out)) != len(out):
+        raise ConfigError(f"config key 'seeds' got {text!r}; give distinct integers >= 0")
     return out
 
 
 # Keys a strategy variant may not change: every strategy of a run sees the same data,
 # partitions, model, seed and rounds.
 SHARED_KEYS = frozenset({
-    "name", "plugins", "output-dir", "strategy", "seed", "num-server-rounds", "clients-per-round",
+    "name", "plugins", "output-dir", "strategy", "seed", "seeds", "num-server-rounds",
+    "clients-per-round",
     "resume", "dataset", "data-dir", "num-clients", "partition", "dirichlet-alpha",
     "dirichlet-min-size", "shards-per-client", "test-subset", "model", "model-norm",
     "device", "client-num-cpus", "client-num-gpus", "torch-threads",

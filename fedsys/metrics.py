@@ -74,6 +74,73 @@ def results_table(runs: Mapping[str, Sequence[Mapping[str, Any]]], last: int = 1
     return "\n".join(lines)
 
 
+def seeds_summary(per_seed: Mapping[int, Sequence[Mapping[str, Any]]], last: int = 10
+                  ) -> dict[str, float]:
+    """:func:`summarise` of each seed's run, then mean and (sample) std across seeds:
+    ``final_mean``, ``final_std``, ``best_mean``, ``best_std``, ``last_mean_mean``,
+    ``last_mean_std`` (the last-``last`` mean's spread across seeds), ``last_std_mean``
+    (the mean within-run oscillation), ``seeds``, ``rounds``."""
+    rows = [s for recs in per_seed.values() if (s := summarise(recs, last))]
+    if not rows:
+        return {}
+    out: dict[str, float] = {"seeds": float(len(rows)), "rounds": min(r["rounds"] for r in rows)}
+    for key in ("final", "best", "last_mean", "last_std", "time_s"):
+        vals = np.asarray([r[key] for r in rows])
+        out[f"{key}_mean"] = float(vals.mean())
+        out[f"{key}_std"] = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
+    return out
+
+
+def seeds_results_table(runs: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]],
+                        last: int = 10) -> str:
+    """A Markdown table over seeds: mean ± std across seeds (accuracy in %)."""
+    lines = [f"| strategy | seeds | rounds | final acc % | best acc % | last-{last} mean % "
+             f"| last-{last} std (mean over seeds) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, per_seed in runs.items():
+        s = seeds_summary(per_seed, last)
+        if not s:
+            lines.append(f"| {name} | 0 | 0 | - | - | - | - |")
+            continue
+        lines.append(
+            f"| {name} | {int(s['seeds'])} | {int(s['rounds'])} "
+            f"| {100 * s['final_mean']:.2f} ± {100 * s['final_std']:.2f} "
+            f"| {100 * s['best_mean']:.2f} ± {100 * s['best_std']:.2f} "
+            f"| {100 * s['last_mean_mean']:.2f} ± {100 * s['last_mean_std']:.2f} "
+            f"| {100 * s['last_std_mean']:.2f} |")
+    return "\n".join(lines)
+
+
+def plot_seed_curves(runs: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]], path: Path,
+                     title: str) -> Path:
+    """Mean test accuracy per round across seeds, with a ±1 std band, per strategy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, per_seed in runs.items():
+        series = [{int(r["round"]): 100 * float(r["accuracy"]) for r in recs if "accuracy" in r}
+                  for recs in per_seed.values()]
+        rounds = sorted(set.intersection(*(set(s) for s in series))) if series else []
+        if not rounds:
+            continue
+        arr = np.asarray([[s[r] for r in rounds] for s in series])
+        mean, sd = arr.mean(0), (arr.std(0, ddof=1) if len(arr) > 1 else np.zeros(len(rounds)))
+        line = ax.plot(rounds, mean, lw=1.6, label=f"{name} ({len(series)} seeds)")[0]
+        ax.fill_between(rounds, mean - sd, mean + sd, color=line.get_color(), alpha=0.18)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy (%), mean ± std over seeds")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, title: str) -> Path:
     """Test accuracy per round of each run, overlaid, as a PNG."""
     import matplotlib

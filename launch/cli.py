@@ -19,6 +19,7 @@ EPILOG = """examples:
   fedsys run configs/default.yaml --set num-server-rounds=5 --set name=quick
   fedsys run configs/fedelmy-dir0.5.yaml              FedELMY's chain against FedSeq and one-shot baselines
   fedsys partition configs/fedelmy-domain.yaml        the domain-shift split, a transform per client
+  fedsys run configs/fedcda-dir0.5.yaml --seeds 0,1,2  every strategy on 3 seeds: mean ± std
   fedsys resume runs/default                          continue an interrupted run
   fedsys compare runs/default runs/quick              one table, one plot
   fedsys partition configs/default.yaml               per-client class histogram
@@ -53,11 +54,55 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
             branch_point(vcfg)
 
 
-def cmd_run(args: argparse.Namespace, cfg: cfgmod.RunConfig | None = None) -> int:
+def seed_config(cfg: cfgmod.RunConfig, seed: int) -> cfgmod.RunConfig:
+    """One seed's run of a run over seeds: ``<output-dir>/<name>/seed-<k>/``, that seed,
+    and ``branch-from`` with ``{seed}`` filled in."""
+    changes: dict[str, Any] = {"seed": seed, "seeds": "", "name": f"seed-{seed}",
+                               "output-dir": str(cfg.run_dir)}
+    if cfg.branch_from:
+        if "{seed}" not in cfg.branch_from:
+            raise cfgmod.ConfigError("config key 'branch-from': with 'seeds', name each seed's "
+                                     "checkpoint with {seed} (runs/parent/seed-{seed}/ima/"
+                                     "checkpoint-r0050.pt)")
+        changes["branch-from"] = cfg.branch_from.replace("{seed}", str(seed))
+    return cfg.replace(**changes)
+
+
+def run_seeds(args: argparse.Namespace, cfg: cfgmod.RunConfig, seeds: list[int]) -> int:
+    """``fedsys run`` over seeds: every seed's run (each checked first), then one table
+    and one figure across seeds."""
+    per = [seed_config(cfg, k) for k in seeds]
+    for scfg in per:
+        _preflight(scfg)
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.save(cfg.run_dir / "config.yaml")
+    t0 = time.time()
+    for i, scfg in enumerate(per, 1):
+        print(f"fedsys: seed {scfg.seed} ({i}/{len(per)})", flush=True)
+        rc = cmd_run(args, scfg, checked=True)
+        if rc != 0:
+            print(f"  the run over seeds {seeds} stopped at seed {scfg.seed}; 'fedsys resume "
+                  f"{cfg.run_dir}' continues it.", file=sys.stderr)
+            return rc
+    from launch.results import seeds_table, write_seeded
+
+    runs = write_seeded(cfg.run_dir, cfg.name)
+    seeds_table(runs, f"{cfg.name}: seeds {seeds} ({time.time() - t0:.0f} s)")
+    print(f"results: {cfg.run_dir}/results.md, curves: {cfg.run_dir}/accuracy.png")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace, cfg: cfgmod.RunConfig | None = None,
+            checked: bool = False) -> int:
     """``fedsys run``: check the config, simulate, print the table."""
     if cfg is None:
-        cfg = registry.load(Path(args.config) if args.config else None, args.set or [])
-    _preflight(cfg)
+        extra = [f"seeds={args.seeds}"] if getattr(args, "seeds", None) else []
+        cfg = registry.load(Path(args.config) if args.config else None, [*(args.set or []), *extra])
+    seeds = cfgmod.parse_seeds(cfg.seeds)
+    if seeds:
+        return run_seeds(args, cfg, seeds)
+    if not checked:
+        _preflight(cfg)
     from launch.simulation import simulate
 
     t0 = time.time()
@@ -91,6 +136,20 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """``fedsys compare``: one table and one plot over run directories."""
+    from launch.results import load_seeded, seed_dirs, seeds_table
+
+    if any(seed_dirs(Path(d)) for d in args.run_dirs):  # a run over seeds: mean ± std
+        seeded: dict[str, dict[int, list[dict[str, Any]]]] = {}
+        for d in args.run_dirs:
+            p = Path(d)
+            seeded.update(load_seeded(p, prefix=f"{p.name}/" if len(args.run_dirs) > 1 else ""))
+        if not seeded:
+            raise cfgmod.ConfigError("no metrics found in the given run directories")
+        seeds_table(seeded, "comparison across seeds")
+        out = Path(args.out)
+        metrics.plot_seed_curves(seeded, out, "comparison")
+        print(f"curves: {out}")
+        return 0
     runs: dict[str, list[dict[str, Any]]] = {}
     for d in args.run_dirs:
         p = Path(d)
@@ -179,6 +238,8 @@ def parser() -> argparse.ArgumentParser:
                        description="Run every strategy of CONFIG one after another on identical "
                        "partitions and seeds; write runs/<name>/ and print the results table.")
     with_config(r)
+    r.add_argument("--seeds", metavar="K,K,...", help="run everything once per seed (e.g. 0,1,2): "
+                   "runs/<name>/seed-<k>/ each, one table and figure across seeds")
     r.add_argument("-v", "--verbose", action="store_true", help="Flower debug logging")
     r.set_defaults(fn=cmd_run)
 

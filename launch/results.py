@@ -1,5 +1,5 @@
-"""The results table and the run-directory reader shared by ``fedsys run``,
-``fedsys compare`` and ``fedsys deploy run``."""
+"""The results tables and the run-directory readers shared by ``fedsys run``,
+``fedsys compare`` and ``fedsys deploy run`` (single runs and runs over seeds)."""
 
 from __future__ import annotations
 
@@ -42,3 +42,62 @@ def load_runs(run_dir: Path, prefix: str = "") -> dict[str, list[dict[str, Any]]
         recs = metrics.read_jsonl(run_dir / name.strip() / "metrics.jsonl")
         out[f"{prefix}{name.strip()}"] = recs
     return out
+
+
+def seed_dirs(run_dir: Path) -> dict[int, Path]:
+    """The per-seed run directories of a run over seeds (``seed-<k>/``), by seed."""
+    out = {}
+    for d in sorted(run_dir.glob("seed-*")):
+        tail = d.name.split("-", 1)[1]
+        if d.is_dir() and tail.isdigit():
+            out[int(tail)] = d
+    return dict(sorted(out.items()))
+
+
+def load_seeded(run_dir: Path, prefix: str = "") -> dict[str, dict[int, list[dict[str, Any]]]]:
+    """Every strategy's records by seed: a run over seeds reads its ``seed-<k>/``
+    directories; a single run is its one seed."""
+    out: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    dirs = seed_dirs(run_dir)
+    if not dirs:
+        seed = int(cfgmod.load_yaml(run_dir / "config.yaml").get("seed", 0)) \
+            if (run_dir / "config.yaml").exists() else 0
+        dirs = {seed: run_dir}
+    for seed, d in dirs.items():
+        for name, recs in load_runs(d, prefix).items():
+            if recs:
+                out.setdefault(name, {})[seed] = recs
+    return out
+
+
+def seeds_table(runs: dict[str, dict[int, list[dict[str, Any]]]], title: str) -> None:
+    """Print the results table over seeds (mean ± std across seeds)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in ("strategy", "seeds", "rounds", "final acc %", "best acc %", "last-10 mean %",
+                "last-10 std"):
+        t.add_column(col, justify="left" if col == "strategy" else "right")
+    for name, per_seed in runs.items():
+        s = metrics.seeds_summary(per_seed)
+        if not s:
+            t.add_row(name, "0", "0", "-", "-", "-", "-")
+            continue
+        t.add_row(name, str(int(s["seeds"])), str(int(s["rounds"])),
+                  f"{100 * s['final_mean']:.2f} ± {100 * s['final_std']:.2f}",
+                  f"{100 * s['best_mean']:.2f} ± {100 * s['best_std']:.2f}",
+                  f"{100 * s['last_mean_mean']:.2f} ± {100 * s['last_mean_std']:.2f}",
+                  f"{100 * s['last_std_mean']:.2f}")
+    Console(width=max(Console().width, 110)).print(t)
+
+
+def write_seeded(run_dir: Path, title: str) -> dict[str, dict[int, list[dict[str, Any]]]]:
+    """``results.md`` and ``accuracy.png`` of a run over seeds (across its seeds)."""
+    runs = load_seeded(run_dir)
+    text = metrics.seeds_results_table(runs)
+    (run_dir / "results.md").write_text(
+        f"# {title}\n\nMean ± std across seeds {sorted(seed_dirs(run_dir))}; last-10 std is "
+        f"each run's oscillation over its last 10 rounds, averaged over seeds.\n\n{text}\n")
+    metrics.plot_seed_curves(runs, run_dir / "accuracy.png", title)
+    return runs

@@ -565,3 +565,26 @@ def test_a_variant_may_name_its_results_directory():
         parse_strategy("fedavg as a/b", schema())
     with pytest.raises(ConfigError, match="twice"):
         parse_strategy("fedavg[lr=0.1] as x, fedprox as x", schema())
+
+
+def test_seeds_parse_and_each_seed_is_a_run_of_its_own(tmp_path):
+    from fedsys.config import parse_seeds
+    from launch.cli import seed_config
+    from launch.registry import build
+
+    assert parse_seeds("") == [] and parse_seeds("2, 0,1") == [2, 0, 1]
+    for bad in ["a", "1,1", "-1"]:
+        with pytest.raises(ConfigError, match="'seeds'"):
+            parse_seeds(bad)
+    cfg = build({"dataset": "synthetic", "model": "mlp", "num-clients": 3, "clients-per-round": 3,
+                 "seeds": [0, 2], "name": "x", "output-dir": str(tmp_path)})
+    assert cfg.seeds == "0,2"
+    one = seed_config(cfg, 2)
+    assert (one.seed, one.seeds, one.name) == (2, "", "seed-2")
+    assert one.run_dir == tmp_path / "x" / "seed-2"
+    with pytest.raises(ConfigError, match=r"\{seed\}"):
+        seed_config(cfg.replace(**{"branch-from": "runs/p/fedavg/checkpoint-r0002.pt"}), 0)
+    b = seed_config(cfg.replace(**{"branch-from": "runs/p/seed-{seed}/x.pt"}), 2)
+    assert b.branch_from == "runs/p/seed-2/x.pt"
+    with pytest.raises(ConfigError, match="may not change 'seeds'"):
+        build({"strategy": "fedavg[seeds=1]"})
