@@ -142,6 +142,11 @@ class CoreOptions:
         0.0, 'Client SGD momentum.', bounds='[0, 1]')
     weight_decay: float = option(
         0.0, 'Client L2 weight decay.', bounds='>= 0')
+    max_examples_ratio: float = option(
+        100.0, 'A train reply claiming more num-examples than its node declared for its '
+        'partition is refused; one from a node that declared none, when it claims more than '
+        'this many times the median of the round\'s other claims (0: no such bound).',
+        bounds='>= 0')
     fraction_evaluate: float = option(
         0.0, 'Fraction of nodes asked for federated evaluation each round.', bounds='[0, 1]')
     eval_batch_size: int = option(

@@ -181,10 +181,45 @@ def evaluate_reply(instruction: Message, num_examples: int, loss: float, acc: fl
     return Message(RecordDict({METRICS: rec}), reply_to=instruction)
 
 
-def query_reply(instruction: Message, partition_id: int, num_partitions: int) -> Message:
-    """The reply of a ClientApp to a partition-id query."""
+def query_reply(instruction: Message, partition_id: int, num_partitions: int,
+                num_examples: int | None = None) -> Message:
+    """The reply of a ClientApp to a partition-id query (with the partition's training
+    size when given: the most ``num-examples`` its train replies may claim)."""
     rec = MetricRecord({PARTITION_ID: int(partition_id), NUM_PARTITIONS: int(num_partitions)})
+    if num_examples is not None:
+        rec[NUM_EXAMPLES] = int(num_examples)
     return Message(RecordDict({METRICS: rec}), reply_to=instruction)
+
+
+def weight_refusals(claims: Mapping[int, float], declared: Mapping[int, int],
+                    max_ratio: float) -> dict[int, str]:
+    """Replies whose claimed ``num-examples`` would let them take over an aggregate.
+
+    A node that declared its partition's size (its answer to the query) may claim up
+    to that.  A node that declared none may claim up to ``max_ratio`` times the median
+    of the *other* replies' claims in the round (leave-one-out, so one huge claim cannot
+    move its own yardstick; 0 turns this bound off; a round with one reply has none):
+    honest partitions can differ in size by far more than any fixed ratio, so the
+    declared size is the check, the ratio the fallback.  Returns ``{node: reason}``
+    with the numbers.
+    """
+    import statistics
+
+    out: dict[int, str] = {}
+    for node, n in claims.items():
+        if node in declared:
+            if n > declared[node]:
+                out[node] = (f"claims num-examples {n:g}, but its partition holds "
+                             f"{declared[node]} (its answer to the query)")
+            continue
+        others = [v for k, v in claims.items() if k != node]
+        if max_ratio > 0 and others:
+            med = statistics.median(others)
+            if med > 0 and n > max_ratio * med:
+                out[node] = (f"claims num-examples {n:g}, {n / med:.3g} times the median "
+                             f"{med:g} of the round's other replies (max-examples-ratio "
+                             f"{max_ratio:g})")
+    return out
 
 
 # ---------------------------------------------------------------- trainer state

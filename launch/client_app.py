@@ -115,4 +115,5 @@ def evaluate_handler(msg: Message, context: Context) -> Message:
 def query(msg: Message, context: Context) -> Message:
     """Say which partition this node holds."""
     nc = context.node_config
-    return proto.query_reply(msg, _partition_id(context), int(nc.get(proto.NUM_PARTITIONS, 0)))
+    _, _, pid, _, y = _setup(context)
+    return proto.query_reply(msg, pid, int(nc.get(proto.NUM_PARTITIONS, 0)), len(y))

@@ -159,6 +159,11 @@ class FedsysStrategy(Strategy):
     num_partitions : int, optional
         The partitions the nodes should hold; a node declaring another count is
         logged (the federation and the config disagree).
+    max_examples_ratio : float, default 100.0
+        A reply claiming more ``num-examples`` than its node declared for its partition
+        is refused (logged with the numbers), so no reply takes over an aggregate by what
+        it claims; a node that declared none may claim up to this many times the median
+        of the round's other claims (0: no such bound).
     **options
         The method's own options (the fields of :attr:`Options`).
     """
@@ -188,6 +193,7 @@ class FedsysStrategy(Strategy):
         lr_decay: float = 1.0,
         trainer: str = "auto",
         num_partitions: int | None = None,
+        max_examples_ratio: float = 100.0,
         **options: Any,
     ) -> None:
         self.options = self.parse_options(options)
@@ -207,6 +213,9 @@ class FedsysStrategy(Strategy):
         self.round = 0
         self.params: Params | None = None
         self.node_pid: dict[int, int] = {}
+        #: The training size each node declared for its partition (its query answer).
+        self.node_examples: dict[int, int] = {}
+        self.max_examples_ratio = float(max_examples_ratio)
         self.history: list[dict[str, Any]] = []
         self.hooks: list[RoundHook] = []
         self.wrappers: list[StrategyWrapper] = []
@@ -259,6 +268,7 @@ class FedsysStrategy(Strategy):
             "lr_decay": cfg.lr_decay,
             "trainer": cfg.trainer,
             "num_partitions": cfg.num_clients,
+            "max_examples_ratio": cfg.max_examples_ratio,
             **opts,
         }
 
@@ -332,6 +342,8 @@ class FedsysStrategy(Strategy):
                 rec = proto.metrics_of(r.content)
                 if proto.PARTITION_ID in rec:
                     self.node_pid[instr.metadata.dst_node_id] = int(rec[proto.PARTITION_ID])
+                if proto.NUM_EXAMPLES in rec:
+                    self.node_examples[instr.metadata.dst_node_id] = int(rec[proto.NUM_EXAMPLES])
                 nparts = int(rec.get(proto.NUM_PARTITIONS, self.num_partitions or 0))
                 if self.num_partitions is not None and nparts != self.num_partitions:
                     log(WARNING, "node %d holds partition %s of %d, but num-clients is %d: the "
@@ -455,6 +467,11 @@ class FedsysStrategy(Strategy):
                 res = Rejection(res.node_id, res.partition_id, why)
             (ok if isinstance(res, ClientUpdate) else bad).append(res)  # type: ignore[arg-type]
             seen.add(res.node_id)
+        refused = proto.weight_refusals({u.node_id: float(u.num_examples) for u in ok},
+                                        self.node_examples, self.max_examples_ratio)
+        bad += [Rejection(u.node_id, u.partition_id, refused[u.node_id]) for u in ok
+                if u.node_id in refused]
+        ok = [u for u in ok if u.node_id not in refused]
         for node in proto.missing_nodes(sent, replies):
             bad.append(Rejection(node, self._expected.get(node, -1), "no reply before round-timeout"))
         for rj in bad:

@@ -338,3 +338,61 @@ def test_nodes_keyed_by_64_bit_node_ids_sample_and_select_exactly(reply_grid):
     assert all(h["clients-ok"] == 3 for h in s.history)
     assert set(s.selected) <= set(big) and len(s.selected) >= 3
     assert {m.metadata.dst_node_id for m in sent} <= set(big)
+
+
+# ---------------------------------------------------------------- claimed weights
+
+
+def test_weight_refusals_bound_what_a_reply_may_claim():
+    from fedsys.protocol import weight_refusals
+
+    # declared partition sizes are the check; within them any claim is fine
+    assert weight_refusals({1: 900.0, 2: 50.0}, {1: 1000, 2: 50}, 10) == {}
+    got = weight_refusals({1: 1e12, 2: 50.0}, {1: 1000, 2: 50}, 10)
+    assert list(got) == [1] and "1e+12" in got[1] and "holds 1000" in got[1]
+    # undeclared: leave-one-out median of the others, so one huge claim cannot hide
+    got = weight_refusals({1: 1e12, 2: 10.0, 3: 30.0}, {}, 100)
+    assert list(got) == [1] and "median 20" in got[1]
+    assert weight_refusals({1: 1e12, 2: 10.0}, {}, 100).keys() == {1}
+    assert weight_refusals({1: 1e12}, {}, 100) == {}          # alone: nothing to compare
+    assert weight_refusals({1: 1e12, 2: 10.0}, {}, 0) == {}   # bound off
+
+
+def test_a_reply_claiming_a_huge_num_examples_cannot_take_over_fedavg(reply_grid, caplog):
+    s = FedAvgStrategy.from_config(cfg(**{"clients-per-round": 3}))
+    grid = reply_grid(NODES)
+    msgs = configured(s, grid)
+    bad = msgs[0]
+    replies = [reply(m) for m in msgs[1:]]
+    pid = NODES[bad.metadata.dst_node_id]
+    content = RecordDict({"arrays": ArrayRecord({k: protocol.Array(v) for k, v in model(99.0).items()}),
+                          "metrics": MetricRecord({"partition-id": pid, "num-examples": 10**12,
+                                                   "train-loss": 50.0})})
+    replies.append(Message(content, reply_to=bad))
+    arrays, metrics = s.aggregate_train(1, replies)
+    assert metrics is not None and metrics["clients-ok"] == 2 and metrics["clients-rejected"] == 1
+    got = protocol.from_record(arrays)
+    others = [NODES[m.metadata.dst_node_id] for m in msgs[1:]]
+    want = mean([model(p) for p in others], [10 * (p + 1) for p in others])
+    assert np.array_equal(got["w"], want["w"])
+    assert metrics["train-loss"] == 0.5          # the round's loss uses the same weights
+    assert "1e+12" in caplog.text and "median" in caplog.text
+
+
+def test_a_node_may_not_claim_more_than_it_declared(reply_grid):
+    def answer(m: Message) -> Message:  # a query answer that declares the partition's size
+        pid = NODES[m.metadata.dst_node_id]
+        return Message(RecordDict({"metrics": MetricRecord({"partition-id": pid,
+                                                            "num-examples": 10 * (pid + 1)})}),
+                       reply_to=m)
+
+    s = FedAvgStrategy.from_config(cfg(**{"clients-per-round": 3}))
+    grid = reply_grid(NODES, answer=answer)
+    msgs = configured(s, grid)
+    assert s.node_examples == {n: 10 * (p + 1) for n, p in NODES.items() if n in s.node_examples}
+    honest = [reply(m) for m in msgs[1:]]
+    pid = NODES[msgs[0].metadata.dst_node_id]
+    greedy = reply(msgs[0], **{"num-examples": 10 * (pid + 1) + 1})
+    updates, rejected = s.validate([*honest, greedy])
+    assert len(updates) == 2 and [r.node_id for r in rejected] == [msgs[0].metadata.dst_node_id]
+    assert "but its partition holds" in rejected[0].reason
