@@ -345,9 +345,25 @@ def parse_train_reply(
     content = reply.content
     if ARRAYS not in content.array_records:
         return Rejection(node, pid, f"reply holds no ArrayRecord '{ARRAYS}'")
+    odd = [k for k in content.array_records if k != ARRAYS and not k.startswith(MODEL_PREFIX)]
+    if odd:
+        return Rejection(node, pid, f"reply holds unexpected ArrayRecord(s) {odd} (expected "
+                         f"'{ARRAYS}' and named models '{MODEL_PREFIX}<name>')")
+    odd = [k for k in content.metric_records if k != METRICS] + list(content.config_records)
+    if odd:
+        return Rejection(node, pid, f"reply holds unexpected record(s) {odd} (expected one "
+                         f"MetricRecord '{METRICS}')")
+    if METRICS in content.metric_records:
+        typed = [k for k, v in content.metric_records[METRICS].items()
+                 if not isinstance(v, int | float) or isinstance(v, bool)]
+        if typed:
+            return Rejection(node, pid, f"metric(s) {typed} are not numbers")
     metrics = metrics_of(content)
     if NUM_EXAMPLES not in metrics:
         return Rejection(node, pid, f"reply metrics lack '{NUM_EXAMPLES}'")
+    n = metrics[NUM_EXAMPLES]
+    if np.isfinite(n) and n != int(n):
+        return Rejection(node, pid, f"{NUM_EXAMPLES} is {n:g}, not a whole number")
     if PARTITION_ID in metrics and int(metrics[PARTITION_ID]) != pid:
         return Rejection(
             node, pid, f"reply echoes {PARTITION_ID} {int(metrics[PARTITION_ID])}, expected {pid}"

@@ -59,3 +59,40 @@ def test_trainer_state_round_trips_per_scope_and_forgets_what_is_gone():
     with pytest.raises(TypeError, match="trainer state 'opt' is a dict"):
         protocol.state_to_records({"opt": {"lr": 0.1}}, box, "fedavg/sgd")
     assert protocol.state_from_records(box, "fedavg/sgd") == {"rounds": 4}  # nothing lost
+
+
+def _reply(instr, records: dict) -> object:
+    from flwr.app import Message
+
+    return Message(RecordDict(records), reply_to=instr)
+
+
+@pytest.mark.parametrize(("records", "why"), [
+    ({"arrays": "M", "extra": "M", "metrics": {"num-examples": 10}},
+     "unexpected ArrayRecord(s) ['extra']"),
+    ({"arrays": "M", "metrics": {"num-examples": 10}, "other": {"x": 1.0}},
+     "unexpected record(s) ['other']"),
+    ({"arrays": "M", "metrics": {"num-examples": 10}, "cfg": "C"},
+     "unexpected record(s) ['cfg']"),
+    ({"arrays": "M", "metrics": {"num-examples": 10, "loss": [0.1, 0.2]}},
+     "metric(s) ['loss'] are not numbers"),
+    ({"arrays": "M", "metrics": {"num-examples": 10.5}}, "not a whole number"),
+    ({"arrays": "M", "metrics": {"num-examples": 0}}, "num-examples is 0"),
+    ({"arrays": "M", "metrics": {"num-examples": -3}}, "num-examples is -3"),
+    ({"arrays": "M", "metrics": {"train-loss": 1.0}}, "lack 'num-examples'"),
+    ({"metrics": {"num-examples": 10}}, "no ArrayRecord 'arrays'"),
+])
+def test_a_reply_that_is_not_exactly_what_is_expected_is_refused_naming_why(records, why):
+    from flwr.app import ConfigRecord, MetricRecord
+
+    instr = protocol.message(5, MessageType.TRAIN, model(1.0), {})
+    built = {}
+    for k, v in records.items():
+        if v == "M":
+            built[k] = protocol.to_record(model(2.0))
+        elif v == "C":
+            built[k] = ConfigRecord({"note": "x"})
+        else:
+            built[k] = MetricRecord(v)
+    rj = protocol.parse_train_reply(_reply(instr, built), sent(instr), {5: 1}, None)
+    assert isinstance(rj, protocol.Rejection) and why in rj.reason, getattr(rj, "reason", rj)
