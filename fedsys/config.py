@@ -22,6 +22,7 @@ nor torch.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -289,9 +290,12 @@ class RunConfig(CoreOptions):
         return build({**self.to_dict(), **changes}, schema=self.schema)
 
     def save(self, path: Path) -> None:
-        """Write the resolved config as YAML."""
+        """Write the resolved config as YAML, headed by a checksum of the rest (a run
+        directory's config is checked by :func:`verify_saved` before a resume)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        body = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        digest = hashlib.sha256(body.encode()).hexdigest()
+        path.write_text(f"{SAVED_HEAD} sha256:{digest}\n{body}")
 
 
 def coerce(key: str, value: Any, schema: Schema) -> Scalar:
@@ -451,6 +455,31 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
     return out
 
 
+SAVED_HEAD = "# fedsys run config,"
+
+
+def verify_saved(path: Path) -> None:
+    """Check a run directory's ``config.yaml`` against its checksum line.
+
+    Raises :class:`ConfigError` when the file is missing, or when its content does not
+    match the checksum (truncated or edited); a file without the line (written before
+    fedsys had it) passes.
+    """
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path} does not exist: not a fedsys run directory") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} cannot be read ({type(exc).__name__})") from None
+    head, _, body = text.partition("\n")
+    if not head.startswith(SAVED_HEAD):
+        return
+    want = head.rsplit("sha256:", 1)[-1].strip()
+    if hashlib.sha256(body.encode()).hexdigest() != want:
+        raise ConfigError(f"{path} is truncated or was edited (its checksum does not match); "
+                          "change a resumed run with --set, not by editing its config.yaml")
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML experiment file into flat dotted keys."""
     try:
@@ -542,4 +571,4 @@ def describe(schema: Schema) -> str:
 __all__ = ["CORE_SCHEMA", "DATASETS", "MODELS", "SHARED_KEYS", "ConfigError", "CoreOptions",
            "Option", "RunConfig", "Scalar", "Schema", "Variant", "build", "coerce", "describe",
            "flatten", "from_run_config", "load", "load_yaml", "parse_overrides",
-           "parse_strategy", "to_toml"]
+           "parse_seeds", "parse_strategy", "to_toml", "verify_saved"]

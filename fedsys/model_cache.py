@@ -57,6 +57,7 @@ class ModelCache:
         self.directory = directory
         self.entries: dict[int, deque[Entry]] = {}
         self._ram: dict[tuple[int, int], Vec] = {}
+        self._kept_before: set[str] = set()
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
 
@@ -156,7 +157,8 @@ class ModelCache:
             self.collect()
 
     def collect(self) -> int:
-        """Delete files of the disk store that no entry refers to; return how many.
+        """Delete files of the disk store that neither the current entries nor those of
+        the previous collection (the previous checkpoint's) refer to; return how many.
 
         Call only when the state that refers to the current entries is safely on
         disk (after a checkpoint), never between a checkpoint and its successor's
@@ -164,7 +166,11 @@ class ModelCache:
         """
         if self.directory is None:
             return 0
-        keep = {self._path(c, e.round).name for c, q in self.entries.items() for e in q}
+        now = {self._path(c, e.round).name for c, q in self.entries.items() for e in q}
+        # the previous checkpoint (kept beside the latest for a fallback) refers to the
+        # entries of the last collection: their files live one checkpoint longer
+        keep = now | self._kept_before
+        self._kept_before = now
         gone = 0
         for p in self.directory.glob("c*-r*.npy"):
             if p.name not in keep:

@@ -48,10 +48,20 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
         initial_params(vcfg)
     from launch.server_app import branch_point
 
-    for _, vcfg in cfg.variants():  # strategy-specific checks (search sizes, K >= 2, ...)
+    for label, vcfg in cfg.variants():  # strategy-specific checks (search sizes, K >= 2, ...)
         registry.make_strategy(vcfg)
         if vcfg.branch_from and not vcfg.resume:
             branch_point(vcfg)
+        from fedsys import checkpoint
+
+        ck = cfg.run_dir / label / "checkpoint.pt"
+        if cfg.resume and (ck.exists() or checkpoint.prev_path(ck).exists()):
+            try:  # a broken checkpoint is found here, before any engine starts
+                _, _, note = checkpoint.load_latest(ck)
+            except checkpoint.CheckpointError as exc:
+                raise cfgmod.ConfigError(f"cannot resume {label}: {exc}") from None
+            if note:
+                print(f"fedsys: {label}: {note}", flush=True)
 
 
 def seed_config(cfg: cfgmod.RunConfig, seed: int) -> cfgmod.RunConfig:
@@ -116,8 +126,18 @@ def cmd_run(args: argparse.Namespace, cfg: cfgmod.RunConfig | None = None,
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:
-        print(f"error: the run stopped: {exc}\n  checkpoints are in {cfg.run_dir}; "
-              f"'fedsys resume {cfg.run_dir}' continues it.", file=sys.stderr)
+        from fedsys import checkpoint
+
+        usable = []
+        for ck in cfg.run_dir.glob("*/checkpoint.pt"):
+            try:
+                checkpoint.load_latest(ck)
+                usable.append(ck)
+            except checkpoint.CheckpointError:
+                pass
+        advice = (f"checkpoints are in {cfg.run_dir}; 'fedsys resume {cfg.run_dir}' continues it."
+                  if usable else "no usable checkpoint was written; 'fedsys run' starts it again.")
+        print(f"error: the run stopped: {exc}\n  {advice}", file=sys.stderr)
         return 1
     table(load_runs(cfg.run_dir), f"{cfg.name} ({time.time() - t0:.0f} s)")
     print(f"results: {cfg.run_dir}/results.md, curves: {cfg.run_dir}/accuracy.png")
@@ -129,6 +149,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir).resolve()
     if not (run_dir / "config.yaml").exists():
         raise cfgmod.ConfigError(f"{run_dir} is not a fedsys run directory (no config.yaml)")
+    cfgmod.verify_saved(run_dir / "config.yaml")
     cfg = registry.load(run_dir / "config.yaml", [*(args.set or []), "resume=true",
                                           f"name={run_dir.name}", f"output-dir={run_dir.parent}"])
     return cmd_run(args, cfg)

@@ -238,8 +238,10 @@ def run_strategy(grid: Grid, cfg: RunConfig, name: str) -> list[dict[str, Any]]:
     strategy.workdir = out
     recorder = RoundRecorder(cfg, out, name)
     ckpt_path = out / "checkpoint.pt"
-    if cfg.resume and ckpt_path.exists():
-        ckpt = checkpoint.load(ckpt_path)
+    if cfg.resume and (ckpt_path.exists() or checkpoint.prev_path(ckpt_path).exists()):
+        ckpt, ckpt_path, note = checkpoint.load_latest(ckpt_path)
+        if note:
+            log(WARNING, "[%s] %s", name, note)
         strategy.load_state_dict(ckpt["strategy"])
         checkpoint.set_rng_state(ckpt["rng"])
         # Rounds logged after the last checkpoint are redone: drop them.

@@ -97,3 +97,60 @@ def test_kept_records_are_copied_and_read_back_when_the_run_is_gone(tmp_path):
         {"round": 2, "accuracy": 0.7, "strategy": "fedavg"}]
     assert metrics.kept_records(runs, data, "r", "fedcda")[0]["accuracy"] == 0.6
     assert metrics.kept_records(runs, data, "missing", "fedavg") == []
+
+
+# ---------------------------------------------------------------- broken files
+
+
+def test_the_previous_checkpoint_is_kept_and_a_broken_latest_falls_back_to_it(tmp_path):
+    from fedsys import checkpoint as ck
+
+    path = tmp_path / "checkpoint.pt"
+    ck.save(path, {"round": 1, "x": 1})
+    assert not ck.prev_path(path).exists()
+    ck.save(path, {"round": 2, "x": 2})
+    assert ck.load(ck.prev_path(path))["round"] == 1 and ck.load(path)["round"] == 2
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])                       # truncated
+    got, used, note = ck.load_latest(path)
+    assert got["round"] == 1 and used == ck.prev_path(path)
+    assert "truncated or corrupt" in note and "checkpoint.prev.pt (round 1)" in note
+    ck.prev_path(path).write_bytes(b"\x00" * 64)                     # and the previous too
+    with pytest.raises(ck.CheckpointError, match="cannot be resumed; start the run again"):
+        ck.load_latest(path)
+
+
+def test_a_checkpoint_of_another_format_is_refused_with_the_versions_named(tmp_path):
+    import torch
+
+    from fedsys import checkpoint as ck
+
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"round": 3, "format": 99, "fedsys": "9.0"}, path)
+    with pytest.raises(ck.CheckpointError, match=r"fedsys 9\.0 \(checkpoint format 99\).*"
+                                                 r"reads format 1"):
+        ck.load(path)
+    torch.save({"round": 3}, path)                                   # before formats: readable
+    assert ck.load(path)["round"] == 3
+    torch.save([1, 2], path)
+    with pytest.raises(ck.CheckpointError, match="not a fedsys checkpoint"):
+        ck.load(path)
+
+
+def test_a_run_config_that_was_truncated_or_edited_is_refused(tmp_path):
+    from fedsys.config import ConfigError, verify_saved
+    from launch.registry import build
+
+    path = tmp_path / "config.yaml"
+    build({"dataset": "synthetic", "model": "mlp", "num-clients": 3,
+           "clients-per-round": 3}).save(path)
+    verify_saved(path)
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])
+    with pytest.raises(ConfigError, match="truncated or was edited"):
+        verify_saved(path)
+    path.write_text(text.replace("num-clients: 3", "num-clients: 4"))
+    with pytest.raises(ConfigError, match="truncated or was edited"):
+        verify_saved(path)
+    path.write_text(text.split("\n", 1)[1])                          # written before the line
+    verify_saved(path)

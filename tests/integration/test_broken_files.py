@@ -1,0 +1,51 @@
+"""Broken files under ``fedsys resume``: a truncated latest checkpoint falls back to the
+previous one (saying so) and the run ends as an uninterrupted one; when neither can be
+read, one error line names the file, says the run cannot be resumed, and no engine
+starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+SETS = {"dataset": "synthetic", "model": "mlp", "partition": "iid", "num-clients": 3,
+        "clients-per-round": 2, "local-epochs": 1, "lr": 0.05, "strategy": "fedavg"}
+
+
+def _run(tmp, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "launch", *args], capture_output=True,
+                          text=True, timeout=600, check=False, cwd=tmp)
+
+
+def _sets(tmp, **extra: object) -> list[str]:
+    return [f"--set={k}={v}" for k, v in {**SETS, "output-dir": tmp, **extra}.items()]
+
+
+def test_resume_falls_back_to_the_previous_checkpoint_or_says_it_cannot(tmp_path):
+    ref = _run(tmp_path, "run", *_sets(tmp_path, name="ref", **{"num-server-rounds": 4}))
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    part = _run(tmp_path, "run", *_sets(tmp_path, name="part", **{"num-server-rounds": 3}))
+    assert part.returncode == 0, part.stderr[-2000:]
+    ck = tmp_path / "part" / "fedavg" / "checkpoint.pt"
+    data = ck.read_bytes()
+    ck.write_bytes(data[:100])                                    # the latest is truncated
+    res = _run(tmp_path, "resume", str(tmp_path / "part"), "--set", "num-server-rounds=4")
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    assert "truncated or corrupt" in out and "checkpoint.prev.pt (round 2)" in out
+    a = torch.load(tmp_path / "ref" / "fedavg" / "model.pt")
+    b = torch.load(tmp_path / "part" / "fedavg" / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)               # rounds 3-4 redone exactly
+
+    for f in (ck, ck.with_name("checkpoint.prev.pt")):
+        f.write_bytes(b"\x00" * 50)
+    res = _run(tmp_path, "resume", str(tmp_path / "part"), "--set", "num-server-rounds=5")
+    err = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert "cannot resume fedavg" in err and "cannot be resumed" in err
+    assert "fedsys resume" not in err                              # never advised
+    assert "Starting" not in err and "ray" not in err.lower()      # no engine started
