@@ -339,6 +339,8 @@ def parse_train_reply(
     instr = sent.get(reply.metadata.reply_to_message_id)
     node = instr.metadata.dst_node_id if instr is not None else reply.metadata.src_node_id
     pid = expected_pid.get(node, -1)
+    if instr is None and sent:
+        return Rejection(node, pid, "reply to a message this round did not send")
     if reply.has_error():
         err = reply.error
         return Rejection(node, pid, f"error reply (code {err.code}): {str(err.reason)[-300:]}")

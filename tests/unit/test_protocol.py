@@ -31,6 +31,7 @@ def test_instruction_keeps_types_and_carries_named_models():
 
 def test_a_reply_may_carry_a_pool_and_each_model_is_checked():
     instr = protocol.message(5, MessageType.TRAIN, model(1.0), {})
+    sent(instr)  # the runtime gives the instruction its id before anyone replies
     ok = protocol.train_reply(instr, model(2.0), 10, {"train-loss": 0.3},
                               models={"pool-0": model(3.0), "pool-1": model(4.0)})
     upd = protocol.parse_train_reply(ok, sent(instr), {5: 1}, None)
@@ -86,6 +87,7 @@ def test_a_reply_that_is_not_exactly_what_is_expected_is_refused_naming_why(reco
     from flwr.app import ConfigRecord, MetricRecord
 
     instr = protocol.message(5, MessageType.TRAIN, model(1.0), {})
+    sent(instr)
     built = {}
     for k, v in records.items():
         if v == "M":
@@ -96,3 +98,13 @@ def test_a_reply_that_is_not_exactly_what_is_expected_is_refused_naming_why(reco
             built[k] = MetricRecord(v)
     rj = protocol.parse_train_reply(_reply(instr, built), sent(instr), {5: 1}, None)
     assert isinstance(rj, protocol.Rejection) and why in rj.reason, getattr(rj, "reason", rj)
+
+
+def test_a_reply_to_another_message_is_refused():
+    instr = protocol.message(5, MessageType.TRAIN, model(1.0), {})
+    sent(instr)
+    other = protocol.message(5, MessageType.TRAIN, model(1.0), {})
+    other.metadata.__dict__["_message_id"] = "elsewhere"
+    stray = protocol.train_reply(other, model(2.0), 10, {})
+    rj = protocol.parse_train_reply(stray, sent(instr), {5: 1}, None)
+    assert isinstance(rj, protocol.Rejection) and "did not send" in rj.reason
