@@ -156,30 +156,24 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """``fedsys compare``: one table and one plot over run directories."""
-    from launch.results import load_seeded, seed_dirs, seeds_table
+    """``fedsys compare``: one table and one plot over run directories (runs over seeds:
+    mean ± std across seeds)."""
+    from launch.results import load_seeded, seeds_table
 
-    if any(seed_dirs(Path(d)) for d in args.run_dirs):  # a run over seeds: mean ± std
-        seeded: dict[str, dict[int, list[dict[str, Any]]]] = {}
-        for d in args.run_dirs:
-            p = Path(d)
-            seeded.update(load_seeded(p, prefix=f"{p.name}/" if len(args.run_dirs) > 1 else ""))
-        if not seeded:
-            raise cfgmod.ConfigError("no metrics found in the given run directories")
-        seeds_table(seeded, "comparison across seeds")
-        out = Path(args.out)
-        metrics.plot_seed_curves(seeded, out, "comparison")
-        print(f"curves: {out}")
-        return 0
-    runs: dict[str, list[dict[str, Any]]] = {}
+    seeded: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for d in args.run_dirs:
         p = Path(d)
-        runs.update(load_runs(p, prefix=f"{p.name}/" if len(args.run_dirs) > 1 else ""))
-    if not runs:
+        seeded.update(load_seeded(p, prefix=f"{p.name}/" if len(args.run_dirs) > 1 else ""))
+    if not seeded:
         raise cfgmod.ConfigError("no metrics found in the given run directories")
-    table(runs, "comparison")
     out = Path(args.out)
-    metrics.plot_curves(runs, out, "comparison")
+    if all(len(per_seed) == 1 for per_seed in seeded.values()):
+        runs = {name: next(iter(per_seed.values())) for name, per_seed in seeded.items()}
+        table(runs, "comparison")
+        metrics.plot_curves(runs, out, "comparison")
+    else:
+        seeds_table(seeded, "comparison across seeds")
+        metrics.plot_seed_curves(seeded, out, "comparison")
     print(f"curves: {out}")
     return 0
 

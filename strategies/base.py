@@ -621,11 +621,7 @@ class FedsysStrategy(Strategy):
             self.params = proto.from_record(initial_arrays)
         self.summary()
         result = Result()
-        if self.round == 0 and evaluate_fn is not None:
-            res = evaluate_fn(0, proto.to_record(self.params))
-            if res is not None:
-                result.evaluate_metrics_serverapp[0] = res
-                self._emit({"round": 0, **{k: float(v) for k, v in res.items()}, "round-time": 0.0})  # type: ignore[arg-type]
+        self.evaluate_initial(evaluate_fn, result)
         for rnd in range(self.round + 1, self.num_rounds + 1):
             t0 = time.monotonic()
             train = self.run_round(grid, rnd, train_config)
@@ -657,6 +653,16 @@ class FedsysStrategy(Strategy):
             if res is not None:
                 result.evaluate_metrics_serverapp[rnd] = res
                 record.update({k: float(v) for k, v in res.items()})  # type: ignore[arg-type]
+
+    def evaluate_initial(self, evaluate_fn: EvaluateFn | None, result: Result) -> None:
+        """Central evaluation of the starting model as round 0 (not after a resume)."""
+        if self.round == 0 and evaluate_fn is not None:
+            assert self.params is not None
+            res = evaluate_fn(0, proto.to_record(self.params))
+            if res is not None:
+                result.evaluate_metrics_serverapp[0] = res
+                self._emit({"round": 0, **{k: float(v) for k, v in res.items()},  # type: ignore[arg-type]
+                            "round-time": 0.0})
 
     def progress(self, record: dict[str, Any]) -> str:
         """Where the run stands after ``record``, for the progress line."""

@@ -263,12 +263,7 @@ class FedElmyStrategy(FedsysStrategy):
         log(INFO, "[%s] %d clients, %d steps; order of pass 1: %s", self.label, len(self.pids),
             self.num_rounds, self.order_of(0))
         result = Result()
-        if self.round == 0 and evaluate_fn is not None:
-            res = evaluate_fn(0, proto.to_record(self.params))
-            if res is not None:
-                result.evaluate_metrics_serverapp[0] = res
-                self._emit({"round": 0, **{k: float(v) for k, v in res.items()},  # type: ignore[arg-type]
-                            "round-time": 0.0})
+        self.evaluate_initial(evaluate_fn, result)
         for rnd in range(self.round + 1, self.num_rounds + 1):
             t0 = time.monotonic()
             record: dict[str, Any] = {"round": rnd, **self.step(grid, rnd, train_config)}

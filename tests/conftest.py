@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -123,3 +125,55 @@ def flwr_local(tmp_path: Path) -> Iterator[FlwrLocal]:
         yield local
     finally:
         local.stop()
+
+
+class FedsysCLI:
+    """``python -m launch`` as a user runs it, in its own session (so a test can SIGKILL
+    the whole run), with ``extra_path`` on ``PYTHONPATH`` for plugin modules."""
+
+    def __init__(self, cwd: Path, extra_path: Path | None = None) -> None:
+        self.cwd = cwd
+        self.env = dict(os.environ)
+        if extra_path is not None:
+            self.env["PYTHONPATH"] = os.pathsep.join([str(extra_path),
+                                                      os.environ.get("PYTHONPATH", "")])
+
+    def start(self, *args: str) -> subprocess.Popen[bytes]:
+        """Start ``fedsys ARGS`` (stdout and stderr piped)."""
+        return subprocess.Popen([sys.executable, "-m", "launch", *args], start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env,
+                                cwd=self.cwd)
+
+    def finish(self, proc: subprocess.Popen[bytes], timeout: float = 600) -> str:
+        """Wait for ``proc``; assert it succeeded; its stdout and stderr."""
+        out, err = proc.communicate(timeout=timeout)
+        text = out.decode(errors="replace") + err.decode(errors="replace")
+        assert proc.returncode == 0, text[-3000:]
+        return text
+
+    @staticmethod
+    def kill_after(proc: subprocess.Popen[bytes], ckpt: Path, rnd: int,
+                   timeout: float = 400) -> int:
+        """SIGKILL the whole run once ``ckpt`` holds round ``rnd`` or later; the round it
+        held when killed."""
+        from fedsys import checkpoint
+
+        end = time.time() + timeout
+        held = 0
+        while time.time() < end:
+            try:
+                held = int(checkpoint.load(ckpt)["round"]) if ckpt.exists() else 0
+            except checkpoint.CheckpointError:
+                held = 0  # mid-write: try again
+            if held >= rnd:
+                break
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        return int(checkpoint.load(ckpt)["round"])
+
+
+@pytest.fixture
+def fedsys_cli(tmp_path: Path) -> FedsysCLI:
+    """:class:`FedsysCLI` in the test's directory, with ``tests/integration`` importable."""
+    return FedsysCLI(tmp_path, Path(__file__).resolve().parent / "integration")

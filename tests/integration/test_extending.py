@@ -9,20 +9,12 @@ The run names that module in the ``plugins`` key, so the ServerApp and every Cli
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
 import torch
 
-from fedsys import checkpoint, metrics
+from fedsys import metrics
 
 pytestmark = pytest.mark.slow
-HERE = Path(__file__).resolve().parent
 
 
 SETS = {"dataset": "synthetic", "model": "mlp", "partition": "iid", "num-clients": 3,
@@ -31,16 +23,10 @@ SETS = {"dataset": "synthetic", "model": "mlp", "partition": "iid", "num-clients
         "plugins": "extending_example"}
 
 
-def _fedsys(tmp: Path, *args: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-m", "launch", *args], start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=tmp)
-
-
-def test_a_plugin_strategy_and_trainer_run_keep_state_and_resume_bit_identically(tmp_path):
+def test_a_plugin_strategy_and_trainer_run_keep_state_and_resume_bit_identically(
+        tmp_path, fedsys_cli):
     sets = [f"--set={k}={v}" for k, v in {**SETS, "output-dir": tmp_path}.items()]
-    ref = _fedsys(tmp_path, "run", *sets, "--set=name=ref")
-    assert ref.wait(timeout=300) == 0, ref.stderr.read().decode()[-3000:]
+    fedsys_cli.finish(fedsys_cli.start("run", *sets, "--set=name=ref"))
     recs = metrics.read_jsonl(tmp_path / "ref" / "damped" / "metrics.jsonl")
     assert [r["round"] for r in recs] == list(range(7))
     # the trainer's state lasted from round to round on each node: every node has seen
@@ -49,18 +35,10 @@ def test_a_plugin_strategy_and_trainer_run_keep_state_and_resume_bit_identically
         (r, r) for r in range(1, 7)]
     assert recs[-1]["accuracy"] > recs[0]["accuracy"]
 
-    victim = _fedsys(tmp_path, "run", *sets, "--set=name=victim")
-    ck = tmp_path / "victim" / "damped" / "checkpoint.pt"
-    deadline = time.time() + 240
-    while time.time() < deadline:
-        if ck.exists() and checkpoint.load(ck)["round"] >= 2:
-            break
-        time.sleep(0.05)
-    os.killpg(victim.pid, signal.SIGKILL)
-    victim.wait(timeout=60)
-    assert 2 <= checkpoint.load(ck)["round"] < 6, "the kill must land mid-run"
-    resumed = _fedsys(tmp_path, "resume", str(tmp_path / "victim"))
-    assert resumed.wait(timeout=300) == 0, resumed.stderr.read().decode()[-3000:]
+    victim = fedsys_cli.start("run", *sets, "--set=name=victim")
+    held = fedsys_cli.kill_after(victim, tmp_path / "victim" / "damped" / "checkpoint.pt", 2)
+    assert 2 <= held < 6, "the kill must land mid-run"
+    fedsys_cli.finish(fedsys_cli.start("resume", str(tmp_path / "victim")))
 
     a = torch.load(tmp_path / "ref" / "damped" / "model.pt")
     b = torch.load(tmp_path / "victim" / "damped" / "model.pt")

@@ -6,17 +6,12 @@ training fails (tried twice) while the chain goes on."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from fedsys import checkpoint, metrics
+from fedsys import metrics
 from fedsys import protocol as proto
 from fedsys.chain import chain_order, relay_model_messages
 from fedsys.params import from_torch
@@ -24,7 +19,6 @@ from fedsys.task import model
 from launch.registry import build
 
 pytestmark = pytest.mark.slow
-HERE = Path(__file__).resolve().parent
 N, PASSES = 3, 2
 SETS = {"dataset": "synthetic", "model": "mlp", "partition": "dirichlet", "dirichlet-alpha": 0.5,
         "dirichlet-min-size": 20, "num-clients": N, "clients-per-round": N, "seed": 5,
@@ -33,19 +27,12 @@ SETS = {"dataset": "synthetic", "model": "mlp", "partition": "dirichlet", "diric
         "fedelmy.pool-size": 2, "test-subset": 300}
 
 
-def _fedsys(tmp: Path, *args: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-m", "launch", *args], start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=tmp)
-
-
 def _sets(tmp: Path, name: str, **extra: object) -> list[str]:
     return [f"--set={k}={v}" for k, v in {**SETS, "output-dir": tmp, "name": name, **extra}.items()]
 
 
-def test_chain_order_traffic_checkpoints_and_resume(tmp_path):
-    ref = _fedsys(tmp_path, "run", *_sets(tmp_path, "ref"))
-    assert ref.wait(timeout=600) == 0, ref.stderr.read().decode()[-3000:]
+def test_chain_order_traffic_checkpoints_and_resume(tmp_path, fedsys_cli):
+    fedsys_cli.finish(fedsys_cli.start("run", *_sets(tmp_path, "ref")))
     orders = [chain_order(range(N), "permutation", 5, p, reshuffle=True) for p in range(PASSES)]
     size = sum(len(a.data) for a in proto.to_record(
         from_torch(model(build({k: v for k, v in SETS.items()})).state_dict())).values())
@@ -67,18 +54,11 @@ def test_chain_order_traffic_checkpoints_and_resume(tmp_path):
     assert elmy[1]["trained-examples"] == 2 * seq[1]["trained-examples"]
     assert elmy[0]["pool-size"] == 3
 
-    victim = _fedsys(tmp_path, "run", *_sets(tmp_path, "victim", strategy="fedelmy"))
+    victim = fedsys_cli.start("run", *_sets(tmp_path, "victim", strategy="fedelmy"))
     ck = tmp_path / "victim" / "fedelmy" / "checkpoint.pt"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if ck.exists() and checkpoint.load(ck)["round"] >= 2:
-            break
-        time.sleep(0.05)
-    os.killpg(victim.pid, signal.SIGKILL)
-    victim.wait(timeout=60)
-    assert 2 <= checkpoint.load(ck)["round"] < N * PASSES, "the kill must land mid-chain"
-    resumed = _fedsys(tmp_path, "resume", str(tmp_path / "victim"))
-    assert resumed.wait(timeout=600) == 0, resumed.stderr.read().decode()[-3000:]
+    held = fedsys_cli.kill_after(victim, ck, 2)
+    assert 2 <= held < N * PASSES, "the kill must land mid-chain"
+    fedsys_cli.finish(fedsys_cli.start("resume", str(tmp_path / "victim")))
     a = torch.load(tmp_path / "ref" / "fedelmy" / "model.pt")
     b = torch.load(tmp_path / "victim" / "fedelmy" / "model.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -88,16 +68,11 @@ def test_chain_order_traffic_checkpoints_and_resume(tmp_path):
         assert [r.get(key) for r in ra] == [r.get(key) for r in rb], key
 
 
-def test_a_site_that_always_fails_is_tried_twice_then_skipped(tmp_path):
-    run = subprocess.run(
-        [sys.executable, "-m", "launch", "run",
-         *_sets(tmp_path, "flaky", strategy="fedseq", trainer="flaky", **{
-             "chain.passes": 1, "chain.order": "index", "plugins": "flaky_example",
-             "flaky.partition": 1})],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])})
-    out = run.stdout + run.stderr
-    assert run.returncode == 0, out[-3000:]
+def test_a_site_that_always_fails_is_tried_twice_then_skipped(tmp_path, fedsys_cli):
+    out = fedsys_cli.finish(fedsys_cli.start(
+        "run", *_sets(tmp_path, "flaky", strategy="fedseq", trainer="flaky", **{
+            "chain.passes": 1, "chain.order": "index", "plugins": "flaky_example",
+            "flaky.partition": 1})))
     recs = metrics.read_jsonl(tmp_path / "flaky" / "fedseq" / "metrics.jsonl")[1:]
     assert [(r["client"], r["hop-skipped"], r["hop-tries"]) for r in recs] == [
         (0, 0, 1), (1, 1, 2), (2, 0, 1)]

@@ -5,28 +5,20 @@ branches per seed, and ``fedsys compare`` reads it."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from fedsys import checkpoint, metrics
+from fedsys import metrics
 from launch.results import load_seeded
 
 pytestmark = pytest.mark.slow
 SETS = {"dataset": "synthetic", "model": "mlp", "partition": "dirichlet", "num-clients": 3,
         "clients-per-round": 2, "num-server-rounds": 4, "local-epochs": 1, "lr": 0.05,
         "strategy": "fedavg,fedprox", "keep-checkpoint": 2}
-
-
-def _fedsys(tmp: Path, *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "launch", *args], start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp)
 
 
 def _sets(tmp: Path, name: str, **extra: object) -> list[str]:
@@ -41,10 +33,8 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_seeds_run_resume_branch_and_compare(tmp_path):
-    ref = _fedsys(tmp_path, "run", *_sets(tmp_path, "ref"), "--seeds", "0,1")
-    out, err = ref.communicate(timeout=600)
-    assert ref.returncode == 0, err.decode()[-3000:]
+def test_seeds_run_resume_branch_and_compare(tmp_path, fedsys_cli):
+    out = fedsys_cli.finish(fedsys_cli.start("run", *_sets(tmp_path, "ref"), "--seeds", "0,1"))
     run = tmp_path / "ref"
     for k in (0, 1):
         cfg = (run / f"seed-{k}" / "config.yaml").read_text()
@@ -56,33 +46,24 @@ def test_seeds_run_resume_branch_and_compare(tmp_path):
     assert r0[0]["accuracy"] != r1[0]["accuracy"]
     table = (run / "results.md").read_text()
     assert "| fedavg | 2 | 4 |" in table and "±" in table and (run / "accuracy.png").exists()
-    assert "seeds [0, 1]" in out.decode() or "seeds [0, 1]" in table
+    assert "seeds [0, 1]" in out or "seeds [0, 1]" in table
     seeded = load_seeded(run)
     assert sorted(seeded) == ["fedavg", "fedprox"] and sorted(seeded["fedavg"]) == [0, 1]
 
     # killed during seed 1, resumed from the parent directory: bit-identical to ref
-    victim = _fedsys(tmp_path, "run", *_sets(tmp_path, "victim"), "--seeds", "0,1")
-    ck = tmp_path / "victim" / "seed-1" / "fedavg" / "checkpoint.pt"
-    deadline = time.time() + 400
-    while time.time() < deadline and not (ck.exists() and checkpoint.load(ck)["round"] >= 1):
-        time.sleep(0.05)
-    os.killpg(victim.pid, signal.SIGKILL)
-    victim.wait(timeout=60)
+    victim = fedsys_cli.start("run", *_sets(tmp_path, "victim"), "--seeds", "0,1")
+    fedsys_cli.kill_after(victim, tmp_path / "victim" / "seed-1" / "fedavg" / "checkpoint.pt", 1)
     assert not (tmp_path / "victim" / "seed-1" / "fedprox" / "model.pt").exists()
-    resumed = _fedsys(tmp_path, "resume", str(tmp_path / "victim"))
-    _, err = resumed.communicate(timeout=600)
-    assert resumed.returncode == 0, err.decode()[-3000:]
+    fedsys_cli.finish(fedsys_cli.start("resume", str(tmp_path / "victim")))
     for k in (0, 1):
         a, b = _models(run, k), _models(tmp_path / "victim", k)
         assert all(_same(a[s], b[s]) for s in a), k
     assert (tmp_path / "victim" / "results.md").exists()
 
     # a branch per seed from each seed's kept round-2 checkpoint ends where ref ended
-    br = _fedsys(tmp_path, "run", *_sets(
+    fedsys_cli.finish(fedsys_cli.start("run", *_sets(
         tmp_path, "branch", strategy="fedavg",
-        **{"branch-from": f"{run}/seed-{{seed}}/fedavg/checkpoint-r0002.pt"}), "--seeds", "0,1")
-    _, err = br.communicate(timeout=600)
-    assert br.returncode == 0, err.decode()[-3000:]
+        **{"branch-from": f"{run}/seed-{{seed}}/fedavg/checkpoint-r0002.pt"}), "--seeds", "0,1"))
     for k in (0, 1):
         b = torch.load(tmp_path / "branch" / f"seed-{k}" / "fedavg" / "model.pt")
         assert _same(_models(run, k)["fedavg"], b), k
