@@ -112,6 +112,10 @@ class CoreOptions:
         10, 'Smallest client under Dirichlet.', bounds='>= 0')
     shards_per_client: int = option(
         2, 'Label shards per client.', bounds='> 0')
+    samples_per_client: int = option(
+        0, 'Keep at most this many training samples per client, drawn uniformly at random '
+        '(seeded) from its partition after the split, so its label mix stays as drawn '
+        '(0 = all; LSS spec 5.1 uses 1-2k).', bounds='>= 0')
     test_subset: int = option(
         0, 'Evaluate on the first n test samples (0 = all).', bounds='>= 0')
     model: str = option(
@@ -331,7 +335,7 @@ SHARED_KEYS = frozenset({
     "name", "plugins", "output-dir", "strategy", "seed", "seeds", "num-server-rounds",
     "clients-per-round",
     "resume", "dataset", "data-dir", "num-clients", "partition", "dirichlet-alpha",
-    "dirichlet-min-size", "shards-per-client", "test-subset", "model", "model-norm",
+    "dirichlet-min-size", "shards-per-client", "samples-per-client", "test-subset", "model", "model-norm",
     "device", "client-num-cpus", "client-num-gpus", "torch-threads",
     "pretrain.holdout", "pretrain.split", "pretrain.labels",
 })

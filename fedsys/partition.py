@@ -166,6 +166,41 @@ def shards(
     ]
 
 
+def subsample(parts: list[IndexArray], cap: int, seed: int) -> list[IndexArray]:
+    """Keep at most ``cap`` samples of every partition, drawn without replacement.
+
+    Each client's draw is uniform over its own partition, so its expected label mix is
+    the one the partitioner gave it; clients at or below ``cap`` keep everything.  Used
+    for the small-data regime of LSS spec §5.1 (1-2k training images per client).
+
+    Parameters
+    ----------
+    parts : list of ndarray
+        Sorted index arrays, one per client.
+    cap : int
+        Largest partition kept; 0 keeps every partition whole.
+    seed : int
+        Seed of the draws (client k draws from ``(seed, k)``).
+
+    Returns
+    -------
+    list of ndarray
+        Sorted index arrays, each a subset of the matching input array.
+    """
+    if cap < 0:
+        raise PartitionError(f"samples-per-client must be >= 0, got {cap}")
+    if cap == 0:
+        return list(parts)
+    out = []
+    for k, p in enumerate(parts):
+        if len(p) <= cap:
+            out.append(p)
+            continue
+        rng = np.random.default_rng([seed, k, 0x5A])
+        out.append(np.sort(rng.choice(p, size=cap, replace=False)).astype(np.int64))
+    return out
+
+
 def class_histogram(
     labels: NDArray[np.integer], parts: list[IndexArray], num_classes: int
 ) -> NDArray[np.int64]:

@@ -49,6 +49,7 @@ def holdout(cfg: RunConfig) -> np.ndarray:
 def _partitions(
     dataset_name: str, data_dir: str, kind: str, n: int, seed: int,
     alpha: float, min_size: int, spc: int, held: tuple[int, str, str] = (0, "", ""),
+    cap: int = 0,
 ) -> tuple[np.ndarray, ...]:
     labels = load_dataset(dataset_name, data_dir).y_train.numpy()
     rest = None
@@ -65,7 +66,7 @@ def _partitions(
         parts = part.shards(labels, n, seed, spc)
     if rest is not None:
         parts = [rest[p] for p in parts]
-    return tuple(parts)
+    return tuple(part.subsample(parts, cap, seed))
 
 
 def partitions(cfg: RunConfig, num_partitions: int | None = None) -> list[np.ndarray]:
@@ -76,7 +77,7 @@ def partitions(cfg: RunConfig, num_partitions: int | None = None) -> list[np.nda
     return list(_partitions(
         cfg.dataset, cfg.data_dir, cfg.partition, num_partitions or cfg.num_clients,
         cfg.seed, cfg.dirichlet_alpha, cfg.dirichlet_min_size, cfg.shards_per_client,
-        held if held[0] else (0, "", ""),
+        held if held[0] else (0, "", ""), cfg.samples_per_client,
     ))
 
 

@@ -61,21 +61,26 @@ METHODS: dict[str, dict[str, Any]] = {
     "lss": {
         "points": [1, 3],
         "settings": {
-            "fmnist": "pre-trained start, 5 clients, Dirichlet 1.0",
+            "fmnist": "pre-trained start, 5 clients of 2,000 samples, Dirichlet 1.0",
+            "lambda": "lambda sweep, R = 1, tuning seed 100",
             "ingredients": "number of ingredients N",
             "ablation": "regulariser ablation",
             "random": "random start",
+            "full": "whole partitions (~10,800 samples per client)",
         },
         "names": {
             "fedavg-optimizer-adam": "FedAvg (Adam, 1 epoch)",
             "fedprox-optimizer-adam": "FedProx (Adam, 1 epoch)",
             "fedavg-trainer-lss": "LSS, N = 4 x 1 epoch (paper protocol)",
             "fedavg-trainer-lss-local-steps-42": "LSS, N = 4 x 1/4 epoch (equal compute)",
+            "fedavg-trainer-lss-local-steps-8": "LSS, N = 4 x 1/4 epoch (equal compute)",
             "fedavg-trainer-lss-ingredients-2": "LSS, N = 2",
             "fedavg-trainer-lss-ingredients-3": "LSS, N = 3",
             "fedavg-trainer-lss-affinity-0.0": "LSS without affinity",
             "fedavg-trainer-lss-diversity-0.0": "LSS without diversity",
             "fedavg-trainer-lss-affinity-0.0-diversity-0.0": "LSS without either",
+            **{f"fedavg-trainer-lss-affinity-{v}-diversity-{v}": f"LSS, lambda_a = lambda_d = {v}"
+               for v in ("0.01", "0.03", "0.1", "0.3", "1", "3")},
         },
         "xlabel": "round",
     },
@@ -114,6 +119,12 @@ def at(recs: list[dict[str, Any]], point: int | str, key: str = "accuracy") -> f
     return 100 * float(hit[0]) if hit else None
 
 
+def last(recs: list[dict[str, Any]], points: list[int | str], key: str) -> float | None:
+    """``key`` at the latest of ``points`` the run reached."""
+    vals = [v for p in points if (v := at(recs, p, key)) is not None]
+    return vals[-1] if vals else None
+
+
 def stat(values: list[float]) -> str:
     """``mean ± std (n)``."""
     if not values:
@@ -131,7 +142,7 @@ def table(runs: Runs, setting: str, points: list[int | str], key: str = "accurac
         cells = [stat([v for r in seeds.values() if (v := at(r, p, key)) is not None])
                  for p in points]
         per = ", ".join(f"s{s}: {v:.2f}" for s, r in sorted(seeds.items())
-                        if (v := at(r, points[-1], key)) is not None)
+                        if (v := last(r, points, key)) is not None)
         steps = max((int(r[-1]["round"]) for r in seeds.values() if r), default=0)
         rows.append(f"| {NAMES.get(strategy, strategy)} | " + " | ".join(cells) +
                     f" | {per} | {steps} |")

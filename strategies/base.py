@@ -561,7 +561,7 @@ class FedsysStrategy(Strategy):
         """Called by :meth:`prepare` once the schedule's length is known (strategies
         whose options depend on it, e.g. a warmup given as a fraction, resolve here)."""
 
-    def run_round(self, grid: Grid, server_round: int, train_config: ConfigRecord) -> dict[str, float]:
+    def run_round(self, grid: Grid, server_round: int, train_config: ConfigRecord) -> dict[str, Any]:
         """One training round: configure, send, wait (with timeout), aggregate.
 
         A strategy with another loop (e.g. a chain of single-node hops) overrides
@@ -619,6 +619,7 @@ class FedsysStrategy(Strategy):
         evaluate_config = evaluate_config if evaluate_config is not None else ConfigRecord()
         if self.params is None:
             self.params = proto.from_record(initial_arrays)
+        self.discover(grid)
         self.summary()
         result = Result()
         self.evaluate_initial(evaluate_fn, result)
@@ -628,13 +629,23 @@ class FedsysStrategy(Strategy):
             if train.get("clients-ok", 0) > 0:
                 self.usable_rounds += 1
             record: dict[str, Any] = {"round": rnd, **train}
-            self.evaluate_round(grid, rnd, evaluate_config, evaluate_fn, result, record)
-            result.train_metrics_clientapp[rnd] = proto.metric_record(train)
+            if self.evaluate_now(rnd):
+                self.evaluate_round(grid, rnd, evaluate_config, evaluate_fn, result, record)
+            result.train_metrics_clientapp[rnd] = proto.metric_record(
+                {k: v for k, v in train.items() if isinstance(v, int | float)})
             self.round = rnd
             record["round-time"] = time.monotonic() - t0
             self._emit(record)
         result.arrays = proto.to_record(self.params)
         return result
+
+    def discover(self, grid: Grid) -> None:
+        """Learn what the plan needs from the connected nodes before the first round
+        (nothing here; a chain learns the partitions it visits)."""
+
+    def evaluate_now(self, rnd: int) -> bool:
+        """Whether round ``rnd`` ends with an evaluation (every round here)."""
+        return True
 
     def evaluate_round(self, grid: Grid, rnd: int, evaluate_config: ConfigRecord,
                        evaluate_fn: EvaluateFn | None, result: Result,

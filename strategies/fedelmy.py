@@ -29,14 +29,12 @@ in the metrics), the chain going on from the last good model.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from logging import ERROR, INFO, WARNING
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, MessageType
+from flwr.app import ConfigRecord, MessageType
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 
 from fedsys import protocol as proto
@@ -45,7 +43,7 @@ from fedsys.options import ConfigError, option
 from fedsys.params import Params, mean
 from fedsys.protocol import ClientUpdate
 from fedsys.seeding import derive_seed
-from strategies.base import EvaluateFn, FedsysStrategy
+from strategies.base import FedsysStrategy
 
 INIT_TAG = 0x1417
 
@@ -241,44 +239,9 @@ class FedElmyStrategy(FedsysStrategy):
 
     # ------------------------------------------------------------------ loop
 
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 1,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: EvaluateFn | None = None,
-    ) -> Result:
-        """Run the plan from the step after the last checkpoint (see the class)."""
-        self.prepare(num_rounds)
-        self.round_timeout = float(timeout)
-        train_config = train_config if train_config is not None else ConfigRecord()
-        evaluate_config = evaluate_config if evaluate_config is not None else ConfigRecord()
-        if self.params is None:
-            self.params = proto.from_record(initial_arrays)
-        self.discover(grid)
-        self.summary()
-        log(INFO, "[%s] %d clients, %d steps; order of pass 1: %s", self.label, len(self.pids),
-            self.num_rounds, self.order_of(0))
-        result = Result()
-        self.evaluate_initial(evaluate_fn, result)
-        for rnd in range(self.round + 1, self.num_rounds + 1):
-            t0 = time.monotonic()
-            record: dict[str, Any] = {"round": rnd, **self.step(grid, rnd, train_config)}
-            if record.get("clients-ok", 0) > 0:
-                self.usable_rounds += 1
-            record.update(self.traffic)
-            if self.evaluate_now(rnd):
-                self.evaluate_round(grid, rnd, evaluate_config, evaluate_fn, result, record)
-            result.train_metrics_clientapp[rnd] = proto.metric_record(
-                {k: v for k, v in record.items() if isinstance(v, int | float)})
-            self.round = rnd
-            record["round-time"] = time.monotonic() - t0
-            self._emit(record)
-        result.arrays = proto.to_record(self.params)
-        return result
+    def run_round(self, grid: Grid, server_round: int, train_config: ConfigRecord) -> dict[str, Any]:
+        """One step of the plan (see :meth:`step`) with the chain's traffic so far."""
+        return {**self.step(grid, server_round, train_config), **self.traffic}
 
     # ------------------------------------------------------------------ state
 
@@ -300,9 +263,11 @@ class FedElmyStrategy(FedsysStrategy):
             self.num_rounds = self.plan_length(len(self.pids))
 
     def summary(self) -> None:
-        """Log the chain's settings."""
+        """Log the chain's settings and its first order."""
         log(INFO, "[%s] trainer=%s, seed=%d, options %s", self.label, self.trainer, self.seed,
             self.options)
+        log(INFO, "[%s] %d clients, %d steps; order of pass 1: %s", self.label, len(self.pids),
+            self.num_rounds, self.order_of(0))
 
 
 class FedSeqStrategy(FedElmyStrategy):

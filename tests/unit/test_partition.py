@@ -440,3 +440,36 @@ def test_domain_partition_gives_each_client_its_transformed_iid_share():
     assert [s[0] for s in sets] == [f"domain-{k}" for k in range(4)]
     assert all(len(s[2]) == 50 for s in sets)
     assert [s[0] for s in test_sets(iid)] == [""]
+
+
+# --- samples-per-client: the small-data regime of LSS spec 5.1 ---------------------------
+
+def test_subsample_caps_each_client_keeps_subsets_and_small_clients_whole():
+    parts = dirichlet(LABELS, 6, 3, 0.5)
+    cap = int(np.median([len(p) for p in parts]))
+    out = part.subsample(parts, cap, 3)
+    assert len(out) == len(parts)
+    for before, after in zip(parts, out, strict=True):
+        assert len(after) == min(len(before), cap)
+        assert np.all(np.diff(after) > 0) and after.dtype == np.int64
+        assert np.isin(after, before).all()
+        if len(before) <= cap:
+            assert np.array_equal(before, after)
+    assert part.subsample(parts, 0, 3) == parts
+
+
+def test_subsample_is_seeded_and_keeps_each_clients_label_mix():
+    parts = dirichlet(LABELS, 4, 1, 0.3)
+    a, b = part.subsample(parts, 300, 9), part.subsample(parts, 300, 9)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    c = part.subsample(parts, 300, 10)
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
+    # uniform draw: each client's class shares stay within sampling noise of its own
+    full = class_histogram(LABELS, parts, NUM_CLASSES) / np.array([[len(p)] for p in parts])
+    kept = class_histogram(LABELS, a, NUM_CLASSES) / 300.0
+    assert np.abs(full - kept).max() < 0.1
+
+
+def test_subsample_rejects_negative_cap():
+    with pytest.raises(PartitionError, match="samples-per-client"):
+        part.subsample([np.arange(5)], -1, 0)

@@ -10,7 +10,7 @@ import torch
 from fedsys import pretrain
 from fedsys.config import ConfigError
 from fedsys.params import from_torch
-from fedsys.task import dataset, holdout, initial_params, model, partitions
+from fedsys.task import client_data, dataset, holdout, initial_params, model, partitions
 from launch.pretrain_tool import pretrain as run_pretrain
 from launch.registry import build
 
@@ -32,6 +32,18 @@ def test_holdout_is_balanced_fixed_and_never_given_to_a_client():
     # without a hold-out the partitions are what they always were
     plain = partitions(build(BASE))
     assert len(np.concatenate(plain)) == len(labels)
+
+
+def test_samples_per_client_subsamples_each_partition_after_the_holdout():
+    cfg = build({**BASE, "pretrain.holdout": 200})
+    whole = partitions(cfg)
+    cap = min(len(p) for p in whole) + 5
+    small = partitions(build({**BASE, "pretrain.holdout": 200, "samples-per-client": cap}))
+    assert [len(p) for p in small] == [min(len(p), cap) for p in whole]
+    for a, b in zip(whole, small, strict=True):
+        assert set(b.tolist()) <= set(a.tolist())  # still never a held-out sample
+    x, _ = client_data(build({**BASE, "samples-per-client": 7}), 0)
+    assert len(x) == 7
 
 
 def test_holdout_from_a_label_subset():
