@@ -323,6 +323,42 @@ def split_batches(clients: Sequence[int], num_batches: int, rng: np.random.Gener
             for b in np.array_split(perm, min(num_batches, len(clients)))]
 
 
+def adaptive_batches(participants: int, memory: int, min_batches: int, budget: int) -> int:
+    """The number of Eq. 8 batches: the paper's B, raised until every batch's search fits.
+
+    Eq. 8 searches each batch exhaustively, ``K^b`` combinations for a batch of ``b``
+    clients, so a fixed B makes one round's cost exponential in the clients per round
+    (``K^(P/B)``).  B is therefore the minimum (the paper's setting, Sec. 4.2), and the
+    smallest ``B' >= B`` with ``K^max_batch <= budget`` is used; at most P batches of
+    one client each (``K`` combinations, the cheapest search there is).
+
+    Parameters
+    ----------
+    participants : int
+        P, clients selected this round.
+    memory : int
+        K, models cached per client (candidates per client in the search).
+    min_batches : int
+        The configured B.
+    budget : int
+        Largest number of combinations one batch's search may evaluate; at least K.
+
+    Returns
+    -------
+    int
+        The batch count, between ``min(B, P)`` and ``P``.
+    """
+    if budget < memory:
+        raise ValueError(f"a search budget of {budget} combinations cannot hold even one "
+                         f"client's {memory} candidates")
+    if participants <= 0:
+        return min_batches
+    b = min(min_batches, participants)
+    while b < participants and float(memory) ** max(batch_sizes(participants, b)) > budget:
+        b += 1
+    return b
+
+
 def batch_sizes(participants: int, num_batches: int) -> list[int]:
     """Sizes of the batches :func:`split_batches` makes for ``participants`` clients."""
     if participants <= 0:

@@ -8,9 +8,11 @@ model drops the oldest (Alg. 1 line 8).
 The disk cache writes one ``.npy`` file per cached model under its directory
 (atomically) and maps files back with ``mmap_mode="r"`` only when a model is read,
 so RAM holds metadata only, whatever the number of clients.  Files are never
-rewritten in place: a checkpoint refers to files by name, and files no longer
-referenced are removed only after the next checkpoint is on disk
-(:meth:`ModelCache.collect`), so a run killed at any moment resumes exactly.
+rewritten in place: a checkpoint refers to files by name.  A model dropped from the
+cache loses its file at once unless one of the two kept checkpoints (latest and
+previous) refers to it; those files go once the next checkpoint is on disk
+(:meth:`ModelCache.collect`), so a run killed at any moment resumes exactly, and a
+strategy driven without checkpoints keeps exactly the files of its live models.
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ class ModelCache:
         self.directory = directory
         self.entries: dict[int, deque[Entry]] = {}
         self._ram: dict[tuple[int, int], Vec] = {}
+        # files the latest and the previous checkpoint refer to (see collect)
         self._kept_before: set[str] = set()
+        self._kept_prev: set[str] = set()
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
 
@@ -116,6 +120,9 @@ class ModelCache:
         while len(q) > self.capacity:
             old = q.popleft()
             self._ram.pop((client, old.round), None)
+            if self.directory is not None and self._path(client, old.round).name not in (
+                    self._kept_before | self._kept_prev):
+                self._path(client, old.round).unlink(missing_ok=True)  # no checkpoint needs it
         return entry
 
     # ----------------------------------------------------------------- state
@@ -170,7 +177,7 @@ class ModelCache:
         # the previous checkpoint (kept beside the latest for a fallback) refers to the
         # entries of the last collection: their files live one checkpoint longer
         keep = now | self._kept_before
-        self._kept_before = now
+        self._kept_prev, self._kept_before = self._kept_before, now
         gone = 0
         for p in self.directory.glob("c*-r*.npy"):
             if p.name not in keep:

@@ -80,7 +80,7 @@ METHODS: dict[str, dict[str, Any]] = {
             "fedavg-trainer-lss-diversity-0.0": "LSS without diversity",
             "fedavg-trainer-lss-affinity-0.0-diversity-0.0": "LSS without either",
             **{f"fedavg-trainer-lss-affinity-{v}-diversity-{v}": f"LSS, lambda_a = lambda_d = {v}"
-               for v in ("0.01", "0.03", "0.1", "0.3", "1", "3")},
+               for v in ("0.01", "0.03", "0.1", "0.3", "1.0", "3.0")},
         },
         "xlabel": "round",
     },

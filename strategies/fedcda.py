@@ -7,8 +7,10 @@ model memory in :mod:`fedsys.model_cache`.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass
 from logging import INFO
 from pathlib import Path
@@ -35,8 +37,13 @@ class FedCDAOptions:
     """FedCDA's options (config keys ``fedcda.*``)."""
 
     memory: int = option(3, "FedCDA: K, recent local models cached per client.", bounds="> 0")
-    batches: int = option(3, "FedCDA: B, greedy selection batches per round (Eq. 8).",
-                          bounds="> 0")
+    batches: int = option(3, "FedCDA: B, greedy selection batches per round (Eq. 8); the "
+                          "minimum: raised while one batch's search would exceed "
+                          "fedcda.search-budget.", bounds="> 0")
+    search_budget: int = option(
+        4096, "FedCDA: most combinations (K^batch size) one Eq. 8 batch search may "
+        "evaluate; the batch count rises to stay within it (4096 keeps the paper's "
+        "B = 3 up to 20 clients per round at K = 3).", bounds="> 0")
     warmup: int = option(50, "FedCDA: rounds run as FedAvg before selection starts.",
                          bounds=">= 0")
     warmup_fraction: float = option(
@@ -53,8 +60,12 @@ class FedCDAOptions:
         "all clients), newest, random (Fig. 2a ablation).",
         choices=("approximate", "optimal", "newest", "random"))
     cache: str = option(
-        "ram", "FedCDA model cache: 'ram', or 'disk' (one file per cached model under the run "
-        "directory, memory-mapped when read).", choices=("ram", "disk"))
+        "ram", "FedCDA model cache: 'ram', or 'disk' (one file per cached model, "
+        "memory-mapped when read, removed once no model or checkpoint needs it).",
+        choices=("ram", "disk"))
+    cache_dir: str = option(
+        "", "FedCDA: directory of the disk cache (empty: <run>/<strategy>/fedcda-cache under "
+        "fedsys run, else a temporary directory removed with the strategy).")
 
 
 class FedCDAStrategy(FedsysStrategy):
@@ -105,14 +116,18 @@ class FedCDAStrategy(FedsysStrategy):
         self.order: tuple[str, ...] = ()
         self.selected: dict[int, int] = {}  # client -> round of its selected entry
         self.sel_sum: np.ndarray | None = None  # float64 sum of selected vectors
+        self.batches_used = self.B  # Eq. 8 batches of the last selection round
 
     def _check_search_size(self) -> None:
         if self.selection == "optimal" and self.num_partitions is not None:
             n = self.num_partitions
             fix = "lower 'num-clients' or 'fedcda.memory' ('optimal' is for small federations)"
-        elif self.selection == "approximate" and self.clients_per_round is not None:
-            n = max(maths.batch_sizes(self.clients_per_round, self.B))
-            fix = "raise 'fedcda.batches' or lower 'fedcda.memory'"
+        elif self.selection == "approximate":
+            if self.options.search_budget < self.K:
+                raise ConfigError(
+                    f"fedcda.search-budget={self.options.search_budget} is below K = "
+                    f"fedcda.memory = {self.K}: not even one client's candidates fit")
+            return
         else:
             return
         combos = float(self.K) ** n
@@ -136,19 +151,30 @@ class FedCDAStrategy(FedsysStrategy):
 
     # ------------------------------------------------------------------ set-up
 
+    def _cache_directory(self, saved: str | None = None) -> Path | None:
+        """Where the disk cache lives: ``fedcda.cache-dir``, else the run's work directory,
+        else the directory a checkpoint names, else a temporary one removed with the
+        strategy; ``None`` for the RAM cache."""
+        if self.options.cache != "disk":
+            return None
+        if self.options.cache_dir:
+            return Path(self.options.cache_dir).expanduser()
+        if self.workdir is not None:
+            return self.workdir / "fedcda-cache"
+        if saved:
+            return Path(saved)
+        directory = Path(tempfile.mkdtemp(prefix="fedsys-fedcda-cache-"))
+        weakref.finalize(self, shutil.rmtree, directory, True)
+        log(INFO, "[%s] disk cache in %s (removed with the strategy; set fedcda.cache-dir "
+            "to choose)", self.name, directory)
+        return directory
+
     def _ensure(self, like: Params) -> tuple[ModelCache, Layout]:
         if self.layout is None:
             self.layout = Layout.of(like)
             self.order = tuple(like)
         if self.cache is None:
-            directory = None
-            if self.options.cache == "disk":
-                if self.workdir is not None:
-                    directory = self.workdir / "fedcda-cache"
-                else:
-                    directory = Path(tempfile.mkdtemp(prefix="fedsys-fedcda-cache-"))
-                    log(INFO, "[%s] disk cache in %s", self.name, directory)
-            self.cache = ModelCache(self.K, directory)
+            self.cache = ModelCache(self.K, self._cache_directory())
         if self.sel_sum is None:
             self.sel_sum = np.zeros(self.layout.dim)
         return self.cache, self.layout
@@ -217,7 +243,15 @@ class FedCDAStrategy(FedsysStrategy):
         chosen: dict[int, int] = {}
         combos = 0
         value = float("nan")
-        for batch in maths.split_batches(participants, self.B, rng):
+        batches = maths.adaptive_batches(len(participants), self.K, self.B,
+                                         self.options.search_budget)
+        if batches != self.batches_used:
+            log(INFO, "[%s] round %d: %d participants, K=%d: %d Eq. 8 batches (fedcda.batches="
+                "%d is the minimum; at most %d combinations per batch)", self.name,
+                server_round, len(participants), self.K, batches, self.B,
+                self.options.search_budget)
+            self.batches_used = batches
+        for batch in maths.split_batches(participants, batches, rng):
             ents = [cache.of(n) for n in batch]
             res = maths.search_batch(
                 vec_sum, sq_sum, loss_sum, len(fixed),
@@ -235,7 +269,8 @@ class FedCDAStrategy(FedsysStrategy):
                 sq_sum += e.sq
                 loss_sum += e.loss
                 fixed.append(n)
-        return chosen, {"fedcda-combinations": combos, "fedcda-last-batch-objective": value}
+        return chosen, {"fedcda-combinations": combos, "fedcda-batches": batches,
+                        "fedcda-last-batch-objective": value}
 
     def _optimal(self, participants: list[int]) -> tuple[dict[int, int], dict[str, float]]:
         """Exhaustive Eq. 6 over every seen client's cache jointly (the 'optimal' ablation)."""
@@ -322,8 +357,6 @@ class FedCDAStrategy(FedsysStrategy):
         self.sel_sum = None if s["sel_sum"] is None else np.array(s["sel_sum"], dtype=np.float64)
         self.cache = None
         if s["cache"] is not None:
-            directory = Path(s["cache_dir"]) if s["cache_dir"] else None
-            if directory is not None and self.workdir is not None:
-                directory = self.workdir / "fedcda-cache"
+            directory = self._cache_directory(s["cache_dir"]) if s["cache_dir"] else None
             self.cache = ModelCache(int(s["cache"]["capacity"]), directory)
             self.cache.load_state_dict(s["cache"])

@@ -7,6 +7,7 @@ Divergence-Aware Aggregation", ICLR 2024; ``../shared/specs/fedcda.md`` §2.4 an
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,14 +151,52 @@ def test_cache_rolls_oldest_out(tmp_path, disk: bool) -> None:
     with pytest.raises(KeyError):
         c.entry(7, 2)
     if disk:
-        assert c.collect() == 2  # rounds 1 and 2 leave the disk only when collected
+        # no checkpoint refers to rounds 1 and 2: their files went when they left the cache
         assert sorted(p.name for p in (tmp_path / "c").glob("*.npy")) == [
             "c000007-r000003.npy", "c000007-r000004.npy", "c000007-r000005.npy"]
+        assert c.collect() == 0
         assert c.nbytes_in_ram() == 0
     restored = ModelCache(1, tmp_path / "c" if disk else None)
     restored.load_state_dict(c.state_dict())
     assert [e.round for e in restored.of(7)] == [3, 4, 5]
     assert np.array_equal(restored.vector(7, 5), c.vector(7, 5))
+
+
+def test_disk_cache_keeps_a_dropped_model_while_a_kept_checkpoint_needs_it(tmp_path) -> None:
+    c = ModelCache(1, tmp_path)
+    names = lambda: sorted(p.name for p in tmp_path.glob("*.npy"))  # noqa: E731
+    c.add(1, 1, np.ones(2, np.float32), 0.0, 2.0, {})
+    c.collect()  # checkpoint A refers to round 1
+    c.add(1, 2, np.ones(2, np.float32), 0.0, 2.0, {})  # round 1 leaves the cache
+    assert names() == ["c000001-r000001.npy", "c000001-r000002.npy"]  # A still needs it
+    c.collect()  # checkpoint B (round 2); A is now the previous one: round 1 stays
+    assert names() == ["c000001-r000001.npy", "c000001-r000002.npy"]
+    c.add(1, 3, np.ones(2, np.float32), 0.0, 2.0, {})
+    c.add(1, 4, np.ones(2, np.float32), 0.0, 2.0, {})  # round 3: in no checkpoint, gone now
+    assert names() == ["c000001-r000001.npy", "c000001-r000002.npy", "c000001-r000004.npy"]
+    assert c.collect() == 1  # checkpoint C (round 4): A is gone, so is round 1
+    assert names() == ["c000001-r000002.npy", "c000001-r000004.npy"]
+
+
+def test_adaptive_batches_keeps_the_papers_b_and_bounds_every_search() -> None:
+    ab = m.adaptive_batches
+    assert ab(10, 3, 3, 4096) == 3  # the paper's setting is untouched
+    assert ab(20, 3, 3, 4096) == 3  # batches of 6-7: 3^7 = 2187
+    assert ab(50, 3, 3, 4096) == 8 and max(m.batch_sizes(50, 8)) == 7
+    assert ab(51, 3, 3, 4096) == 8 and ab(57, 3, 3, 4096) == 9  # ceil(P / 7)
+    assert ab(100, 3, 3, 4096) == 15
+    assert ab(100, 3, 40, 4096) == 40  # B is a minimum, never lowered
+    assert ab(2, 3, 3, 4096) == 2  # never more batches than clients
+    assert ab(5, 2, 1, 2) == 5  # one client per batch: K = budget candidates
+    for p in range(1, 120):
+        for k in (1, 2, 3, 5):
+            b = ab(p, k, 3, 1000)
+            assert min(3, p) <= b <= p
+            assert float(k) ** max(m.batch_sizes(p, b)) <= 1000
+            if b > min(3, p):  # and the smallest such count
+                assert float(k) ** max(m.batch_sizes(p, b - 1)) > 1000
+    with pytest.raises(ValueError, match="budget"):
+        ab(10, 3, 3, 2)
 
 
 # ---------------------------------------------------------------- strategy
@@ -349,8 +388,47 @@ def test_state_dict_resume_is_identical(tmp_path, cache: str) -> None:
 def test_impossible_search_sizes_are_config_errors() -> None:
     with pytest.raises(ConfigError, match=r"optimal.*lower 'num-clients'"):
         FedCDAStrategy.from_config(cfg(**{"fedcda.selection": "optimal", "num-clients": 40}))
-    with pytest.raises(ConfigError, match=r"fedcda\.batches"):
-        FedCDAStrategy.from_config(cfg(**{"num-clients": 100, "clients-per-round": 60, "fedcda.batches": 1}))
+    with pytest.raises(ConfigError, match=r"fedcda\.search-budget=2 is below K"):
+        FedCDAStrategy.from_config(cfg(**{"fedcda.search-budget": 2}))
+
+
+@pytest.mark.parametrize("p", [50, 100])
+def test_many_clients_per_round_raise_the_batch_count_and_say_so(p: int, caplog) -> None:
+    n = 2 * p
+    s = FedCDAStrategy.from_config(cfg(**{"num-clients": n, "clients-per-round": p,
+                                          "fedcda.batches": 1, "fedcda.memory": 3}))
+    rng = np.random.default_rng(p)
+    with caplog.at_level("INFO"):
+        for r in range(1, 5):  # every client holds K = 3 models after round 3... then a search
+            pids = range(n) if r < 4 else sorted(rng.choice(n, size=p, replace=False))
+            assert s.aggregate(r, [upd(int(c), rng.normal(size=4), loss=float(rng.random()))
+                                   for c in pids]) is not None
+    want = m.adaptive_batches(p, 3, 1, 4096)
+    assert s.round_metrics["fedcda-batches"] == want
+    assert s.round_metrics["fedcda-combinations"] <= want * 4096
+    assert f"{p} participants, K=3: {want} Eq. 8 batches" in caplog.text
+
+
+def test_disk_cache_driven_through_the_strategy_api_keeps_only_live_files(tmp_path) -> None:
+    import gc
+
+    own = tmp_path / "mine"
+    s = FedCDAStrategy.from_config(cfg(**{"fedcda.cache": "disk", "fedcda.cache-dir": str(own),
+                                          "fedcda.memory": 2}))
+    for r in range(1, 21):  # no checkpoint is ever written
+        s.aggregate(r, [upd(p, float(r + p)) for p in ((r % 6), (r + 2) % 6, (r + 4) % 6)])
+    assert s.cache is not None and s.cache.directory == own
+    live = sum(len(s.cache.of(c)) for c in s.cache.clients())
+    assert live == 12 and len(list(own.glob("*.npy"))) == live
+    # without a directory given and outside fedsys run: a temporary one, gone with the strategy
+    t = FedCDAStrategy.from_config(cfg(**{"fedcda.cache": "disk"}))
+    t.aggregate(1, [upd(0, 1.0), upd(1, 2.0)])
+    assert t.cache is not None and t.cache.directory is not None
+    tmp = t.cache.directory
+    assert tmp.is_dir() and not tmp.is_relative_to(Path.cwd())
+    del t
+    gc.collect()
+    assert not tmp.exists()
 
 
 def test_the_warmup_mean_is_the_library_weighted_mean() -> None:
