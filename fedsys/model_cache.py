@@ -31,6 +31,10 @@ from fedsys.params import Params
 Vec = NDArray[np.floating]
 
 
+class CacheFileError(ValueError):
+    """A model file of the disk store is missing, truncated or not an array file."""
+
+
 @dataclass
 class Entry:
     """One cached local model (its vector lives in the cache's store)."""
@@ -150,18 +154,46 @@ class ModelCache:
         if self.directory is None:
             self._ram = {tuple(k): np.array(v, copy=True) for k, v in state["vectors"].items()}
         else:
-            missing = [
-                self._path(c, e.round).name
-                for c, q in self.entries.items()
-                for e in q
-                if not self._path(c, e.round).exists()
-            ]
-            if missing:
-                raise FileNotFoundError(
-                    f"the FedCDA disk cache {self.directory} lacks {len(missing)} model files "
-                    f"named in the checkpoint (e.g. {missing[0]})"
-                )
+            bad = self.check_files()
+            if bad:
+                raise CacheFileError(
+                    f"the FedCDA disk cache {self.directory} has {len(bad)} unusable model "
+                    f"file(s) named in the checkpoint: {'; '.join(bad[:3])}"
+                    + (" ..." if len(bad) > 3 else ""))
             self.collect()
+
+    def check_files(self) -> list[str]:
+        """Every entry's file: there, a readable ``.npy`` header, one 1-D shape and dtype
+        for all, and exactly as long as its header says (truncation shows here).  Returns
+        one line per unusable file (the data bytes themselves are not hashed)."""
+        if self.directory is None:
+            return []
+        bad: list[str] = []
+        seen: set[tuple[tuple[int, ...], str]] = set()
+        for c, q in sorted(self.entries.items()):
+            for e in q:
+                path = self._path(c, e.round)
+                try:
+                    with path.open("rb") as f:
+                        version = np.lib.format.read_magic(f)
+                        read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                                else np.lib.format.read_array_header_2_0)
+                        shape, _, dtype = read(f)
+                        need = f.tell() + int(np.prod(shape)) * dtype.itemsize
+                except FileNotFoundError:
+                    bad.append(f"{path.name} is missing")
+                    continue
+                except (OSError, ValueError) as exc:
+                    bad.append(f"{path.name} is not a numpy array file ({exc})")
+                    continue
+                size = path.stat().st_size
+                if len(shape) != 1 or size != need:
+                    bad.append(f"{path.name} holds {size} bytes where its header "
+                               f"{shape} {dtype} needs {need}")
+                seen.add((tuple(shape), dtype.str))
+        if len(seen) > 1:
+            bad.append(f"the files disagree on shape or dtype: {sorted(seen)}")
+        return bad
 
     def collect(self) -> int:
         """Delete files of the disk store that neither the current entries nor those of

@@ -57,9 +57,17 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
         ck = cfg.run_dir / label / "checkpoint.pt"
         if cfg.resume and (ck.exists() or checkpoint.prev_path(ck).exists()):
             try:  # a broken checkpoint is found here, before any engine starts
-                _, _, note = checkpoint.load_latest(ck)
+                ckpt, _, note = checkpoint.load_latest(ck)
             except checkpoint.CheckpointError as exc:
                 raise cfgmod.ConfigError(f"cannot resume {label}: {exc}") from None
+            strategy = registry.make_strategy(vcfg)
+            strategy.workdir = ck.parent
+            try:  # ... and so is what it refers to (FedCDA's cached model files)
+                strategy.load_state_dict(ckpt["strategy"])
+            except (OSError, ValueError, KeyError) as exc:
+                raise cfgmod.ConfigError(
+                    f"cannot resume {label}: {exc}; this strategy cannot be resumed: start the "
+                    f"run again, or remove {ck.parent} to run it afresh") from None
             if note:
                 print(f"fedsys: {label}: {note}", flush=True)
 

@@ -49,3 +49,22 @@ def test_resume_falls_back_to_the_previous_checkpoint_or_says_it_cannot(tmp_path
     assert "cannot resume fedavg" in err and "cannot be resumed" in err
     assert "fedsys resume" not in err                              # never advised
     assert "Starting" not in err and "ray" not in err.lower()      # no engine started
+
+
+def test_a_truncated_fedcda_cache_file_stops_resume_before_any_engine(tmp_path):
+    sets = _sets(tmp_path, name="cda", strategy="fedcda", **{
+        "num-server-rounds": 3, "fedcda.cache": "disk", "fedcda.warmup": 1,
+        "fedcda.memory": 2})
+    done = _run(tmp_path, "run", *sets)
+    assert done.returncode == 0, done.stderr[-2000:]
+    cache = tmp_path / "cda" / "fedcda" / "fedcda-cache"
+    files = sorted(cache.glob("c*-r*.npy"))
+    assert files, "the disk cache holds the cached models"
+    victim = files[-1]
+    victim.write_bytes(victim.read_bytes()[:-8])                    # truncated by 8 bytes
+    res = _run(tmp_path, "resume", str(tmp_path / "cda"), "--set", "num-server-rounds=4")
+    err = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert "cannot resume fedcda" in err and victim.name in err and "cannot be resumed" in err
+    assert "fedsys resume" not in err
+    assert "Starting" not in err and "ray" not in err.lower()

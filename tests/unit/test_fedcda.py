@@ -178,6 +178,28 @@ def test_disk_cache_keeps_a_dropped_model_while_a_kept_checkpoint_needs_it(tmp_p
     assert names() == ["c000001-r000002.npy", "c000001-r000004.npy"]
 
 
+def test_disk_cache_names_missing_truncated_and_foreign_files_on_restore(tmp_path) -> None:
+    from fedsys.model_cache import CacheFileError
+
+    c = ModelCache(2, tmp_path)
+    for r in (1, 2, 3):
+        c.add(1, r, np.ones(10, np.float32), 0.0, 10.0, {})
+    state = c.state_dict()
+    assert c.check_files() == []
+    f = tmp_path / "c000001-r000002.npy"
+    f.write_bytes(f.read_bytes()[:-4])
+    assert c.check_files() == ["c000001-r000002.npy holds 164 bytes where its header (10,) "
+                               "float32 needs 168"]
+    f.write_bytes(b"garbage")
+    assert "c000001-r000002.npy is not a numpy array file" in c.check_files()[0]
+    f.unlink()
+    assert c.check_files() == ["c000001-r000002.npy is missing"]
+    with pytest.raises(CacheFileError, match=r"1 unusable model file\(s\).*r000002.npy is missing"):
+        ModelCache(2, tmp_path).load_state_dict(state)
+    np.save(f, np.ones(9, np.float32))  # a whole file of the wrong length
+    assert any("disagree on shape or dtype" in b for b in c.check_files())
+
+
 def test_adaptive_batches_keeps_the_papers_b_and_bounds_every_search() -> None:
     ab = m.adaptive_batches
     assert ab(10, 3, 3, 4096) == 3  # the paper's setting is untouched
