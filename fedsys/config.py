@@ -80,6 +80,10 @@ class CoreOptions:
         120.0, 'Seconds to wait for enough nodes before giving up.', bounds='> 0')
     round_timeout: float = option(
         600.0, 'Seconds to wait for the replies of one round.', bounds='> 0')
+    transport_retries: int = option(
+        1, "Times a round asks a node again whose train reply was lost on the way (Flower's "
+        "error codes 3-5: message or reply unavailable, node unavailable; a busy "
+        "SuperLink's database shows this), with the same instruction.", bounds='>= 0')
     resume: bool = option(
         False, "Continue from the run directory's checkpoint.")
     checkpoint_every: int = option(

@@ -152,6 +152,22 @@ def message(
     return Message(content, dst_node_id=node_id, message_type=message_type)
 
 
+#: Flower error codes of a message or reply lost on the way (not the ClientApp's
+#: fault): MESSAGE_UNAVAILABLE, REPLY_MESSAGE_UNAVAILABLE, NODE_UNAVAILABLE.
+TRANSPORT_ERRORS = frozenset({3, 4, 5})
+
+
+def lost_in_transport(reply: Message) -> bool:
+    """Whether ``reply`` is an error saying the instruction or its reply was lost."""
+    return reply.has_error() and int(reply.error.code) in TRANSPORT_ERRORS
+
+
+def resend(instruction: Message) -> Message:
+    """A new message carrying ``instruction``'s content to the same node."""
+    return Message(instruction.content, dst_node_id=instruction.metadata.dst_node_id,
+                   message_type=instruction.metadata.message_type)
+
+
 def query_message(node_id: int) -> Message:
     """A QUERY asking a node which partition it holds."""
     return message(node_id, MessageType.QUERY, config={ASK: PARTITION_ID})
@@ -423,6 +439,7 @@ __all__ = [
     "SUPERLINK_NODE_ID",
     "TRAINER",
     "TRAIN_LOSS",
+    "TRANSPORT_ERRORS",
     "WEIGHT_DECAY",
     "ClientUpdate",
     "Rejection",
@@ -431,6 +448,7 @@ __all__ = [
     "evaluate_reply",
     "extra_models",
     "from_record",
+    "lost_in_transport",
     "message",
     "metric_record",
     "metrics_of",
@@ -439,6 +457,7 @@ __all__ = [
     "parse_train_reply",
     "query_message",
     "query_reply",
+    "resend",
     "send_and_receive",
     "settings",
     "state_from_records",

@@ -164,6 +164,9 @@ class FedsysStrategy(Strategy):
         is refused (logged with the numbers), so no reply takes over an aggregate by what
         it claims; a node that declared none may claim up to this many times the median
         of the round's other claims (0: no such bound).
+    transport_retries : int, default 1
+        Times a round sends its instruction again to a node whose reply was lost on
+        the way (an error reply with Flower's code 3, 4 or 5), within the round.
     **options
         The method's own options (the fields of :attr:`Options`).
     """
@@ -194,6 +197,7 @@ class FedsysStrategy(Strategy):
         trainer: str = "auto",
         num_partitions: int | None = None,
         max_examples_ratio: float = 100.0,
+        transport_retries: int = 1,
         **options: Any,
     ) -> None:
         self.options = self.parse_options(options)
@@ -216,6 +220,7 @@ class FedsysStrategy(Strategy):
         #: The training size each node declared for its partition (its query answer).
         self.node_examples: dict[int, int] = {}
         self.max_examples_ratio = float(max_examples_ratio)
+        self.transport_retries = int(transport_retries)
         self.history: list[dict[str, Any]] = []
         self.hooks: list[RoundHook] = []
         self.wrappers: list[StrategyWrapper] = []
@@ -269,6 +274,7 @@ class FedsysStrategy(Strategy):
             "trainer": cfg.trainer,
             "num_partitions": cfg.num_clients,
             "max_examples_ratio": cfg.max_examples_ratio,
+            "transport_retries": cfg.transport_retries,
             **opts,
         }
 
@@ -570,8 +576,33 @@ class FedsysStrategy(Strategy):
         assert self.params is not None
         msgs = list(self.configure_train(server_round, proto.to_record(self.params), train_config, grid))
         replies, _ = proto.send_and_receive(grid, msgs, self.round_timeout, self.poll_interval)
+        replies = self.resend_lost(grid, server_round, replies)
         _, metrics = self.aggregate_train(server_round, replies)
         return {k: float(v) for k, v in (metrics or {}).items()}  # type: ignore[arg-type]
+
+    def resend_lost(self, grid: Grid, server_round: int, replies: list[Message]) -> list[Message]:
+        """Ask again, up to ``transport_retries`` times, the nodes whose train reply was
+        lost on the way (:data:`fedsys.protocol.TRANSPORT_ERRORS`), with the same
+        instruction (the same seeds: the update is the one the first try would have
+        given); returns the round's replies with the lost ones replaced."""
+        for attempt in range(1, self.transport_retries + 1):
+            lost = {r.metadata.reply_to_message_id for r in replies if proto.lost_in_transport(r)}
+            again = {mid: proto.resend(m) for m in self._outbox
+                     if (mid := m.metadata.message_id) in lost}
+            if not again:
+                break
+            log(WARNING, "[%s] round %d: %d train replies lost on the way (%s); asking node(s) %s "
+                "again (try %d of %d)", self.label, server_round, len(again),
+                "; ".join(sorted({(r.error.reason or f"code {r.error.code}").split('.')[0] for r in replies
+                                  if r.metadata.reply_to_message_id in again})),
+                ", ".join(str(m.metadata.dst_node_id) for m in again.values()), attempt,
+                self.transport_retries)
+            self._outbox = [m for m in self._outbox if m.metadata.message_id not in again]
+            self._outbox += list(again.values())
+            new, _ = proto.send_and_receive(grid, list(again.values()), self.round_timeout,
+                                            self.poll_interval)
+            replies = [r for r in replies if r.metadata.reply_to_message_id not in again] + new
+        return replies
 
     def train_hop(
         self, grid: Grid, server_round: int, node_id: int, partition_id: int, params: Params,

@@ -396,3 +396,37 @@ def test_a_node_may_not_claim_more_than_it_declared(reply_grid):
     updates, rejected = s.validate([*honest, greedy])
     assert len(updates) == 2 and [r.node_id for r in rejected] == [msgs[0].metadata.dst_node_id]
     assert "but its partition holds" in rejected[0].reason
+
+
+@pytest.mark.parametrize(("code", "retries", "asked_again"), [
+    (ErrorCode.REPLY_MESSAGE_UNAVAILABLE, 1, True),   # lost on the way: asked again
+    (ErrorCode.MESSAGE_UNAVAILABLE, 1, True),
+    (ErrorCode.CLIENT_APP_RAISED_EXCEPTION, 1, False),  # the client's own failure: refused
+    (ErrorCode.REPLY_MESSAGE_UNAVAILABLE, 0, False),  # transport-retries 0: refused
+])
+def test_a_reply_lost_on_the_way_is_asked_for_again(reply_grid, caplog, code, retries,
+                                                     asked_again):
+    tries: dict[int, int] = {}
+    victim = 205
+
+    def answer(m: Message) -> Message:
+        node = m.metadata.dst_node_id
+        if m.metadata.message_type == MessageType.QUERY:
+            return Message(RecordDict({"metrics": MetricRecord({"partition-id": NODES[node]})}),
+                           reply_to=m)
+        tries[node] = tries.get(node, 0) + 1
+        if node == victim and tries[node] == 1:
+            return Message(Error(code, "Reply message objects are unavailable."), reply_to=m)
+        return reply(m)
+
+    s = FedAvgStrategy.from_config(cfg(**{"clients-per-round": 4, "transport-retries": retries}))
+    s.params = model(1.0)
+    with caplog.at_level("WARNING"):
+        got = s.run_round(reply_grid(NODES, answer=answer), 1, ConfigRecord())
+    assert tries[victim] == (2 if asked_again else 1)
+    assert all(n == victim or t == 1 for n, t in tries.items())  # nobody else twice
+    assert got["clients-ok"] == (4 if asked_again else 3)
+    used = sorted(NODES.values()) if asked_again else [p for n, p in NODES.items() if n != victim]
+    want = mean([model(p) for p in used], [10 * (p + 1) for p in used])
+    assert s.params is not None and np.array_equal(s.params["w"], want["w"])
+    assert ("lost on the way" in caplog.text) == asked_again
