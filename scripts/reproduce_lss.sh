@@ -5,13 +5,13 @@
 # one run directory per seed: runs/lss/<setting>/seed-<k>/.  An interrupted run resumes
 # (run this script again); two copies side by side take turns by lock file.
 # Then: python scripts/seeds_report.py lss
-# Usage: scripts/reproduce_lss.sh [fmnist ablation ingredients random]
+# Usage: scripts/reproduce_lss.sh [fmnist ingredients ablation random tuned]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FEDSYS=${FEDSYS:-.venv/bin/fedsys}
 OUT=${OUT:-runs/lss}
 settings=("$@")
-[[ ${#settings[@]} -gt 0 ]] || settings=(fmnist ingredients ablation random)
+[[ ${#settings[@]} -gt 0 ]] || settings=(fmnist ingredients ablation random tuned)
 mkdir -p "$OUT"
 exec {plock}>"$OUT/pretrained.lock"
 flock "$plock"

@@ -66,6 +66,7 @@ METHODS: dict[str, dict[str, Any]] = {
             "ingredients": "number of ingredients N",
             "ablation": "regulariser ablation",
             "random": "random start",
+            "tuned": "LSS at the swept lambda (0.01)",
             "full": "whole partitions (~10,800 samples per client)",
         },
         "names": {
@@ -79,6 +80,10 @@ METHODS: dict[str, dict[str, Any]] = {
             "fedavg-trainer-lss-affinity-0.0": "LSS without affinity",
             "fedavg-trainer-lss-diversity-0.0": "LSS without diversity",
             "fedavg-trainer-lss-affinity-0.0-diversity-0.0": "LSS without either",
+            "fedavg-trainer-lss-affinity-0.01-diversity-0.01-local-steps-8":
+                "LSS at lambda 0.01, N = 4 x 1/4 epoch (equal compute)",
+            "fedavg-trainer-lss-local-steps-8-affinity-0.01-diversity-0.01":
+                "LSS at lambda 0.01, N = 4 x 1/4 epoch (equal compute)",
             **{f"fedavg-trainer-lss-affinity-{v}-diversity-{v}": f"LSS, lambda_a = lambda_d = {v}"
                for v in ("0.01", "0.03", "0.1", "0.3", "1.0", "3.0")},
         },
