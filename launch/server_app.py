@@ -236,6 +236,7 @@ def run_strategy(grid: Grid, cfg: RunConfig, name: str) -> list[dict[str, Any]]:
     out.mkdir(parents=True, exist_ok=True)
     strategy = make_strategy(cfg)
     strategy.workdir = out
+    strategy.run_label = name
     recorder = RoundRecorder(cfg, out, name)
     ckpt_path = out / "checkpoint.pt"
     if cfg.resume and (ckpt_path.exists() or checkpoint.prev_path(ckpt_path).exists()):

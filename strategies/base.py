@@ -231,6 +231,8 @@ class FedsysStrategy(Strategy):
         self._expected: dict[int, int] = {}
         self._told: set[str] = set()
         self.workdir: Path | None = None
+        #: The name a run gives this strategy (its results directory), used in the logs.
+        self.run_label = ""
         self.round_metrics: dict[str, float] = {}
         self.last_updates: list[ClientUpdate] = []
         self.last_replies: list[Message] = []
@@ -291,8 +293,10 @@ class FedsysStrategy(Strategy):
 
     @property
     def label(self) -> str:
-        """The strategy's name with its wrappers (``fedavg+ima``)."""
-        return "+".join([self.name, *(w.name for w in self.wrappers)])
+        """How the logs name the strategy: the run's label for it where a run gave one
+        (``fedavg-trainer-lss``, ``ima``: :attr:`run_label`), else its name with its
+        wrappers (``fedavg+ima``)."""
+        return self.run_label or "+".join([self.name, *(w.name for w in self.wrappers)])
 
     def finish(self, server_round: int, models: dict[int, Params]) -> dict[int, Params]:
         """Pass the models the strategy has just made through every wrapper.

@@ -146,7 +146,7 @@ class FedCDAStrategy(FedsysStrategy):
         """Log K, B, L, the warmup and the selection rule."""
         super().summary()
         log(INFO, "[%s] K=%d, B=%d, L=%g, warmup=%d (%s), selection=%s, cache=%s",
-            self.name, self.K, self.B, self.L, self.warmup,
+            self.label, self.K, self.B, self.L, self.warmup,
             self.options.warmup_mode, self.selection, self.options.cache)
 
     # ------------------------------------------------------------------ set-up
@@ -166,7 +166,7 @@ class FedCDAStrategy(FedsysStrategy):
         directory = Path(tempfile.mkdtemp(prefix="fedsys-fedcda-cache-"))
         weakref.finalize(self, shutil.rmtree, directory, True)
         log(INFO, "[%s] disk cache in %s (removed with the strategy; set fedcda.cache-dir "
-            "to choose)", self.name, directory)
+            "to choose)", self.label, directory)
         return directory
 
     def _ensure(self, like: Params) -> tuple[ModelCache, Layout]:
@@ -247,7 +247,7 @@ class FedCDAStrategy(FedsysStrategy):
                                          self.options.search_budget)
         if batches != self.batches_used:
             log(INFO, "[%s] round %d: %d participants, K=%d: %d Eq. 8 batches (fedcda.batches="
-                "%d is the minimum; at most %d combinations per batch)", self.name,
+                "%d is the minimum; at most %d combinations per batch)", self.label,
                 server_round, len(participants), self.K, batches, self.B,
                 self.options.search_budget)
             self.batches_used = batches

@@ -139,13 +139,13 @@ class FedCrossStrategy(FedsysStrategy):
         super().summary()
         c: FedCrossOptions = self.options
         log(INFO, "[%s] K=%s slots, alpha=%g, selection=%s, similarity=%s, warmup=%d, "
-            "propellers=%d for %d rounds (beta=%s), dynamic alpha over %d rounds", self.name,
+            "propellers=%d for %d rounds (beta=%s), dynamic alpha over %d rounds", self.label,
             self.K or "first round's", c.alpha, c.selection, c.similarity,
             c.warmup, c.propellers, c.propeller_rounds,
             c.propeller_beta or "1/(P+1)", c.dynamic_alpha_rounds)
         if c.alpha < 0.5:
             log(WARNING, "[%s] fedcross.alpha=%g < 0.5 weights the collaborator above the "
-                "model itself (the paper's range is [0.5, 1))", self.name, c.alpha)
+                "model itself (the paper's range is [0.5, 1))", self.label, c.alpha)
 
     # ------------------------------------------------------------------ dispatch
 
