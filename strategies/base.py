@@ -296,7 +296,12 @@ class FedsysStrategy(Strategy):
         """How the logs name the strategy: the run's label for it where a run gave one
         (``fedavg-trainer-lss``, ``ima``: :attr:`run_label`), else its name with its
         wrappers (``fedavg+ima``)."""
-        return self.run_label or "+".join([self.name, *(w.name for w in self.wrappers)])
+        return self.run_label or self.composition
+
+    @property
+    def composition(self) -> str:
+        """The method and its wrappers (``fedavg+ima``): what a checkpoint must match."""
+        return "+".join([self.name, *(w.name for w in self.wrappers)])
 
     def finish(self, server_round: int, models: dict[int, Params]) -> dict[int, Params]:
         """Pass the models the strategy has just made through every wrapper.
@@ -724,7 +729,7 @@ class FedsysStrategy(Strategy):
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue the run exactly."""
         return {
-            "name": self.label,
+            "name": self.composition,
             "round": self.round,
             "params": copy(self.params) if self.params is not None else None,
             "history": [dict(h) for h in self.history],
@@ -742,9 +747,10 @@ class FedsysStrategy(Strategy):
         name = state.get("name")
         wrapped = state.get("wrappers")
         if wrapped is None and name == "ima" and [w.name for w in self.wrappers] == ["ima"]:
-            name, wrapped = self.label, {"ima": state["ima"]}
-        if name != self.label:
-            raise ValueError(f"checkpoint is for strategy {state.get('name')!r}, not {self.label!r}")
+            name, wrapped = self.composition, {"ima": state["ima"]}
+        if name != self.composition:
+            raise ValueError(f"checkpoint is for strategy {state.get('name')!r}, not "
+                             f"{self.composition!r}")
         self.round = int(state["round"])
         self.params = copy(state["params"]) if state["params"] is not None else None
         self.history = [dict(h) for h in state["history"]]
