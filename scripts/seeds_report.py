@@ -60,6 +60,10 @@ METHODS: dict[str, dict[str, Any]] = {
     },
     "lss": {
         "points": [1, 3],
+        # paired differences: every row against FedAvg of the same seed and start
+        "baseline": ("fedavg-optimizer-adam", {"fmnist": ("fmnist", "tuned", "ingredients",
+                                                          "ablation"),
+                                               "random": ("random",)}),
         "settings": {
             "fmnist": "pre-trained start, 5 clients of 2,000 samples, Dirichlet 1.0",
             "lambda": "lambda sweep, R = 1, tuning seed 100",
@@ -154,6 +158,34 @@ def table(runs: Runs, setting: str, points: list[int | str], key: str = "accurac
     return "\n".join(rows)
 
 
+def paired(runs: Runs, points: list[int | str], base: str,
+           groups: dict[str, tuple[str, ...]]) -> str:
+    """Each method minus ``base`` of the same seed (same partition, start and draws) in
+    the baseline's setting (``groups``: baseline setting -> settings compared with it),
+    mean ± std of the per-seed differences, in points."""
+    heads = ["final" if p == "final" else f"round {p}" for p in points]
+    rows = [f"### Paired differences against {NAMES.get(base, base)}, same seed\n",
+            "Each method's accuracy minus the baseline's on the same seed and start, in "
+            "points (mean ± std of the per-seed differences; the seed moves both together, "
+            "so this is tighter than comparing the two means):\n",
+            "| setting | method | " + " | ".join(f"{h}, difference" for h in heads) + " |",
+            "|---|---|" + "---:|" * len(points)]
+    for base_setting, settings in groups.items():
+        ref = runs.get(base_setting, {}).get(base, {})
+        for setting in settings:
+            for strategy, seeds in runs.get(setting, {}).items():
+                if strategy == base:
+                    continue
+                cells = []
+                for p in points:
+                    d = [v - b for k, r in seeds.items() if k in ref
+                         and (v := at(r, p)) is not None and (b := at(ref[k], p)) is not None]
+                    cells.append(stat(d) if d else "(not run)")
+                rows.append(f"| {setting} | {NAMES.get(strategy, strategy)} | "
+                            + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
 def curves(runs: Runs, setting: str, path: Path, title: str) -> Path:
     """Accuracy after every hop (chains) and after the parallel round, mean across
     seeds with a min-max band."""
@@ -220,6 +252,9 @@ def main() -> None:
                          "client k's transform):\n\n" + "\n".join(rows) + "\n")
         png = curves(runs, setting, out / f"{args.method}-{setting}-accuracy.png", title)
         parts.append(f"![{title}]({png.name})\n")
+    if "baseline" in spec:
+        base, groups = spec["baseline"]
+        parts.append(paired(runs, spec["points"], base, groups))
     body = "\n".join(parts) or "(no runs yet)\n"
     doc = out / f"{args.method}.md"
     text = doc.read_text() if doc.exists() else f"# {args.method}\n"
