@@ -49,7 +49,7 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
     from launch.server_app import branch_point
 
     for label, vcfg in cfg.variants():  # strategy-specific checks (search sizes, K >= 2, ...)
-        registry.make_strategy(vcfg)
+        strategy = registry.make_strategy(vcfg)
         if vcfg.branch_from and not vcfg.resume:
             branch_point(vcfg)
         from fedsys import checkpoint
@@ -60,7 +60,6 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
                 ckpt, _, note = checkpoint.load_latest(ck)
             except checkpoint.CheckpointError as exc:
                 raise cfgmod.ConfigError(f"cannot resume {label}: {exc}") from None
-            strategy = registry.make_strategy(vcfg)
             strategy.workdir = ck.parent
             try:  # ... and so is what it refers to (FedCDA's cached model files)
                 strategy.load_state_dict(ckpt["strategy"])

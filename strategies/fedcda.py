@@ -119,23 +119,22 @@ class FedCDAStrategy(FedsysStrategy):
         self.batches_used = self.B  # Eq. 8 batches of the last selection round
 
     def _check_search_size(self) -> None:
-        if self.selection == "optimal" and self.num_partitions is not None:
-            n = self.num_partitions
-            fix = "lower 'num-clients' or 'fedcda.memory' ('optimal' is for small federations)"
-        elif self.selection == "approximate":
-            if self.options.search_budget < self.K:
-                raise ConfigError(
-                    f"fedcda.search-budget={self.options.search_budget} is below K = "
-                    f"fedcda.memory = {self.K}: not even one client's candidates fit")
+        """Refuse a search that cannot run: the budget below one client's K candidates
+        (approximate: the batch count adapts to the rest), or an exhaustive Eq. 6 over
+        more combinations than :data:`fedsys.fedcda.MAX_COMBINATIONS` (optimal)."""
+        if self.selection == "approximate" and self.options.search_budget < self.K:
+            raise ConfigError(
+                f"fedcda.search-budget={self.options.search_budget} is below K = "
+                f"fedcda.memory = {self.K}: not even one client's candidates fit")
+        if self.selection != "optimal" or self.num_partitions is None:
             return
-        else:
-            return
+        n = self.num_partitions
         combos = float(self.K) ** n
         if combos > maths.MAX_COMBINATIONS:
             raise ConfigError(
-                f"fedcda.selection={self.selection} would search K^{n} = {combos:.3g} "
-                f"combinations per batch (limit {maths.MAX_COMBINATIONS:.3g}); {fix}"
-            )
+                f"fedcda.selection=optimal would search K^{n} = {combos:.3g} combinations per "
+                f"batch (limit {maths.MAX_COMBINATIONS:.3g}); lower 'num-clients' or "
+                "'fedcda.memory' ('optimal' is for small federations)")
 
     def on_start(self, num_rounds: int) -> None:
         """A warmup given as a fraction becomes ``floor(fraction * num_rounds)`` rounds."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from launch import client_app as fedsys_client
@@ -27,9 +27,7 @@ def _arrays(reply: Message, change: Callable[[dict[str, np.ndarray]], None]) -> 
     return out
 
 
-def _arr(v: np.ndarray):  # type: ignore[no-untyped-def]
-    from flwr.app import Array
-
+def _arr(v: np.ndarray) -> Array:
     return Array(np.ascontiguousarray(v))
 
 
