@@ -126,6 +126,10 @@ class FedCDAStrategy(FedsysStrategy):
             raise ConfigError(
                 f"fedcda.search-budget={self.options.search_budget} is below K = "
                 f"fedcda.memory = {self.K}: not even one client's candidates fit")
+        d = Path(self.options.cache_dir).expanduser() if self.options.cache_dir else None
+        if d is not None and d.exists() and not d.is_dir():
+            raise ConfigError(f"fedcda.cache-dir={self.options.cache_dir} exists and is not a "
+                              "directory")
         if self.selection != "optimal" or self.num_partitions is None:
             return
         n = self.num_partitions

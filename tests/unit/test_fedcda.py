@@ -410,6 +410,8 @@ def test_state_dict_resume_is_identical(tmp_path, cache: str) -> None:
 def test_impossible_search_sizes_are_config_errors() -> None:
     with pytest.raises(ConfigError, match=r"optimal.*lower 'num-clients'"):
         FedCDAStrategy.from_config(cfg(**{"fedcda.selection": "optimal", "num-clients": 40}))
+    with pytest.raises(ConfigError, match="is not a directory"):
+        FedCDAStrategy.from_config(cfg(**{"fedcda.cache": "disk", "fedcda.cache-dir": __file__}))
     with pytest.raises(ConfigError, match=r"fedcda\.search-budget=2 is below K"):
         FedCDAStrategy.from_config(cfg(**{"fedcda.search-budget": 2}))
 
