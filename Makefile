@@ -31,7 +31,7 @@ run: $(VENV)/.installed data
 	$(FEDSYS) run configs/default.yaml
 
 test: $(VENV)/.installed-dev data lint
-	$(PY) -m pytest -q -rs --durations=20
+	$(PY) -m pytest -q -rs --durations=20 -n 2 --dist loadgroup
 
 test-fast: $(VENV)/.installed-dev
 	$(PY) -m pytest -q -m "not slow and not deploy"

@@ -372,6 +372,14 @@ class LocalDeployment:
         except (ValueError, KeyError):
             raise DeployError(f"flwr supernode list failed:\n{proc.stdout}{proc.stderr}") from None
 
+    def runs(self) -> list[dict[str, Any]]:
+        """``flwr ls`` as dicts (``run-id``, ``fab-id``, ``status``, ``elapsed``, ...)."""
+        proc = self.flwr("ls", CONNECTION, "--format", "json")
+        try:
+            return list(json.loads(proc.stdout)["runs"])
+        except (ValueError, KeyError):
+            raise DeployError(f"flwr ls failed:\n{proc.stdout}{proc.stderr}") from None
+
     def wait_online(self, n: int, timeout: float = 120.0) -> list[dict[str, Any]]:
         """Wait until ``n`` SuperNodes are online; fail early if a component died."""
         end = time.monotonic() + timeout

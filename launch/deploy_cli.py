@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -174,19 +175,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _components(dep: LocalDeployment) -> None:
+def _print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    """A rich table at least 110 columns wide, so no cell is cut in a narrow terminal."""
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"deployment {dep.root} (SuperLink {dep.address})")
-    for col in ("component", "pid", "state", "log"):
-        t.add_column(col)
-    for name in dep.names():
-        c = dep.components.get(name)
-        up = dep.is_running(name)
-        t.add_row(name, str(c.pid) if c and up else "-", "running" if up else "stopped",
-                  str(dep.log_file(name)))
+    t = Table(title=title)
+    for col in columns:
+        t.add_column(col, overflow="fold")
+    for row in rows:
+        t.add_row(*row)
     Console(width=max(Console().width, 110)).print(t)
+
+
+def _components(dep: LocalDeployment) -> None:
+    _print_table(f"deployment {dep.root} (SuperLink {dep.address})",
+                 ("component", "pid", "state", "log"),
+                 ((name, str(dep.components[name].pid) if dep.is_running(name) else "-",
+                   "running" if dep.is_running(name) else "stopped", str(dep.log_file(name)))
+                  for name in dep.names()))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -196,9 +203,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not dep.is_running(SUPERLINK):
         print("the SuperLink is not running")
         return 0
-    for what in (("supernode", "list", CONNECTION), ("ls", CONNECTION)):
-        proc = dep.flwr(*what)
-        print(proc.stdout.rstrip() or proc.stderr.rstrip())
+    try:
+        nodes, runs = dep.nodes(), dep.runs()
+    except DeployError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    _print_table("SuperNodes (flwr supernode list)", ("node id", "status", "online since"),
+                 ((n["node-id"], n["status"], str(n.get("online-at") or "-")) for n in nodes))
+    _print_table("runs (flwr ls)", ("run id", "app", "status", "elapsed", "started"),
+                 ((r["run-id"], f"{r['fab-id']} {r.get('fab-version', '')}".strip(),
+                   r["status"], str(r.get("elapsed", "")), str(r.get("running-at") or "-"))
+                  for r in runs))
     return 0
 
 
