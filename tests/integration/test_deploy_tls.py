@@ -58,8 +58,7 @@ from launch.deploy import (
 from launch.registry import build
 from strategies import REGISTRY
 
-# One xdist worker runs the whole module: its deployment is set up once.
-pytestmark = [pytest.mark.slow, pytest.mark.deploy, pytest.mark.xdist_group("deploy-tls")]
+pytestmark = [pytest.mark.slow, pytest.mark.deploy]
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = 3
