@@ -35,7 +35,24 @@ if ! docker info >/dev/null 2>&1; then
   echo "docker_proof: no Docker engine reachable; skipped" >&2
   exit 77
 fi
-command -v docker-compose >/dev/null || { echo "error: docker-compose not found" >&2; exit 2; }
+# Nothing here runs the caller's Python: a venv's or pyenv's PYTHONPATH / PYTHONHOME
+# reaching Debian's docker-compose once broke CI (the venv's cryptography under Debian's
+# pyOpenSSL: "module 'lib' has no attribute 'GEN_EMAIL'"), and would break the python3
+# that debootstrap configures in the base image's root.
+unset PYTHONPATH PYTHONHOME PYTHONSTARTUP PYTHONUSERBASE VIRTUAL_ENV
+# the compose CLI: Compose v2 (`docker compose`) where the plugin is installed, else
+# docker-compose 1.x under its own interpreter in isolated mode (-I: no user site either)
+if docker compose version >/dev/null 2>&1; then
+  COMPOSE=(docker compose)
+elif dc=$(command -v docker-compose); then
+  py=$(head -1 "$dc" | sed -n 's/^#! *\(\/[^ ]*python[0-9.]*\)$/\1/p')
+  if [ -n "$py" ]; then COMPOSE=("$py" -I "$dc"); else COMPOSE=("$dc"); fi
+  "${COMPOSE[@]}" version >/dev/null 2>&1 || {
+    echo "error: ${COMPOSE[*]} does not run:" >&2; "${COMPOSE[@]}" version 2>&1 | tail -3 >&2
+    exit 2; }
+else
+  echo "error: neither 'docker compose' nor docker-compose is installed" >&2; exit 2
+fi
 for p in "$PORT" 9094 9095; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
     echo "error: port $p on 127.0.0.1 is in use" >&2; exit 2
@@ -46,8 +63,8 @@ ls "$FMNIST_DIR"/train-images-idx3-ubyte* >/dev/null 2>&1 || {
   exit 2; }
 
 now() { date +%s.%N; }
-secs() { python3 -c "print(f'{$2 - $1:.0f}')"; }
-size() { docker image inspect -f '{{.Size}}' "$1" | python3 -c "import sys; print(f'{int(sys.stdin.read()) / 1e9:.2f} GB')"; }
+secs() { python3 -I -c "print(f'{$2 - $1:.0f}')"; }
+size() { docker image inspect -f '{{.Size}}' "$1" | python3 -I -c "import sys; print(f'{int(sys.stdin.read()) / 1e9:.2f} GB')"; }
 
 # ---------------------------------------------------------------- base image
 if ! docker image inspect "$BASE" >/dev/null 2>&1; then
@@ -57,7 +74,8 @@ if ! docker image inspect "$BASE" >/dev/null 2>&1; then
   t0=$(now)
   rootfs=$(mktemp -d /var/tmp/fedsys-rootfs.XXXXXX)
   debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates \
-    bookworm "$rootfs" http://deb.debian.org/debian >/dev/null
+    bookworm "$rootfs" http://deb.debian.org/debian > "$rootfs.log" 2>&1 \
+    || { tail -20 "$rootfs.log" >&2; echo "error: debootstrap failed ($rootfs.log)" >&2; exit 1; }
   # package downloads may go through a proxy with its own CA: trust what this host trusts
   cp /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/ca-certificates.crt"
   rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
@@ -65,7 +83,7 @@ if ! docker image inspect "$BASE" >/dev/null 2>&1; then
     -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     -c 'ENV LANG=C.UTF-8' -c 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' \
     -c 'ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt' - "$BASE" >/dev/null
-  rm -rf "$rootfs"
+  rm -rf "$rootfs" "$rootfs.log"
   echo "base image: $(secs "$t0" "$(now)") s"
 fi
 
@@ -99,7 +117,7 @@ SITE0_DATA=$FMNIST_DIR
 SITE1_DATA=$FMNIST_DIR
 EOF
 compose() {
-  docker-compose -p "$PROJECT" --project-directory "$WORK" -f "$REPO/docker-compose.yml" "$@"
+  "${COMPOSE[@]}" -p "$PROJECT" --project-directory "$WORK" -f "$REPO/docker-compose.yml" "$@"
 }
 cleanup() {
   echo "== tearing down"
@@ -119,7 +137,7 @@ t0=$(now)
 compose --profile cpu up -d
 for i in $(seq 90); do
   online=$(compose run --rm -T flwr supernode list fedsys --format json 2>/dev/null \
-    | python3 -c "import json,sys; print(sum(n['status']=='online' for n in json.load(sys.stdin)['nodes']))" \
+    | python3 -I -c "import json,sys; print(sum(n['status']=='online' for n in json.load(sys.stdin)['nodes']))" \
     2>/dev/null || echo 0)
   [ "$online" = "2" ] && break
   sleep 2
@@ -137,7 +155,7 @@ t0=$(now)
 compose run --rm -T run deploy/fmnist-smoke.yaml | tee "$WORK/run.log"
 RUN_S=$(secs "$t0" "$(now)")
 compose run --rm -T --entrypoint cat flwr /runs/deploy-smoke/fedavg/metrics.jsonl > "$WORK/metrics.jsonl"
-python3 - "$WORK/metrics.jsonl" "$MIN_ACCURACY" <<'EOF'
+python3 -I - "$WORK/metrics.jsonl" "$MIN_ACCURACY" <<'EOF'
 import json, sys
 recs = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
 assert [r["round"] for r in recs] == [0, 1, 2], recs

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -50,7 +52,11 @@ def test_compose_stack_runs_fedavg_over_tls_with_node_auth() -> None:
     ci = _ci_engine()
     if ci.startswith("no-engine") or not _docker_engine():
         pytest.skip(f"no Docker engine on this machine{' (' + ci + ')' if ci else ''}")
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "docker_proof.sh")], cwd=ROOT,
+    # the caller's Python leaking into Debian's docker-compose once broke CI (the venv's
+    # cryptography under Debian's pyOpenSSL): run the proof with that leak in place
+    leak = os.pathsep.join([sysconfig.get_paths()["purelib"], "/usr/lib/python3/dist-packages"])
+    env = {**os.environ, "PYTHONPATH": leak, "PYTHONHOME": sys.base_prefix}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "docker_proof.sh")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=3 * 3600, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
