@@ -110,13 +110,16 @@ def load_case(tmp: Path, n: int, rounds: int) -> dict[str, Any]:
     cfg = config(tmp, f"load-{n}", n, rounds)
     try:
         t0 = time.monotonic()
-        dep.flwr_run(ROOT, cfg.to_dict(), timeout=3000)
+        out = dep.flwr_run(ROOT, cfg.to_dict(), timeout=3000)
         run_s = time.monotonic() - t0
     finally:
         sampler.stop.set()
         sampler.join()
         dep.down()
     recs = [r for r in records(cfg) if r["round"] > 0]
+    if len(recs) != rounds:
+        raise RuntimeError(f"N = {n}: {len(recs)} of {rounds} rounds recorded; the run's "
+                           f"output ends:\n{out[-3000:]}")
     lost = [r["round"] for r in recs if r["clients-ok"] != n or r["clients-rejected"] != 0]
     nodes = [v for k, v in sampler.peak.items() if k.startswith("node")]
     return {"n": n, "rounds": len(recs), "lost": lost, "up_s": up_s, "run_s": run_s,
