@@ -75,14 +75,19 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.dep, self.groups, self.every = dep, groups, every
         self.peak = {g: 0.0 for g in groups}
+        self.whole = 0.0  # peak of the deployment's total at one sample
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.is_set():
+            whole = 0.0
             for g, names in self.groups.items():
                 pids = [d for n in names if self.dep.is_running(n)
                         for d in descendants(self.dep.components[n].pid)]
-                self.peak[g] = max(self.peak[g], pss_mib(pids))
+                now = pss_mib(pids)
+                self.peak[g] = max(self.peak[g], now)
+                whole += now
+            self.whole = max(self.whole, whole)
             self.stop.wait(self.every)
 
 
@@ -118,15 +123,18 @@ def load_case(tmp: Path, n: int, rounds: int) -> dict[str, Any]:
         dep.down()
     recs = [r for r in records(cfg) if r["round"] > 0]
     if len(recs) != rounds:
+        link = dep.log_file(SUPERLINK).read_text(errors="replace")
         raise RuntimeError(f"N = {n}: {len(recs)} of {rounds} rounds recorded; the run's "
-                           f"output ends:\n{out[-3000:]}")
+                           f"output ends:\n{out[-3000:]}\nthe SuperLink's log ends:\n"
+                           f"{link[-6000:]}")
     lost = [r["round"] for r in recs if r["clients-ok"] != n or r["clients-rejected"] != 0]
     nodes = [v for k, v in sampler.peak.items() if k.startswith("node")]
     return {"n": n, "rounds": len(recs), "lost": lost, "up_s": up_s, "run_s": run_s,
             "round_s": statistics.median(r["round-time"] for r in recs[1:] or recs),
             "first_s": recs[0]["round-time"], "superlink": sampler.peak[SUPERLINK],
             "server": sampler.peak[SERVER_EXEC], "node_mean": statistics.mean(nodes),
-            "node_max": max(nodes), "acc": recs[-1]["accuracy"]}
+            "node_max": max(nodes), "whole": sampler.whole / 1024,
+            "acc": recs[-1]["accuracy"]}
 
 
 def wait_round(cfg: Any, rnd: int, proc: Any, timeout: float = 1200) -> None:
@@ -219,20 +227,26 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--part", choices=("load", "faults", "all"), default="all")
     ap.add_argument("--record", action="store_true", help="write docs/performance.md")
+    ap.add_argument("--keep", metavar="DIR", default="",
+                    help="work in DIR and keep it (deployments' logs, runs) instead of a "
+                    "temporary directory")
     args = ap.parse_args()
+    # SIGTERM unwinds like Ctrl-C, so every started deployment is taken down
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = ["| SuperNodes | rounds | replies lost | start-up s | first round s | round s "
             "(median after) | SuperLink MiB | server SuperExec MiB | per node MiB, mean | "
-            "per node MiB, max | final acc |", "|---:" * 11 + "|"]
+            "per node MiB, max | whole deployment GiB, peak | final acc |", "|---:" * 12 + "|"]
     fault_lines: list[str] = []
     with tempfile.TemporaryDirectory(prefix="fedsys-load-") as d:
-        tmp = Path(d)
+        tmp = Path(args.keep or d)
+        tmp.mkdir(parents=True, exist_ok=True)
         if args.part in ("load", "all"):
             for n in (int(x) for x in args.nodes.split(",")):
                 r = load_case(tmp, n, args.rounds)
                 line = (f"| {r['n']} | {r['rounds']} | {len(r['lost'])} | {r['up_s']:.0f} | "
                         f"{r['first_s']:.1f} | {r['round_s']:.1f} | {r['superlink']:.0f} | "
                         f"{r['server']:.0f} | {r['node_mean']:.0f} | {r['node_max']:.0f} | "
-                        f"{r['acc']:.3f} |")
+                        f"{r['whole']:.1f} | {r['acc']:.3f} |")
                 print(line, flush=True)
                 rows.append(line)
         if args.part in ("faults", "all"):

@@ -28,10 +28,13 @@ nothing special.  Replies are turned into :class:`ClientUpdate` objects, or
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from logging import WARNING
+from typing import Any, TypeVar
 
+import httpx
 import numpy as np
 from flwr.app import (
     Array,
@@ -42,6 +45,7 @@ from flwr.app import (
     MetricRecord,
     RecordDict,
 )
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fedsys.options import Scalar
@@ -290,27 +294,78 @@ def state_from_records(records: RecordDict, scope: str) -> State:
 
 # ---------------------------------------------------------------- server side
 
+def _push(grid: Grid, messages: list[Message]) -> list[str]:
+    return list(grid.push_messages(messages))
+
+
+def _pull(grid: Grid, ids: list[str]) -> list[Message]:
+    return list(grid.pull_messages(ids))
+
+
 def send_and_receive(
-    grid: Grid, messages: Sequence[Message], timeout: float, poll: float = 0.1
+    grid: Grid, messages: Sequence[Message], timeout: float, poll: float = 0.1,
+    max_poll: float = 2.0,
 ) -> tuple[list[Message], dict[str, Message]]:
     """Push ``messages``, pull replies until all arrived or ``timeout`` passed.
+
+    The wait between pulls starts at ``poll`` and grows by half after every pull
+    that brought nothing, up to ``max_poll``: a quick reply is seen at once, and a long
+    round does not flood the SuperLink (every pull is a write to its SQLite state;
+    polling every 0.1 s through 10 SuperNodes' replies locked it past its 5 s busy
+    timeout, and it dropped replies with a 500).  A transient failure of a push or
+    pull is tried again (:func:`retry_transient`).
 
     Returns the replies and a map from message id to the instruction sent, so a
     reply (including a SuperLink error reply, whose ``src_node_id`` is the
     SuperLink) can be traced to its node through ``reply_to_message_id``.
     """
-    ids = [i for i in grid.push_messages(list(messages))]
+    end = time.monotonic() + timeout
+    ids = retry_transient(partial(_push, grid, list(messages)), "push-messages", end)
     sent = {i: m for i, m in zip(ids, messages, strict=True) if i}
     pending = set(sent)
     replies: list[Message] = []
-    end = time.monotonic() + timeout
+    wait = poll
     while pending and time.monotonic() < end:
-        got = list(grid.pull_messages(list(pending)))
+        got = retry_transient(partial(_pull, grid, list(pending)), "pull-messages", end)
         replies.extend(got)
         pending -= {m.metadata.reply_to_message_id for m in got}
         if pending:
-            time.sleep(poll)
+            wait = poll if got else min(max_poll, wait * 1.5)
+            time.sleep(wait)
     return replies, sent
+
+
+T = TypeVar("T")
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a SuperLink call failed in a way worth trying again: the connection
+    (refused, reset, timed out) or a server-side error (HTTP 5xx, for example Flower
+    1.41's SuperLink answering 500 when its SQLite state is locked for longer than
+    its 5 s busy timeout on a busy machine).  A 4xx is an answer, not a failure."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return exc.response.status_code >= 500
+    return isinstance(exc, httpx.TransportError)
+
+
+def retry_transient(call: Callable[[], T], what: str, deadline: float,
+                    first_wait: float = 0.5, max_wait: float = 8.0) -> T:
+    """``call()``, tried again after a transient failure (:func:`transient`) with a
+    doubling wait, each failure logged, until ``deadline`` (``time.monotonic()``);
+    then the last failure is raised.  Other errors are raised at once."""
+    wait, attempt = first_wait, 1
+    while True:
+        try:
+            return call()
+        except Exception as exc:  # transient() below picks what is tried again
+            left = deadline - time.monotonic()
+            if not transient(exc) or left <= 0:
+                raise
+            wait = min(wait, max_wait, left)
+            log(WARNING, "SuperLink %s failed (attempt %d: %s); trying again in %.1f s",
+                what, attempt, exc, wait)
+            time.sleep(wait)
+            wait, attempt = wait * 2, attempt + 1
 
 
 @dataclass
@@ -458,6 +513,7 @@ __all__ = [
     "query_message",
     "query_reply",
     "resend",
+    "retry_transient",
     "send_and_receive",
     "settings",
     "state_from_records",

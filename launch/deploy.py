@@ -209,7 +209,8 @@ class LocalDeployment:
                     str(certs / "server.pem"), "--ssl-keyfile", str(certs / "server.key")]
                    if self.tls else ["--insecure"])
             auth = ["--enable-supernode-auth", *secret] if self.auth else []
-            return [_bin("flower-superlink"), *tls, *auth, "--isolation", "process",
+            # Flower's flower-superlink with a longer SQLite busy timeout (launch/superlink.py)
+            return [sys.executable, "-m", "launch.superlink", *tls, *auth, "--isolation", "process",
                     "--database", str(self.root / "superlink.db"),
                     "--disable-runtime-dependency-installation",
                     "--host", HOST, "--port", str(self.port)], {}

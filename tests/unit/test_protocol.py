@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import time
+
+import httpx
 import numpy as np
 import pytest
 from flwr.app import MessageType, RecordDict
@@ -108,3 +112,53 @@ def test_a_reply_to_another_message_is_refused():
     stray = protocol.train_reply(other, model(2.0), 10, {})
     rj = protocol.parse_train_reply(stray, sent(instr), {5: 1}, None)
     assert isinstance(rj, protocol.Rejection) and "did not send" in rj.reason
+
+
+def _status(code: int) -> httpx.HTTPStatusError:
+    req = httpx.Request("POST", "http://127.0.0.1:1/v1/runtime/pull-messages")
+    return httpx.HTTPStatusError(f"{code}", request=req, response=httpx.Response(code,
+                                                                                 request=req))
+
+
+def test_a_superlink_5xx_or_dropped_connection_is_tried_again_and_logged(caplog):
+    failures = [_status(500), httpx.ConnectError("refused"), _status(503)]
+    calls = []
+
+    def pull():
+        calls.append(1)
+        if failures:
+            raise failures.pop(0)
+        return ["reply"]
+
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        got = protocol.retry_transient(pull, "pull-messages", time.monotonic() + 30,
+                                       first_wait=0.01)
+    assert got == ["reply"] and len(calls) == 4
+    warned = [r.getMessage() for r in caplog.records if "pull-messages failed" in r.getMessage()]
+    assert len(warned) == 3 and "attempt 1" in warned[0] and "500" in warned[0]
+
+
+@pytest.mark.parametrize("exc", [_status(404), ValueError("a bug, not the network")])
+def test_an_answer_or_a_bug_is_raised_at_once(exc):
+    calls = []
+
+    def pull():
+        calls.append(1)
+        raise exc
+
+    with pytest.raises(type(exc)):
+        protocol.retry_transient(pull, "pull-messages", time.monotonic() + 30, first_wait=0.01)
+    assert len(calls) == 1
+
+
+def test_a_failure_that_outlasts_the_deadline_is_raised():
+    calls = []
+
+    def pull():
+        calls.append(1)
+        raise _status(500)
+
+    t0 = time.monotonic()
+    with pytest.raises(httpx.HTTPStatusError):
+        protocol.retry_transient(pull, "pull-messages", t0 + 0.3, first_wait=0.05)
+    assert 2 <= len(calls) <= 6 and time.monotonic() - t0 < 5

@@ -1,0 +1,70 @@
+"""``flower-superlink`` with a longer SQLite busy timeout.
+
+Flower 1.41's SuperLink keeps its state (``--database FILE``) in SQLite with a
+hard-coded ``busy_timeout`` of 5 s (``flwr.supercore.constant.SQLITE_PRAGMAS``).  Each
+reply arrives as one write transaction per object (every array of the model is one)
+plus one for the message, each taking the database's single write lock; with 10
+SuperNodes replying at once on 2 cores the queue for that lock grew past 5 s, the
+SuperLink answered ``500 database is locked``, and a SuperNode dropped the reply it was
+pushing (Flower's SuperNode does not retry a 500): measured, 2 of 10 replies lost in a
+round (``benchmarks/deploy_load.py``).  Waiting longer for the lock loses nothing, so
+this entry point sets the busy timeout to ``FEDSYS_SQLITE_BUSY_TIMEOUT_MS`` (default
+120000) and then runs Flower's own ``flower-superlink`` with the same arguments.
+
+Used by ``fedsys deploy`` (:mod:`launch.deploy`) as ``python -m launch.superlink``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from flwr.supercore import sql_mixin
+from flwr.superlink.cli import flower_superlink
+
+ENV = "FEDSYS_SQLITE_BUSY_TIMEOUT_MS"
+DEFAULT_MS = 120_000
+PRAGMAS = "SQLITE_PRAGMAS"  # read by flwr.supercore.sql_mixin on every new connection
+
+
+def busy_timeout_ms(environ: dict[str, str] | os._Environ[str] = os.environ) -> int:
+    """The busy timeout to set, from ``FEDSYS_SQLITE_BUSY_TIMEOUT_MS`` (a positive
+    integer, milliseconds) or :data:`DEFAULT_MS`."""
+    text = environ.get(ENV, "")
+    if not text:
+        return DEFAULT_MS
+    try:
+        ms = int(text)
+    except ValueError:
+        ms = 0
+    if ms <= 0:
+        raise SystemExit(f"{ENV}={text!r}: give a positive number of milliseconds")
+    return ms
+
+
+def with_busy_timeout(pragmas: tuple[tuple[str, str], ...],
+                      ms: int) -> tuple[tuple[str, str], ...]:
+    """``pragmas`` with ``busy_timeout`` set to ``ms``; it must be there already (the
+    Flower release this was written for sets it), so a Flower that no longer does is
+    refused instead of silently running with its own value."""
+    if "busy_timeout" not in dict(pragmas):
+        raise SystemExit("flwr.supercore.sql_mixin.SQLITE_PRAGMAS has no busy_timeout: "
+                         "this Flower release is not the one launch/superlink.py knows")
+    return tuple((k, str(ms) if k == "busy_timeout" else v) for k, v in pragmas)
+
+
+def apply(ms: int) -> None:
+    """Make every SQLite connection the SuperLink opens from now on wait ``ms`` for a
+    lock (Flower sets its pragmas on each new connection)."""
+    setattr(sql_mixin, PRAGMAS, with_busy_timeout(getattr(sql_mixin, PRAGMAS, ()), ms))
+
+
+def main() -> None:
+    """Set the busy timeout, then hand over to Flower's ``flower-superlink``."""
+    apply(busy_timeout_ms())
+    sys.argv[0] = "flower-superlink"
+    flower_superlink()
+
+
+if __name__ == "__main__":
+    main()
