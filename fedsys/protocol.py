@@ -47,6 +47,7 @@ from flwr.app import (
 )
 from flwr.common.logger import log
 from flwr.serverapp import Grid
+from flwr.superlink.grid import InMemoryGrid
 
 from fedsys.options import Scalar
 from fedsys.params import Params, check_update
@@ -308,12 +309,13 @@ def send_and_receive(
 ) -> tuple[list[Message], dict[str, Message]]:
     """Push ``messages``, pull replies until all arrived or ``timeout`` passed.
 
-    The wait between pulls starts at ``poll`` and grows by half after every pull
-    that brought nothing, up to ``max_poll``: a quick reply is seen at once, and a long
-    round does not flood the SuperLink (every pull is a write to its SQLite state;
-    polling every 0.1 s through 10 SuperNodes' replies locked it past its 5 s busy
-    timeout, and it dropped replies with a 500).  A transient failure of a push or
-    pull is tried again (:func:`retry_transient`).
+    In the simulation engine (``InMemoryGrid``) a pull costs nothing and the wait
+    between pulls stays ``poll``.  Against a SuperLink every pull is a write to its
+    SQLite state, so there the wait grows by half after every pull that brought nothing,
+    up to ``max_poll`` and to a tenth of the time waited so far: a quick reply is seen
+    at once, a late one at most about 10 % later, and a long round does not keep the
+    SuperLink's database busy.  A transient failure of a push or pull is tried again
+    (:func:`retry_transient`).
 
     Returns the replies and a map from message id to the instruction sent, so a
     reply (including a SuperLink error reply, whose ``src_node_id`` is the
@@ -324,13 +326,16 @@ def send_and_receive(
     sent = {i: m for i, m in zip(ids, messages, strict=True) if i}
     pending = set(sent)
     replies: list[Message] = []
-    wait = poll
+    wait, start, remote = poll, time.monotonic(), not isinstance(grid, InMemoryGrid)
     while pending and time.monotonic() < end:
         got = retry_transient(partial(_pull, grid, list(pending)), "pull-messages", end)
         replies.extend(got)
         pending -= {m.metadata.reply_to_message_id for m in got}
         if pending:
-            wait = poll if got else min(max_poll, wait * 1.5)
+            if remote and not got:
+                wait = min(max_poll, wait * 1.5, max(poll, (time.monotonic() - start) / 10))
+            else:
+                wait = poll
             time.sleep(wait)
     return replies, sent
 

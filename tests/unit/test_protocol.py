@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
@@ -162,3 +163,31 @@ def test_a_failure_that_outlasts_the_deadline_is_raised():
     with pytest.raises(httpx.HTTPStatusError):
         protocol.retry_transient(pull, "pull-messages", t0 + 0.3, first_wait=0.05)
     assert 2 <= len(calls) <= 6 and time.monotonic() - t0 < 5
+
+
+class _SlowLink:
+    """A grid whose one reply is ready ``after`` seconds; counts the pulls."""
+
+    def __init__(self, after: float) -> None:
+        self.ready, self.pulls = time.monotonic() + after, 0
+
+    def push_messages(self, messages):
+        return ["m1"]
+
+    def pull_messages(self, ids):
+        self.pulls += 1
+        if time.monotonic() < self.ready:
+            return []
+        return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id="m1"))]
+
+
+def test_polling_a_superlink_backs_off_but_sees_a_late_reply_soon():
+    link = _SlowLink(3.0)
+    t0 = time.monotonic()
+    replies, sent = protocol.send_and_receive(link, ["instruction"], timeout=30, poll=0.05)
+    waited = time.monotonic() - t0
+    assert len(replies) == 1 and list(sent) == ["m1"]
+    # every 0.05 s would be 60 pulls; a wait of a tenth of the time waited makes about
+    # 10 (the first 0.5 s) + 10 ln(3 / 0.5) = 28
+    assert link.pulls <= 35
+    assert waited < 3.0 * 1.1 + 0.2  # at most a tenth late, plus one short wait
