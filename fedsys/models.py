@@ -9,7 +9,6 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torchvision.models import resnet18 as tv_resnet18
 
 Builder = Callable[..., nn.Module]
 MODELS: dict[str, Builder] = {}
@@ -70,6 +69,10 @@ def resnet18(
             return nn.GroupNorm(2, ch)
     else:
         norm_layer = nn.BatchNorm2d
+    # imported here: torchvision.models pulls in torch._dynamo (about 1.5 s and 100 MiB
+    # in every process, ClientApps of the small models included)
+    from torchvision.models import resnet18 as tv_resnet18
+
     net = tv_resnet18(num_classes=num_classes, norm_layer=norm_layer)
     if in_shape[1] <= 64:
         net.conv1 = nn.Conv2d(in_shape[0], 64, 3, 1, 1, bias=False)

@@ -47,7 +47,6 @@ from flwr.app import (
 )
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.superlink.grid import InMemoryGrid
 
 from fedsys.options import Scalar
 from fedsys.params import Params, check_update
@@ -305,16 +304,15 @@ def _pull(grid: Grid, ids: list[str]) -> list[Message]:
 
 def send_and_receive(
     grid: Grid, messages: Sequence[Message], timeout: float, poll: float = 0.1,
-    max_poll: float = 2.0,
+    max_poll: float = 0.5,
 ) -> tuple[list[Message], dict[str, Message]]:
     """Push ``messages``, pull replies until all arrived or ``timeout`` passed.
 
-    In the simulation engine (``InMemoryGrid``) a pull costs nothing and the wait
-    between pulls stays ``poll``.  Against a SuperLink every pull is a write to its
-    SQLite state, so there the wait grows by half after every pull that brought nothing,
+    Every pull is a write to the SuperLink's SQLite state (in the simulation engine's
+    too), so the wait between pulls grows by half after every pull that brought nothing,
     up to ``max_poll`` and to a tenth of the time waited so far: a quick reply is seen
-    at once, a late one at most about 10 % later, and a long round does not keep the
-    SuperLink's database busy.  A transient failure of a push or pull is tried again
+    at once, a late one at most about 10 % (and ``max_poll``) later, and a long round
+    does not keep the SuperLink's database busy.  A transient failure of a push or pull is tried again
     (:func:`retry_transient`).
 
     Returns the replies and a map from message id to the instruction sent, so a
@@ -326,13 +324,13 @@ def send_and_receive(
     sent = {i: m for i, m in zip(ids, messages, strict=True) if i}
     pending = set(sent)
     replies: list[Message] = []
-    wait, start, remote = poll, time.monotonic(), not isinstance(grid, InMemoryGrid)
+    wait, start = poll, time.monotonic()
     while pending and time.monotonic() < end:
         got = retry_transient(partial(_pull, grid, list(pending)), "pull-messages", end)
         replies.extend(got)
         pending -= {m.metadata.reply_to_message_id for m in got}
         if pending:
-            if remote and not got:
+            if not got:
                 wait = min(max_poll, wait * 1.5, max(poll, (time.monotonic() - start) / 10))
             else:
                 wait = poll
