@@ -7,8 +7,10 @@ every node in every round (``clients-per-round = N``, Fashion-MNIST, the small C
 ``local-steps`` 10) is submitted through ``flwr run``, and while it runs the proportional memory (PSS)
 of the SuperLink and of every SuperNode (its SuperExec and the ClientApp
 processes included) is sampled from ``/proc``.  Checked: every round used all N replies
-(no reply lost, none refused).  Reported: round time (median of the rounds after the
-first), peak SuperLink memory, mean and largest peak per node, against N.
+(no reply lost, none refused).  Reported: the replies the SuperLink lost on the way that
+the server asked for again (``transport-retries``), round time (median of the rounds
+after the first), peak SuperLink memory, mean and largest peak per node, the whole
+deployment's peak, against N.
 
 Part ``faults`` (N = 10): (a) one SuperNode and its SuperExec are SIGKILLed after round
 2 and restarted 5 s later: checked that rounds run on with the nodes there are and that
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import signal
 import statistics
 import sys
@@ -128,8 +131,12 @@ def load_case(tmp: Path, n: int, rounds: int) -> dict[str, Any]:
                            f"output ends:\n{out[-3000:]}\nthe SuperLink's log ends:\n"
                            f"{link[-6000:]}")
     lost = [r["round"] for r in recs if r["clients-ok"] != n or r["clients-rejected"] != 0]
+    # replies the SuperLink lost on the way and the server asked for again (resend_lost)
+    asked = sum(int(k) for k in re.findall(r"round \d+: (\d+) train replies lost on the way",
+                                           out))
     nodes = [v for k, v in sampler.peak.items() if k.startswith("node")]
-    return {"n": n, "rounds": len(recs), "lost": lost, "up_s": up_s, "run_s": run_s,
+    return {"n": n, "rounds": len(recs), "lost": lost, "asked": asked, "up_s": up_s,
+            "run_s": run_s,
             "round_s": statistics.median(r["round-time"] for r in recs[1:] or recs),
             "first_s": recs[0]["round-time"], "superlink": sampler.peak[SUPERLINK],
             "server": sampler.peak[SERVER_EXEC], "node_mean": statistics.mean(nodes),
@@ -233,9 +240,9 @@ def main() -> None:
     args = ap.parse_args()
     # SIGTERM unwinds like Ctrl-C, so every started deployment is taken down
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    rows = ["| SuperNodes | rounds | replies lost | start-up s | first round s | round s "
+    rows = ["| SuperNodes | rounds | rounds short of a reply | replies asked again | start-up s | first round s | round s "
             "(median after) | SuperLink MiB | server SuperExec MiB | per node MiB, mean | "
-            "per node MiB, max | whole deployment GiB, peak | final acc |", "|---:" * 12 + "|"]
+            "per node MiB, max | whole deployment GiB, peak | final acc |", "|---:" * 13 + "|"]
     fault_lines: list[str] = []
     with tempfile.TemporaryDirectory(prefix="fedsys-load-") as d:
         tmp = Path(args.keep or d)
@@ -243,7 +250,8 @@ def main() -> None:
         if args.part in ("load", "all"):
             for n in (int(x) for x in args.nodes.split(",")):
                 r = load_case(tmp, n, args.rounds)
-                line = (f"| {r['n']} | {r['rounds']} | {len(r['lost'])} | {r['up_s']:.0f} | "
+                line = (f"| {r['n']} | {r['rounds']} | {len(r['lost'])} | {r['asked']} | "
+                        f"{r['up_s']:.0f} | "
                         f"{r['first_s']:.1f} | {r['round_s']:.1f} | {r['superlink']:.0f} | "
                         f"{r['server']:.0f} | {r['node_mean']:.0f} | {r['node_max']:.0f} | "
                         f"{r['whole']:.1f} | {r['acc']:.3f} |")

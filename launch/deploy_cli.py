@@ -64,6 +64,10 @@ def add_parser(sub: Any) -> None:
     up.add_argument("--data-dir", default="", help="data-dir in every SuperNode's node config")
     up.add_argument("--gpus", default="",
                     help="CUDA device ids dealt round robin to the SuperNodes, e.g. 0,1")
+    up.add_argument("--node-nice", type=int, default=10, metavar="N",
+                    help="niceness of the SuperNodes and the ClientApps they start (default "
+                    "10; 0: normal priority): with more nodes than cores it leaves the "
+                    "SuperLink the CPU it needs to store their replies")
     up.add_argument("--wait", type=float, default=120.0,
                     help="seconds to wait for all SuperNodes to come online")
     with_dir(up)
@@ -102,7 +106,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.nodes < 1:
         raise DeployError("--nodes must be at least 1")
     dep = LocalDeployment(Path(args.dir), num_nodes=args.nodes, data_dir=args.data_dir,
-                          tls=args.tls, auth=args.auth, port=args.port, gpus=args.gpus)
+                          tls=args.tls, auth=args.auth, port=args.port, gpus=args.gpus,
+                          node_nice=args.node_nice)
     dep.refuse_if_running()
     t0 = time.monotonic()
     mode = ", ".join(m for m, on in (("TLS", args.tls), ("node auth", args.auth)) if on)

@@ -46,6 +46,7 @@ from fedsys.task import model
 from launch.deploy import (
     CONNECTION,
     SERVER_EXEC,
+    SUPERLINK,
     LocalDeployment,
     _alive,
     _bin,
@@ -117,6 +118,11 @@ def test_deployment_uses_tls_and_registered_nodes(dep: LocalDeployment) -> None:
     registered = dep.root / "keys"
     assert sorted(p.name for p in registered.glob("*.pub")) == [
         f"{node_name(i)}.pub" for i in range(NODES)]
+    # the nodes (and the ClientApps they start) leave the cores to the SuperLink first
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    for name in dep.names():
+        want = mine if name in (SUPERLINK, SERVER_EXEC) else min(mine + dep.node_nice, 19)
+        assert os.getpriority(os.PRIO_PROCESS, dep.components[name].pid) == want, name
 
 
 @pytest.mark.parametrize("strategy", PER_STRATEGY)

@@ -70,13 +70,14 @@ def test_insecure_commands(tmp_path: Path) -> None:
 
 
 def test_state_round_trip_and_pid_identity(tmp_path: Path) -> None:
-    dep = LocalDeployment(tmp_path, num_nodes=1, tls=True, port=1234, node_ports=[4321])
+    dep = LocalDeployment(tmp_path, num_nodes=1, tls=True, port=1234, node_ports=[4321],
+                          node_nice=7)
     me = os.getpid()
     dep.components = {SUPERLINK: Component(["x"], me, _start_time(me)),
                       SERVER_EXEC: Component(["y"], me, _start_time(me) + 1)}
     dep.save()
     back = LocalDeployment.load(tmp_path)
-    assert (back.port, back.tls, back.node_ports) == (1234, True, [4321])
+    assert (back.port, back.tls, back.node_ports, back.node_nice) == (1234, True, [4321], 7)
     assert back.is_running(SUPERLINK)
     assert not back.is_running(SERVER_EXEC)  # same PID, other start time: a reused PID
     assert not back.is_running(node_name(0))
