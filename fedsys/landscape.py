@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from fedsys.params import Params, flatten
+from fedsys.params import Params, distance, flatten
 
 F64 = NDArray[np.float64]
 
@@ -93,6 +93,5 @@ def contour_levels(values: F64, vmax: float, log_alpha: float, n: int = 7) -> F6
 
 def distances(clients: Sequence[Params], glob: Params) -> tuple[float, float]:
     """Largest and mean L2 distance of client models to the global model (§3.4)."""
-    g = flatten(glob)
-    d = [float(np.linalg.norm(flatten(c) - g)) for c in clients]
+    d = [distance(c, glob) for c in clients]
     return max(d), float(np.mean(d))

@@ -184,6 +184,11 @@ def flatten(params: Params) -> NDArray[np.float64]:
     return np.concatenate(parts)
 
 
+def distance(a: Params, b: Params) -> float:
+    """L2 distance between two models over their floating-point entries (:func:`flatten`)."""
+    return float(np.linalg.norm(flatten(a) - flatten(b)))
+
+
 def unflatten(vec: NDArray[np.floating], like: Params) -> Params:
     """Inverse of :func:`flatten`: dtypes, shapes and integer entries from ``like``."""
     need = sum(v.size for v in like.values() if is_float(v))

@@ -6,11 +6,18 @@
 # configs/fedcda-fmnist.yaml plus the --set overrides docs/results/fedcda.md lists).
 # Results: runs/fedcda-*/results.md; then python scripts/fedcda_report.py.
 # Usage: scripts/reproduce_fedcda.sh [dir0.3 dir0.1 dir0.5 shards2]
+# Across seeds (issue 17's headline rows): SEEDS=0,1,2 scripts/reproduce_fedcda.sh dir0.1 shards2
+#   runs every seed under runs/fedcda-<setting>-seeds/seed-<k>/ (resumable: run it again).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FEDSYS=${FEDSYS:-.venv/bin/fedsys}
 settings=("$@")
 [[ ${#settings[@]} -gt 0 ]] || settings=(dir0.3 dir0.1 dir0.5 shards2)
 for s in "${settings[@]}"; do
-  $FEDSYS run "configs/fedcda-$s.yaml"
+  if [[ -n ${SEEDS:-} ]]; then
+    $FEDSYS run "configs/fedcda-$s.yaml" --seeds "$SEEDS" --set resume=true \
+      --set name="fedcda-$s-seeds"
+  else
+    $FEDSYS run "configs/fedcda-$s.yaml"
+  fi
 done

@@ -12,6 +12,10 @@
 #   scripts/reproduce_ima.sh shards2     # 2 label shards per client (the paper's split)
 #   scripts/reproduce_ima.sh dir0.3      # Dirichlet(0.3)
 # About 30 minutes per partition on 2 idle CPU cores.  Then: python scripts/ima_report.py
+# Across seeds (issue 17's headline rows): SEEDS=0,1,2 scripts/reproduce_ima.sh shards2 runs
+# the same three commands once per seed under runs/ima-<partition>-seeds[-fedavg|-fedprox]/
+# seed-<k>/ (each seed branching from its own round-75 checkpoint; resumable: run it again),
+# without the plane.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FEDSYS=${FEDSYS:-.venv/bin/fedsys}
@@ -24,17 +28,24 @@ case $part in
 esac
 run=ima-$part
 keep=(--set save-models=global --set save-models-from=95)  # late global models, for the plane
+src=runs/$run
+if [[ -n ${SEEDS:-} ]]; then
+  run=ima-$part-seeds
+  keep=(--seeds "$SEEDS" --set resume=true)
+  src=runs/$run/seed-{seed}
+fi
 # the two IMA runs, full length, keeping their round-75 checkpoints
 $FEDSYS run $CFG "${split[@]}" "${keep[@]}" --set name=$run --set keep-checkpoint=75 \
   --set "strategy=ima[ima.base=fedavg],ima[ima.base=fedprox]"
-fa=runs/$run/ima-base-fedavg/checkpoint-r0075.pt
-fp=runs/$run/ima-base-fedprox/checkpoint-r0075.pt
+fa=$src/ima-base-fedavg/checkpoint-r0075.pt
+fp=$src/ima-base-fedprox/checkpoint-r0075.pt
 # FedAvg and the control, branched at round 75
 $FEDSYS run $CFG "${split[@]}" "${keep[@]}" --set name=$run-fedavg --set branch-from=$fa \
   --set "strategy=ima[ima.base=fedavg;ima.average=false;ima.lr-decay=0.99],ima[ima.base=fedavg;ima.average=false]"
 # FedProx, branched at round 75
 $FEDSYS run $CFG "${split[@]}" "${keep[@]}" --set name=$run-fedprox --set branch-from=$fp \
   --set "strategy=ima[ima.base=fedprox;ima.average=false;ima.lr-decay=0.99]"
+[[ -z ${SEEDS:-} ]] || exit 0
 # the loss/error plane through FedAvg's last three global models and their average (the
 # model IMA would broadcast), on 2,000 test images
 $FEDSYS landscape runs/$run-fedavg --strategy ima-base-fedavg-average-false-lr-decay-0.99 \

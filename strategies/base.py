@@ -59,7 +59,7 @@ from flwr.supercore import log
 
 from fedsys import protocol as proto
 from fedsys.options import ConfigError, parse_group, suggest
-from fedsys.params import Params, copy
+from fedsys.params import Params, copy, distance
 from fedsys.protocol import ClientUpdate, Rejection
 from fedsys.seeding import derive_seed
 
@@ -513,6 +513,8 @@ class FedsysStrategy(Strategy):
             log(ERROR, "[%s] round %d: no usable update (%d replies refused or missing); "
                 "model unchanged", self.label, server_round, len(rejected))
         else:
+            if self.params is not None:  # how far the broadcast model moved this round
+                self.round_metrics["global-step"] = distance(new, self.params)
             self.params = new
             for w in self.wrappers:
                 self.round_metrics.update(w.round_metrics())

@@ -325,6 +325,8 @@ class FedCDAStrategy(FedsysStrategy):
             "fedcda-divergence-term": div,
             "fedcda-earlier-models": float(stale),
             "fedcda-clients-in-mean": float(len(sel)),
+            # the share of the mean trained this round (the rest are earlier rounds' models)
+            "fedcda-fresh-fraction": sum(r == server_round for _, r in sel) / len(sel),
             "fedcda-aggregation-s": seconds,
             **info,
         }

@@ -118,6 +118,10 @@ def test_good_replies_are_aggregated_with_example_weights(reply_grid):
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-6)
     assert metrics["clients-ok"] == 3 and metrics["clients-rejected"] == 0
+    # how far the broadcast model moved: L2 over the float entries, from the model sent out
+    step = np.sqrt(sum(np.sum((got[k].astype(np.float64) - model(1.0)[k]) ** 2)
+                       for k in got if np.issubdtype(got[k].dtype, np.floating)))
+    assert metrics["global-step"] == pytest.approx(step, rel=1e-9) and step > 0
 
 
 @pytest.mark.parametrize(

@@ -261,6 +261,7 @@ def test_global_is_uniform_mean_of_seen_clients_and_unseen_are_left_out() -> Non
     np.testing.assert_allclose(g["w"], (4 + 2 + 6 + 8) / 4)  # 1 and 3 keep their models
     assert g["count"] == 9 and g["count"].dtype == np.int64  # integer buffers: max
     assert s.round_metrics["fedcda-clients-in-mean"] == 4
+    assert s.round_metrics["fedcda-fresh-fraction"] == 2 / 4  # 0 and 5 trained in round 2
 
 
 def test_rejected_participant_keeps_previous_selection() -> None:

@@ -464,3 +464,12 @@ def test_synthetic_is_fixed_and_learnable_shape():
     assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_test, b.y_test)
     assert a.x_train.shape == (2000, 1, 8, 8) and a.x_train.dtype == torch.uint8
     assert set(a.y_train.unique().tolist()) == set(range(10))
+
+
+def test_distance_is_l2_over_float_entries_only():
+    a = {"w": np.array([[0.0, 3.0]], np.float32), "b": np.array([1.0], np.float64),
+         "n": np.array(7, np.int64)}
+    b = {"w": np.array([[4.0, 3.0]], np.float32), "b": np.array([1.0], np.float64),
+         "n": np.array(9, np.int64)}  # integer buffers are not a direction the model moves
+    assert fp.distance(a, b) == 4.0 and fp.distance(b, a) == 4.0
+    assert fp.distance(a, a) == 0.0
