@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from fedsys.params import Params, distance, flatten
+from fedsys.params import Params, distance
 
 F64 = NDArray[np.float64]
 

@@ -116,11 +116,14 @@ class LocalDeployment:
         (``CUDA_VISIBLE_DEVICES``); empty leaves the environment as it is.
     node_nice : int
         Scheduling niceness of the SuperNodes and their SuperExecs, and so of the
-        ClientApps they start (0: normal priority).  With more nodes than cores the
-        nodes' training takes the CPU the SuperLink needs to store their replies: at
-        30 nodes on 2 cores its queue for the database lock passed the SuperNodes' 30 s
-        request timeout and 3 replies were dropped.  The SuperLink and the server
-        SuperExec keep the caller's niceness.
+        ClientApps they start (0: normal priority), set both on the process and on its
+        session's scheduling group (Linux's autogroup, where a process's own niceness
+        counts only against its own session: ``nice -n`` alone left 30 nodes level with
+        the SuperLink).  With more nodes than cores the nodes' training takes the CPU the
+        SuperLink needs to answer them: at 30 nodes on 2 cores its queue for the database
+        lock passed the SuperNodes' 30 s request timeout (replies dropped), and the
+        ServerApp's heartbeats went unanswered for a minute, so the SuperLink failed the
+        run.  The SuperLink and the server SuperExec keep the caller's niceness.
     """
 
     root: Path
@@ -130,7 +133,7 @@ class LocalDeployment:
     auth: bool = False
     port: int = 0
     gpus: str = ""
-    node_nice: int = 10
+    node_nice: int = 19
     node_ports: list[int] = field(default_factory=list)
     components: dict[str, Component] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
@@ -260,6 +263,8 @@ class LocalDeployment:
         with log.open("ab") as out:
             p = subprocess.Popen(args, cwd=home, env=env, stdout=out, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True)
+        if name not in (SUPERLINK, SERVER_EXEC) and self.node_nice:
+            _session_nice(p.pid, self.node_nice)
         self.procs[name] = p
         comp = Component(args, p.pid, _start_time(p.pid), extra)
         self.components[name] = comp
@@ -456,6 +461,21 @@ class LocalDeployment:
         if proc.returncode != 0:
             raise RuntimeError(f"flwr run failed (exit {proc.returncode}):\n{out[-3000:]}")
         return out
+
+
+def _session_nice(pid: int, nice: int) -> None:
+    """Give the session led by ``pid`` the scheduling niceness ``nice``.
+
+    Under Linux's autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``)
+    the CPU is shared between sessions first, and a process's own niceness counts only
+    inside its session; every component runs in a session of its own, so its group's
+    niceness is what yields the CPU to the SuperLink.  Without autogroup there is no
+    such file and the process's own niceness (``nice -n``) is all there is.
+    """
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
+    except OSError:
+        pass
 
 
 def run_config_toml(run_config: Mapping[str, object]) -> str:

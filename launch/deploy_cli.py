@@ -39,6 +39,17 @@ EPILOG = """examples:
 """
 
 
+def _niceness(text: str) -> int:
+    """``--node-nice``: an integer 0-19 (a negative niceness needs privileges)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= 19:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a niceness from 0 to 19")
+    return n
+
+
 def add_parser(sub: Any) -> None:
     """Register ``fedsys deploy`` and its actions on the top-level subparsers."""
     d = sub.add_parser(
@@ -64,10 +75,10 @@ def add_parser(sub: Any) -> None:
     up.add_argument("--data-dir", default="", help="data-dir in every SuperNode's node config")
     up.add_argument("--gpus", default="",
                     help="CUDA device ids dealt round robin to the SuperNodes, e.g. 0,1")
-    up.add_argument("--node-nice", type=int, default=10, metavar="N",
-                    help="niceness of the SuperNodes and the ClientApps they start (default "
-                    "10; 0: normal priority): with more nodes than cores it leaves the "
-                    "SuperLink the CPU it needs to store their replies")
+    up.add_argument("--node-nice", type=_niceness, default=19, metavar="N",
+                    help="niceness 0-19 of the SuperNodes and the ClientApps they start "
+                    "(default 19; 0: normal priority): with more nodes than cores it leaves "
+                    "the SuperLink the CPU it needs to answer them")
     up.add_argument("--wait", type=float, default=120.0,
                     help="seconds to wait for all SuperNodes to come online")
     with_dir(up)

@@ -123,6 +123,10 @@ def test_deployment_uses_tls_and_registered_nodes(dep: LocalDeployment) -> None:
     for name in dep.names():
         want = mine if name in (SUPERLINK, SERVER_EXEC) else min(mine + dep.node_nice, 19)
         assert os.getpriority(os.PRIO_PROCESS, dep.components[name].pid) == want, name
+        group = Path(f"/proc/{dep.components[name].pid}/autogroup")
+        if group.exists():  # sessions share the CPU first: the niceness must be the group's
+            want_group = 0 if name in (SUPERLINK, SERVER_EXEC) else dep.node_nice
+            assert group.read_text().split()[-1] == str(want_group), (name, group.read_text())
 
 
 @pytest.mark.parametrize("strategy", PER_STRATEGY)

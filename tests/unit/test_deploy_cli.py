@@ -20,6 +20,7 @@ from launch.deploy import (
     Component,
     LocalDeployment,
     _alive,
+    _session_nice,
     _start_time,
     node_exec_name,
     node_name,
@@ -97,6 +98,25 @@ def test_down_stops_components_and_their_descendants(tmp_path: Path) -> None:
     assert not [q for q in pids if _alive(q)]
     p.wait(timeout=10)
     assert not LocalDeployment.load(tmp_path).is_running(SUPERLINK)
+
+
+def test_node_niceness_is_set_on_the_session_too(tmp_path: Path) -> None:
+    p = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        _session_nice(p.pid, 13)
+        group = Path(f"/proc/{p.pid}/autogroup")
+        if group.exists():  # Linux autogroup: sessions share the CPU first
+            assert group.read_text().split()[-1] == "13"
+    finally:
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.parametrize("bad", ["-1", "20", "x"])
+def test_node_nice_outside_0_to_19_is_refused(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["deploy", "up", "--node-nice", bad])
+    assert e.value.code == 2 and "not a niceness from 0 to 19" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not (shutil.which("openssl") and shutil.which("ssh-keygen")),
