@@ -106,8 +106,8 @@ def records(cfg: Any) -> list[dict[str, Any]]:
     return metrics.read_jsonl(cfg.run_dir / "fedavg" / "metrics.jsonl")
 
 
-def load_case(tmp: Path, n: int, rounds: int) -> dict[str, Any]:
-    dep = LocalDeployment(tmp / f"deploy-{n}", num_nodes=n)
+def load_case(tmp: Path, n: int, rounds: int, nice: int) -> dict[str, Any]:
+    dep = LocalDeployment(tmp / f"deploy-{n}", num_nodes=n, node_nice=nice)
     t0 = time.monotonic()
     dep.up(wait=900)
     up_s = time.monotonic() - t0
@@ -166,10 +166,10 @@ def finish(proc: Any, timeout: float = 1800) -> int:
         raise
 
 
-def faults(tmp: Path, n: int = 10, rounds: int = 7) -> list[str]:
+def faults(tmp: Path, nice: int, n: int = 10, rounds: int = 7) -> list[str]:
     import torch
 
-    dep = LocalDeployment(tmp / "deploy-faults", num_nodes=n)
+    dep = LocalDeployment(tmp / "deploy-faults", num_nodes=n, node_nice=nice)
     dep.up(wait=600)
     lines = []
     try:
@@ -237,6 +237,10 @@ def main() -> None:
     ap.add_argument("--keep", metavar="DIR", default="",
                     help="work in DIR and keep it (deployments' logs, runs) instead of a "
                     "temporary directory")
+    ap.add_argument("--node-nice", type=int, default=19,
+                    help="niceness of the SuperNodes and their ClientApps (fedsys deploy up "
+                    "--node-nice): 19 leaves the SuperLink the CPU on a machine with far "
+                    "more nodes than cores")
     args = ap.parse_args()
     # SIGTERM unwinds like Ctrl-C, so every started deployment is taken down
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -244,12 +248,19 @@ def main() -> None:
             "(median after) | SuperLink MiB | server SuperExec MiB | per node MiB, mean | "
             "per node MiB, max | whole deployment GiB, peak | final acc |", "|---:" * 13 + "|"]
     fault_lines: list[str] = []
+    failed: list[int] = []
     with tempfile.TemporaryDirectory(prefix="fedsys-load-") as d:
         tmp = Path(args.keep or d)
         tmp.mkdir(parents=True, exist_ok=True)
         if args.part in ("load", "all"):
             for n in (int(x) for x in args.nodes.split(",")):
-                r = load_case(tmp, n, args.rounds)
+                try:
+                    r = load_case(tmp, n, args.rounds, args.node_nice)
+                except RuntimeError as e:  # recorded as it is; the other cases still run
+                    print(e, flush=True)
+                    failed.append(n)
+                    rows.append(f"| {n} | failed: " + str(e).splitlines()[0] + " |" + " |" * 11)
+                    continue
                 line = (f"| {r['n']} | {r['rounds']} | {len(r['lost'])} | {r['asked']} | "
                         f"{r['up_s']:.0f} | "
                         f"{r['first_s']:.1f} | {r['round_s']:.1f} | {r['superlink']:.0f} | "
@@ -258,22 +269,28 @@ def main() -> None:
                 print(line, flush=True)
                 rows.append(line)
         if args.part in ("faults", "all"):
-            fault_lines = faults(tmp)
-    if args.record:
+            fault_lines = faults(tmp, args.node_nice)
+    if args.record:  # each part replaces its own subsection, so the parts may run apart
         cmd = "python benchmarks/deploy_load.py " + " ".join(sys.argv[1:])
-        body = (f"Command: `{cmd}`  \nMachine: {platform.machine()}, {os.cpu_count()} cores, "
+        head = (f"Command: `{cmd}`  \nMachine: {platform.machine()}, {os.cpu_count()} cores, "
                 f"{time.strftime('%Y-%m-%d')}\n\n")
-        if len(rows) > 2:
-            body += ("FedAvg with every SuperNode in every round (Fashion-MNIST, the small CNN, "
-                     "10 local steps), peak proportional memory (PSS, shared pages split between the processes that map them) sampled from /proc every 0.5 s "
-                     "(a node: its SuperNode, SuperExec and ClientApp processes):\n\n"
-                     + "\n".join(rows) + "\n")
-        if fault_lines:
-            body += "\nFaults (10 SuperNodes):\n\n" + "\n".join(fault_lines) + "\n"
         doc = ROOT / "docs" / "performance.md"
-        doc.write_text(metrics.replace_subsection(doc.read_text(), "## Deployment load",
-                                                  "### SuperNodes against N", body))
+        text = doc.read_text()
+        if len(rows) > 2:
+            text = metrics.replace_subsection(text, "## Deployment load", "### SuperNodes against N", head + (
+                "FedAvg with every SuperNode in every round (Fashion-MNIST, the small CNN, "
+                f"10 local steps), SuperNodes and ClientApps at niceness {args.node_nice}, "
+                "peak proportional memory (PSS, shared pages split between the processes "
+                "that map them) sampled from /proc every 0.5 s "
+                "(a node: its SuperNode, SuperExec and ClientApp processes):\n\n"
+                + "\n".join(rows) + "\n"))
+        if fault_lines:
+            text = metrics.replace_subsection(text, "## Deployment load", "### Faults (10 SuperNodes)",
+                                              head + "\n".join(fault_lines) + "\n")
+        doc.write_text(text)
         print(f"recorded in {doc}")
+    if failed:
+        sys.exit(f"deploy_load: the run with {failed} SuperNodes failed (above)")
 
 
 if __name__ == "__main__":

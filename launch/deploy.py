@@ -116,14 +116,17 @@ class LocalDeployment:
         (``CUDA_VISIBLE_DEVICES``); empty leaves the environment as it is.
     node_nice : int
         Scheduling niceness of the SuperNodes and their SuperExecs, and so of the
-        ClientApps they start (0: normal priority), set both on the process and on its
+        ClientApps they start (default 0: normal priority; 19 for tens of nodes on a
+        machine given to the deployment), set both on the process and on its
         session's scheduling group (Linux's autogroup, where a process's own niceness
         counts only against its own session: ``nice -n`` alone left 30 nodes level with
         the SuperLink).  With more nodes than cores the nodes' training takes the CPU the
         SuperLink needs to answer them: at 30 nodes on 2 cores its queue for the database
         lock passed the SuperNodes' 30 s request timeout (replies dropped), and the
         ServerApp's heartbeats went unanswered for a minute, so the SuperLink failed the
-        run.  The SuperLink and the server SuperExec keep the caller's niceness.
+        run.  The SuperLink and the server SuperExec keep the caller's niceness.  Not
+        the default: niced nodes wait for every other busy process on the machine (3
+        nodes at 10 beside two training runs answered nothing in 600 s).
     """
 
     root: Path
@@ -133,7 +136,7 @@ class LocalDeployment:
     auth: bool = False
     port: int = 0
     gpus: str = ""
-    node_nice: int = 19
+    node_nice: int = 0
     node_ports: list[int] = field(default_factory=list)
     components: dict[str, Component] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)

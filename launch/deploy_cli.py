@@ -75,10 +75,11 @@ def add_parser(sub: Any) -> None:
     up.add_argument("--data-dir", default="", help="data-dir in every SuperNode's node config")
     up.add_argument("--gpus", default="",
                     help="CUDA device ids dealt round robin to the SuperNodes, e.g. 0,1")
-    up.add_argument("--node-nice", type=_niceness, default=19, metavar="N",
+    up.add_argument("--node-nice", type=_niceness, default=0, metavar="N",
                     help="niceness 0-19 of the SuperNodes and the ClientApps they start "
-                    "(default 19; 0: normal priority): with more nodes than cores it leaves "
-                    "the SuperLink the CPU it needs to answer them")
+                    "(default 0): on a machine given to the deployment with far more nodes "
+                    "than cores, 19 leaves the SuperLink the CPU it needs to answer them; "
+                    "niced nodes wait for every other busy process")
     up.add_argument("--wait", type=float, default=120.0,
                     help="seconds to wait for all SuperNodes to come online")
     with_dir(up)
