@@ -7,7 +7,7 @@
 # Results: runs/fedcda-*/results.md; then python scripts/fedcda_report.py.
 # Usage: scripts/reproduce_fedcda.sh [dir0.3 dir0.1 dir0.5 shards2]
 # Across seeds (issue 17's headline rows): SEEDS=0,1,2 scripts/reproduce_fedcda.sh dir0.1 shards2
-#   runs every seed under runs/fedcda-<setting>-seeds/seed-<k>/ (resumable: run it again).
+#   runs every seed under runs/fedcda-seeds/<setting>/seed-<k>/ (resumable: run it again).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FEDSYS=${FEDSYS:-.venv/bin/fedsys}
@@ -16,7 +16,7 @@ settings=("$@")
 for s in "${settings[@]}"; do
   if [[ -n ${SEEDS:-} ]]; then
     $FEDSYS run "configs/fedcda-$s.yaml" --seeds "$SEEDS" --set resume=true \
-      --set name="fedcda-$s-seeds"
+      --set output-dir=runs/fedcda-seeds --set name="$s"
   else
     $FEDSYS run "configs/fedcda-$s.yaml"
   fi

@@ -13,7 +13,7 @@
 #   scripts/reproduce_ima.sh dir0.3      # Dirichlet(0.3)
 # About 30 minutes per partition on 2 idle CPU cores.  Then: python scripts/ima_report.py
 # Across seeds (issue 17's headline rows): SEEDS=0,1,2 scripts/reproduce_ima.sh shards2 runs
-# the same three commands once per seed under runs/ima-<partition>-seeds[-fedavg|-fedprox]/
+# the same three commands once per seed under runs/ima-seeds/<partition>[-fedavg|-fedprox]/
 # seed-<k>/ (each seed branching from its own round-75 checkpoint; resumable: run it again),
 # without the plane.
 set -euo pipefail
@@ -30,9 +30,9 @@ run=ima-$part
 keep=(--set save-models=global --set save-models-from=95)  # late global models, for the plane
 src=runs/$run
 if [[ -n ${SEEDS:-} ]]; then
-  run=ima-$part-seeds
-  keep=(--seeds "$SEEDS" --set resume=true)
-  src=runs/$run/seed-{seed}
+  run=$part
+  keep=(--seeds "$SEEDS" --set resume=true --set output-dir=runs/ima-seeds)
+  src=runs/ima-seeds/$run/seed-{seed}
 fi
 # the two IMA runs, full length, keeping their round-75 checkpoints
 $FEDSYS run $CFG "${split[@]}" "${keep[@]}" --set name=$run --set keep-checkpoint=75 \
