@@ -1,5 +1,6 @@
 """Tables and curves across seeds for docs/results/<method>.md, from the runs of
-scripts/reproduce_<method>.sh (FedELMY, LSS).
+scripts/reproduce_<method>.sh (FedELMY, LSS) and scripts/reproduce_seeds.sh (FedCDA's
+local-training regimes, the headline rows of FedCDA, FedCross and IMA, FedCross's horizon).
 
 Reads ``runs/<method>/<setting>/seed-<k>/<strategy>/metrics.jsonl`` of finished runs,
 copies each to ``docs/results/data/<method>-<setting>-s<k>-<strategy>.jsonl`` (``runs/``
@@ -11,7 +12,11 @@ curves (mean across seeds, min-max band).
 
 Usage::
 
-    python scripts/seeds_report.py fedelmy|lss [--runs runs/<method>] [--out docs/results]
+    python scripts/seeds_report.py fedelmy|lss|fedcda-regime|fedcda-seeds|fedcross-seeds|ima-seeds
+                                   [--runs runs/<method>] [--out docs/results]
+
+A method's section goes to ``docs/results/<doc>.md`` under ``<section>`` (default: the
+method's own page, "## Measured (generated)").
 """
 
 from __future__ import annotations
@@ -93,7 +98,59 @@ METHODS: dict[str, dict[str, Any]] = {
         },
         "xlabel": "round",
     },
+    "fedcda-regime": {
+        "points": ["final", "last10"],
+        "doc": "fedcda", "section": "## Local-training regime (generated)",
+        "settings": {f"dir{a}-{r}": f"Dirichlet {a}, {t}" for a in ("0.5", "0.3") for r, t in (
+            ("m1e-4-e1", "momentum 1e-4, E = 1 (the preset), warmup 15"),
+            ("m0.9-e1", "momentum 0.9, E = 1, warmup 20"),
+            ("m0.9-e2", "momentum 0.9, E = 2, warmup 20"))},
+        "names": {"fedavg": "FedAvg", "fedcda": "FedCDA"},
+        # the mechanism (issue 17): over rounds 31-60, after every regime's warmup
+        "means": {"fedcda-fresh-fraction": "share of the mean trained this round",
+                  "global-step": "global model's step (L2)"},
+        "means_from": 31,
+        "paired": "fedavg",
+        "xlabel": "round",
+        "config": "configs/fedcda-dir0.5.yaml + scripts/regime_fedcda.sh",
+    },
+    "fedcda-seeds": {
+        "points": ["final", "last10"],
+        "doc": "fedcda", "section": "## Across seeds (generated)",
+        "settings": {"dir0.1": "Dirichlet 0.1", "shards2": "2 label shards per client"},
+        "names": {"fedavg": "FedAvg", "fedcda": "FedCDA"},
+        "paired": "fedavg",
+        "xlabel": "round",
+    },
+    "fedcross-seeds": {
+        "points": ["final", "last10"],
+        "doc": "fedcross", "section": "## Across seeds (generated)",
+        "settings": {"dir0.1": "Dirichlet 0.1, 100 rounds",
+                     "horizon": "Dirichlet 0.5, 300 rounds (the horizon)"},
+        "names": {"fedavg": "FedAvg", "fedprox": "FedProx", "fedcross": "FedCross (alpha 0.99)",
+                  "fedcross-alpha-0.9": "FedCross (alpha 0.9)"},
+        "means": {"fedcross-slot-spread": "slot spread"},
+        "means_from": 1,
+        "paired": "fedavg",
+        "xlabel": "round",
+        "config": "configs/fedcross-fmnist.yaml + scripts/reproduce_fedcross.sh",
+    },
+    "ima-seeds": {
+        "points": ["final", "last10"],
+        "doc": "ima", "section": "## Across seeds (generated)",
+        "settings": {"shards2": "2 label shards, IMA runs", "shards2-fedavg": "2 label shards, FedAvg and the control (branched at round 75)",
+                     "shards2-fedprox": "2 label shards, FedProx (branched at round 75)",
+                     "dir0.3": "Dirichlet 0.3, IMA runs", "dir0.3-fedavg": "Dirichlet 0.3, FedAvg and the control (branched at round 75)",
+                     "dir0.3-fedprox": "Dirichlet 0.3, FedProx (branched at round 75)"},
+        "names": {"ima-base-fedavg": "FedAvg + IMA", "ima-base-fedprox": "FedProx + IMA",
+                  "ima-base-fedavg-average-false-lr-decay-0.99": "FedAvg",
+                  "ima-base-fedavg-average-false": "same decay, no averaging (control)",
+                  "ima-base-fedprox-average-false-lr-decay-0.99": "FedProx"},
+        "xlabel": "round",
+        "config": "configs/ima-fmnist.yaml + scripts/reproduce_ima.sh",
+    },
 }
+HEADS = {"final": "final", "last10": "last-10 mean"}
 SETTINGS: dict[str, str] = {}
 NAMES: dict[str, str] = {}
 METHOD: list[str] = [""]
@@ -118,12 +175,15 @@ def collect(runs: Path, data: Path) -> Runs:
 
 
 def at(recs: list[dict[str, Any]], point: int | str, key: str = "accuracy") -> float | None:
-    """``key`` after round ``point`` (``"final"``: the last evaluated), in %."""
+    """``key`` after round ``point`` (``"final"``: the last evaluated; ``"last10"``: the
+    mean of the last 10 evaluated), in %."""
     vals = [(int(r["round"]), r[key]) for r in recs if key in r and r["round"] > 0]
     if not vals:
         return None
     if point == "final":
         return 100 * float(vals[-1][1])
+    if point == "last10":
+        return 100 * statistics.mean(float(v) for _, v in vals[-10:])
     hit = [v for rnd, v in vals if rnd == point]
     return 100 * float(hit[0]) if hit else None
 
@@ -144,7 +204,7 @@ def stat(values: list[float]) -> str:
 
 def table(runs: Runs, setting: str, points: list[int | str], key: str = "accuracy") -> str:
     """One setting's strategies: mean ± std across seeds at each point, each seed's value."""
-    heads = ["final" if p == "final" else f"after round {p}" for p in points]
+    heads = [HEADS.get(str(p), f"after round {p}") for p in points]
     rows = ["| method | " + " | ".join(f"{h} %, mean ± std" for h in heads) + " | per seed | rounds |",
             "|---|" + "---:|" * len(points) + "---|---:|"]
     for strategy, seeds in runs.get(setting, {}).items():
@@ -163,7 +223,7 @@ def paired(runs: Runs, points: list[int | str], base: str,
     """Each method minus ``base`` of the same seed (same partition, start and draws) in
     the baseline's setting (``groups``: baseline setting -> settings compared with it),
     mean ± std of the per-seed differences, in points."""
-    heads = ["final" if p == "final" else f"round {p}" for p in points]
+    heads = [HEADS.get(str(p), f"round {p}") for p in points]
     rows = [f"### Paired differences against {NAMES.get(base, base)}, same seed\n",
             "Each method's accuracy minus the baseline's on the same seed and start, in "
             "points (mean ± std of the per-seed differences; the seed moves both together, "
@@ -186,9 +246,28 @@ def paired(runs: Runs, points: list[int | str], base: str,
     return "\n".join(rows) + "\n"
 
 
-def curves(runs: Runs, setting: str, path: Path, title: str) -> Path:
-    """Accuracy after every hop (chains) and after the parallel round, mean across
-    seeds with a min-max band."""
+def means(runs: Runs, setting: str, keys: dict[str, str], first: int) -> str:
+    """Round metrics averaged over rounds ``first`` onwards, per seed, then mean ± std
+    across seeds."""
+    rows = ["| method | " + " | ".join(f"{v}, mean of rounds {first}+" for v in keys.values())
+            + " |", "|---|" + "---:|" * len(keys)]
+    for strategy, seeds in runs.get(setting, {}).items():
+        cells = []
+        for k in keys:
+            per = [statistics.mean(float(r[k]) for r in recs if r["round"] >= first and k in r)
+                   for recs in seeds.values()
+                   if any(r["round"] >= first and k in r for r in recs)]
+            cells.append(f"{statistics.mean(per):.4g} ± "
+                         f"{statistics.stdev(per) if len(per) > 1 else 0.0:.2g} (n={len(per)})"
+                         if per else "-")
+        rows.append(f"| {NAMES.get(strategy, strategy)} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def curves(runs: Runs, setting: str, path: Path, title: str, key: str = "accuracy",
+           ylabel: str = "test accuracy (%)", scale: float = 100.0) -> Path:
+    """``key`` (accuracy: after every hop of a chain and after the parallel round) per
+    round, mean across seeds with a min-max band."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -197,8 +276,7 @@ def curves(runs: Runs, setting: str, path: Path, title: str) -> Path:
 
     fig, ax = plt.subplots(figsize=(7.5, 4.4))
     for strategy, seeds in runs.get(setting, {}).items():
-        series = [[100 * float(r["accuracy"]) for r in recs if "accuracy" in r]
-                  for recs in seeds.values()]
+        series = [[scale * float(r[key]) for r in recs if key in r] for recs in seeds.values()]
         n = min(len(s) for s in series)
         if n < 2:
             continue
@@ -208,7 +286,7 @@ def curves(runs: Runs, setting: str, path: Path, title: str) -> Path:
                        f"({len(series)} seeds)", marker="o" if n <= 3 else None)[0]
         ax.fill_between(xs, arr.min(0), arr.max(0), color=line.get_color(), alpha=0.15)
     ax.set_xlabel(METHODS[METHOD[0]]["xlabel"])
-    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -237,8 +315,17 @@ def main() -> None:
     for setting, title in SETTINGS.items():
         if setting not in runs:
             continue
-        parts.append(f"### {title} (`configs/{args.method}-{setting}.yaml`)\n\n"
+        source = spec.get("config", f"configs/{args.method}-{setting}.yaml")
+        parts.append(f"### {title} (`{source}`)\n\n"
                      f"{table(runs, setting, spec['points'])}\n")
+        if "means" in spec:
+            parts.append(means(runs, setting, spec["means"], spec["means_from"]) + "\n")
+            for k, label in spec["means"].items():
+                if any(k in r for seeds in runs[setting].values() for recs in seeds.values()
+                       for r in recs):
+                    png = curves(runs, setting, out / f"{args.method}-{setting}-{k}.png",
+                                 f"{title}: {label}", key=k, ylabel=label, scale=1.0)
+                    parts.append(f"![{title}: {label}]({png.name})\n")
         doms = sorted({k for seeds in runs[setting].values() for recs in seeds.values()
                        for k in recs[-1] if k.startswith("accuracy-domain-")})
         if doms:
@@ -255,10 +342,13 @@ def main() -> None:
     if "baseline" in spec:
         base, groups = spec["baseline"]
         parts.append(paired(runs, spec["points"], base, groups))
+    if "paired" in spec:  # against the baseline of the same setting and seed
+        parts.append(paired(runs, spec["points"], spec["paired"], {s: (s,) for s in runs}))
     body = "\n".join(parts) or "(no runs yet)\n"
-    doc = out / f"{args.method}.md"
+    doc = out / f"{spec.get('doc', args.method)}.md"
     text = doc.read_text() if doc.exists() else f"# {args.method}\n"
-    doc.write_text(metrics.replace_section(text, "## Measured (generated)", "\n" + body))
+    doc.write_text(metrics.replace_section(text, spec.get("section", "## Measured (generated)"),
+                                           "\n" + body))
     print(body)
     print(f"written: {doc}")
 
