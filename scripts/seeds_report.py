@@ -33,6 +33,15 @@ sys.path.insert(0, str(ROOT))
 
 from fedsys import metrics  # noqa: E402
 
+
+def across_seeds(doc: str, section: str, settings: dict[str, str], names: dict[str, str],
+                 **extra: Any) -> dict[str, Any]:
+    """A round-based method's entry: final and last-10 accuracy per seed, into the
+    section ``section`` of docs/results/``doc``.md."""
+    return {"points": ["final", "last10"], "doc": doc, "section": section,
+            "settings": settings, "names": names, "xlabel": "round", **extra}
+
+
 METHODS: dict[str, dict[str, Any]] = {
     "fedelmy": {
         "points": ["final"],
@@ -98,57 +107,40 @@ METHODS: dict[str, dict[str, Any]] = {
         },
         "xlabel": "round",
     },
-    "fedcda-regime": {
-        "points": ["final", "last10"],
-        "doc": "fedcda", "section": "## Local-training regime (generated)",
-        "settings": {f"dir{a}-{r}": f"Dirichlet {a}, {t}" for a in ("0.5", "0.3") for r, t in (
+    "fedcda-regime": across_seeds(
+        "fedcda", "## Local-training regime (generated)",
+        {f"dir{a}-{r}": f"Dirichlet {a}, {t}" for a in ("0.5", "0.3") for r, t in (
             ("m1e-4-e1", "momentum 1e-4, E = 1 (the preset), warmup 15"),
             ("m0.9-e1", "momentum 0.9, E = 1, warmup 20"),
             ("m0.9-e2", "momentum 0.9, E = 2, warmup 20"))},
-        "names": {"fedavg": "FedAvg", "fedcda": "FedCDA"},
+        {"fedavg": "FedAvg", "fedcda": "FedCDA"},
         # the mechanism (issue 17): over rounds 31-60, after every regime's warmup
-        "means": {"fedcda-fresh-fraction": "share of the mean trained this round",
-                  "global-step": "global model's step (L2)"},
-        "means_from": 31,
-        "paired": "fedavg",
-        "xlabel": "round",
-        "config": "configs/fedcda-dir0.5.yaml + scripts/regime_fedcda.sh",
-    },
-    "fedcda-seeds": {
-        "points": ["final", "last10"],
-        "doc": "fedcda", "section": "## Across seeds (generated)",
-        "settings": {"dir0.1": "Dirichlet 0.1", "shards2": "2 label shards per client"},
-        "names": {"fedavg": "FedAvg", "fedcda": "FedCDA"},
-        "paired": "fedavg",
-        "xlabel": "round",
-    },
-    "fedcross-seeds": {
-        "points": ["final", "last10"],
-        "doc": "fedcross", "section": "## Across seeds (generated)",
-        "settings": {"dir0.1": "Dirichlet 0.1, 100 rounds",
-                     "horizon": "Dirichlet 0.5, 300 rounds (the horizon)"},
-        "names": {"fedavg": "FedAvg", "fedprox": "FedProx", "fedcross": "FedCross (alpha 0.99)",
-                  "fedcross-alpha-0.9": "FedCross (alpha 0.9)"},
-        "means": {"fedcross-slot-spread": "slot spread"},
-        "means_from": 1,
-        "paired": "fedavg",
-        "xlabel": "round",
-        "config": "configs/fedcross-fmnist.yaml + scripts/reproduce_fedcross.sh",
-    },
-    "ima-seeds": {
-        "points": ["final", "last10"],
-        "doc": "ima", "section": "## Across seeds (generated)",
-        "settings": {"shards2": "2 label shards, IMA runs", "shards2-fedavg": "2 label shards, FedAvg and the control (branched at round 75)",
-                     "shards2-fedprox": "2 label shards, FedProx (branched at round 75)",
-                     "dir0.3": "Dirichlet 0.3, IMA runs", "dir0.3-fedavg": "Dirichlet 0.3, FedAvg and the control (branched at round 75)",
-                     "dir0.3-fedprox": "Dirichlet 0.3, FedProx (branched at round 75)"},
-        "names": {"ima-base-fedavg": "FedAvg + IMA", "ima-base-fedprox": "FedProx + IMA",
-                  "ima-base-fedavg-average-false-lr-decay-0.99": "FedAvg",
-                  "ima-base-fedavg-average-false": "same decay, no averaging (control)",
-                  "ima-base-fedprox-average-false-lr-decay-0.99": "FedProx"},
-        "xlabel": "round",
-        "config": "configs/ima-fmnist.yaml + scripts/reproduce_ima.sh",
-    },
+        means={"fedcda-fresh-fraction": "share of the mean trained this round",
+               "global-step": "global model's step (L2)"},
+        means_from=31, paired="fedavg",
+        config="configs/fedcda-dir0.5.yaml + scripts/regime_fedcda.sh"),
+    "fedcda-seeds": across_seeds(
+        "fedcda", "## Across seeds (generated)",
+        {"dir0.1": "Dirichlet 0.1", "shards2": "2 label shards per client"},
+        {"fedavg": "FedAvg", "fedcda": "FedCDA"}, paired="fedavg"),
+    "fedcross-seeds": across_seeds(
+        "fedcross", "## Across seeds (generated)",
+        {"dir0.1": "Dirichlet 0.1, 100 rounds", "horizon": "Dirichlet 0.5, 300 rounds (the horizon)"},
+        {"fedavg": "FedAvg", "fedprox": "FedProx", "fedcross": "FedCross (alpha 0.99)",
+         "fedcross-alpha-0.9": "FedCross (alpha 0.9)"},
+        means={"fedcross-slot-spread": "slot spread"}, means_from=1, paired="fedavg",
+        config="configs/fedcross-fmnist.yaml + scripts/reproduce_fedcross.sh"),
+    "ima-seeds": across_seeds(
+        "ima", "## Across seeds (generated)",
+        {f"{part}{run}": f"{title}, {what}" for part, title in (
+            ("shards2", "2 label shards"), ("dir0.3", "Dirichlet 0.3")) for run, what in (
+            ("", "IMA runs"), ("-fedavg", "FedAvg and the control (branched at round 75)"),
+            ("-fedprox", "FedProx (branched at round 75)"))},
+        {"ima-base-fedavg": "FedAvg + IMA", "ima-base-fedprox": "FedProx + IMA",
+         "ima-base-fedavg-average-false-lr-decay-0.99": "FedAvg",
+         "ima-base-fedavg-average-false": "same decay, no averaging (control)",
+         "ima-base-fedprox-average-false-lr-decay-0.99": "FedProx"},
+        config="configs/ima-fmnist.yaml + scripts/reproduce_ima.sh"),
 }
 HEADS = {"final": "final", "last10": "last-10 mean"}
 SETTINGS: dict[str, str] = {}
