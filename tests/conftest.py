@@ -177,3 +177,21 @@ class FedsysCLI:
 def fedsys_cli(tmp_path: Path) -> FedsysCLI:
     """:class:`FedsysCLI` in the test's directory, with ``tests/integration`` importable."""
     return FedsysCLI(tmp_path, Path(__file__).resolve().parent / "integration")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test that used a deployment (a ``dep`` fixture, ``launch.deploy.
+    LocalDeployment``) reports the end of every component's log beside its traceback:
+    a deployment's temporary directory is gone by the time CI shows the failure."""
+    outcome = yield
+    rep = outcome.get_result()
+    dep = getattr(item, "funcargs", {}).get("dep")
+    if rep.when != "call" or not rep.failed or dep is None or not hasattr(dep, "log_file"):
+        return
+    logs = sorted((dep.root / "logs").glob("*.log")) if (dep.root / "logs").is_dir() else []
+    for path in logs:
+        if path.name.startswith("flwr-run-"):
+            continue
+        text = path.read_text(errors="replace")[-2500:]
+        rep.sections.append((f"deployment log {path.name} (last 2500 characters)", text))
