@@ -8,8 +8,9 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -180,7 +181,8 @@ def fedsys_cli(tmp_path: Path) -> FedsysCLI:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
     """A failed test that used a deployment (a ``dep`` fixture, ``launch.deploy.
     LocalDeployment``) reports the end of every component's log beside its traceback:
     a deployment's temporary directory is gone by the time CI shows the failure."""
