@@ -272,6 +272,8 @@ class LocalDeployment:
         comp = Component(args, p.pid, _start_time(p.pid), extra)
         self.components[name] = comp
         self.save()
+        if name == SUPERLINK:  # a restart too: nothing can talk to it before it listens
+            wait_port(self.port)
         return comp
 
     def is_running(self, name: str) -> bool:
@@ -367,7 +369,6 @@ class LocalDeployment:
                 secret.write_bytes(os.urandom(32).hex().encode())
         self.write_connection()
         self.start(SUPERLINK)
-        wait_port(self.port)
         if self.auth:
             self._script("node-keys.sh", "-d", str(self.root / "keys"), "-r", CONNECTION,
                          *[node_name(i) for i in range(self.num_nodes)])
