@@ -239,7 +239,9 @@ class LocalDeployment:
             if self.data_dir:
                 cfg += f' data-dir="{self.data_dir}"'
             auth = ["--auth-supernode-private-key", str(self.key_file(i))] if self.auth else []
-            return [_bin("flower-supernode"), *self._client_tls("--root-certificates"), *auth,
+            # Flower's flower-supernode with a wider ClientApp start window (launch/supernode.py)
+            return [sys.executable, "-m", "launch.supernode",
+                    *self._client_tls("--root-certificates"), *auth,
                     "--superlink", self.address, "--isolation", "process",
                     "--host", HOST, "--port", str(self.node_ports[i]),
                     "--node-config", cfg], {}

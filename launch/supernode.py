@@ -1,0 +1,95 @@
+"""``flower-supernode`` with a longer window for a ClientApp to start.
+
+In Flower 1.41 the SuperNode hands each message to its SuperExec as a task; the
+SuperExec claims it and starts a ``flwr-clientapp`` process, which must check in
+(activate the task) within ``HEARTBEAT_DEFAULT_INTERVAL`` = 30 s of the claim.  A task
+not activated by then goes back to pending (``InMemoryCoreState.
+_cleanup_expired_task_tokens_locked``), the SuperExec claims it again and starts a
+second ClientApp, and the first one is left running.  A ClientApp that needs longer
+than 30 s to import torch and Flower (many nodes on few cores, or a machine busy with
+something else) so starts another and another, each slowing the others further:
+measured, 30 SuperNodes on 2 cores held 375 ClientApp processes and used up the
+machine's 23 GiB within two minutes of the first round (``benchmarks/deploy_load.py``),
+and a node caught in this never replies again (its SuperNode waits for the reply of
+the task it handed out).
+
+This entry point widens only that start window, to ``FEDSYS_CLIENTAPP_START_S``
+seconds (default 300): a claimed task waits that long for its ClientApp, so there is
+one ClientApp per message.  The heartbeats of a running ClientApp keep Flower's
+timing (a crashed ClientApp is still noticed after two missed 30 s heartbeats); only a
+ClientApp that dies before it checks in now holds its message for the whole window
+instead of 30 s.  Then it runs Flower's own ``flower-supernode`` with the same
+arguments.
+
+Used by ``fedsys deploy`` (:mod:`launch.deploy`) as ``python -m launch.supernode``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+
+from flwr.supercore.corestate.in_memory_corestate import InMemoryCoreState
+from flwr.supercore.date import now
+from flwr.supernode.cli import flower_supernode
+
+ENV = "FEDSYS_CLIENTAPP_START_S"
+DEFAULT_S = 300.0
+
+
+def start_window_s(environ: dict[str, str] | os._Environ[str] = os.environ) -> float:
+    """The start window to set, from ``FEDSYS_CLIENTAPP_START_S`` (a positive, finite number of seconds)
+    or :data:`DEFAULT_S`."""
+    text = environ.get(ENV, "")
+    if not text:
+        return DEFAULT_S
+    try:
+        s = float(text)
+    except ValueError:
+        s = 0.0
+    if not (s > 0 and math.isfinite(s)):
+        raise SystemExit(f"{ENV}={text!r}: give a positive number of seconds")
+    return s
+
+
+def with_start_window(claim: Callable[[InMemoryCoreState, int], str | None],
+                      seconds: float) -> Callable[[InMemoryCoreState, int], str | None]:
+    """``claim_task`` whose claimed task waits ``seconds`` (at least Flower's own
+    window) for its ClientApp to activate it."""
+
+    def claim_task(self: InMemoryCoreState, task_id: int) -> str | None:
+        token = claim(self, task_id)
+        if token is not None:
+            with self.lock_task_store:
+                record = self.task_token_store.get(task_id)
+                if record is not None and record.token == token:
+                    record.active_until = max(record.active_until,
+                                              now() + timedelta(seconds=seconds))
+        return token
+
+    claim_task.__doc__ = claim.__doc__
+    return claim_task
+
+
+def apply(seconds: float) -> None:
+    """Give every task the SuperNode hands out from now on ``seconds`` to start."""
+    if not callable(getattr(InMemoryCoreState, "claim_task", None)):
+        raise SystemExit("flwr.supercore.corestate.in_memory_corestate.InMemoryCoreState has "
+                         "no claim_task: this Flower release is not the one "
+                         "launch/supernode.py knows")
+    InMemoryCoreState.claim_task = with_start_window(  # type: ignore[method-assign,assignment]
+        InMemoryCoreState.claim_task, seconds)
+
+
+def main() -> None:
+    """Set the start window, then hand over to Flower's ``flower-supernode``."""
+    apply(start_window_s())
+    sys.argv[0] = "flower-supernode"
+    flower_supernode()
+
+
+if __name__ == "__main__":
+    main()
