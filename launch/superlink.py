@@ -14,6 +14,11 @@ this entry point sets the busy timeout to ``FEDSYS_SQLITE_BUSY_TIMEOUT_MS`` (def
 request timeout and some replies are still dropped, which the SuperLink then reports as
 lost and the ServerApp asks for again (``transport-retries``, strategies/base.py).
 
+It also gives the ServerApp the same start window as :mod:`launch.supernode` gives a
+ClientApp (``FEDSYS_CLIENTAPP_START_S``, default 300 s instead of Flower's 30 s): a
+``flwr-serverapp`` that has not checked in 30 s after its run's task was claimed is
+otherwise started a second time beside the first, two ServerApps then driving one run.
+
 Used by ``fedsys deploy`` (:mod:`launch.deploy`) as ``python -m launch.superlink``.
 """
 
@@ -21,9 +26,19 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from datetime import timedelta
 
+from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL
 from flwr.supercore import sql_mixin
+from flwr.supercore.corestate.sql_corestate import SqlCoreState
+from flwr.supercore.date import now
+from flwr.supercore.state.schema.corestate_models import Task as TaskModel
+from flwr.supercore.utils import uint64_to_int64
 from flwr.superlink.cli import flower_superlink
+from sqlalchemy import update
+
+from launch.supernode import start_window_s
 
 ENV = "FEDSYS_SQLITE_BUSY_TIMEOUT_MS"
 DEFAULT_MS = 120_000
@@ -62,9 +77,37 @@ def apply(ms: int) -> None:
     setattr(sql_mixin, PRAGMAS, with_busy_timeout(getattr(sql_mixin, PRAGMAS, ()), ms))
 
 
+def with_start_window(claim: Callable[[SqlCoreState, int], str | None],
+                      seconds: float) -> Callable[[SqlCoreState, int], str | None]:
+    """``claim_task`` of the SuperLink's SQL state whose claimed task waits ``seconds``
+    (at least Flower's own 30 s) for its app process to check in."""
+
+    def claim_task(self: SqlCoreState, task_id: int) -> str | None:
+        token = claim(self, task_id)
+        if token is not None:
+            until = now() + timedelta(seconds=max(seconds, HEARTBEAT_DEFAULT_INTERVAL))
+            with self.session() as session:
+                session.execute(update(TaskModel)
+                                .where(TaskModel.task_id == uint64_to_int64(task_id),
+                                       TaskModel.token == token)
+                                .values(active_until=until))
+        return token
+
+    claim_task.__doc__ = claim.__doc__
+    return claim_task
+
+
+def apply_start_window(seconds: float) -> None:
+    """Give every task the SuperLink hands out from now on ``seconds`` to start."""
+    SqlCoreState.claim_task = with_start_window(  # type: ignore[method-assign,assignment]
+        SqlCoreState.claim_task, seconds)
+
+
 def main() -> None:
-    """Set the busy timeout, then hand over to Flower's ``flower-superlink``."""
+    """Set the busy timeout and the start window, then hand over to Flower's
+    ``flower-superlink``."""
     apply(busy_timeout_ms())
+    apply_start_window(start_window_s())
     sys.argv[0] = "flower-superlink"
     flower_superlink()
 

@@ -1,13 +1,22 @@
-"""launch/superlink.py: Flower's SuperLink with a longer SQLite busy timeout."""
+"""launch/superlink.py: Flower's SuperLink with a longer SQLite busy timeout and a wider
+ServerApp start window."""
 
 from __future__ import annotations
 
 import sqlite3
 import subprocess
 import sys
+from datetime import UTC
 
 import pytest
 from flwr.supercore import sql_mixin
+from flwr.supercore.constant import TaskType
+from flwr.supercore.corestate.sql_corestate import SqlCoreState
+from flwr.supercore.date import now
+from flwr.supercore.object_store import ObjectStoreFactory
+from flwr.supercore.state.schema.corestate_models import Task as TaskModel
+from flwr.supercore.utils import uint64_to_int64
+from sqlalchemy import select
 
 from launch import superlink
 
@@ -40,3 +49,36 @@ def test_it_is_flowers_superlink_with_its_arguments():
     out = subprocess.run([sys.executable, "-m", "launch.superlink", "--help"],
                          capture_output=True, text=True, timeout=120, check=True).stdout
     assert out.startswith("usage: flower-superlink") and "--database" in out
+
+
+class _State(SqlCoreState):
+    """Flower's SQL core state (the SuperLink's) without the link-only parts."""
+
+    def get_node_id(self) -> int:  # pragma: no cover - not used
+        raise NotImplementedError
+
+    def store_message_and_object_tree(self, *a, **k):  # pragma: no cover - not used
+        raise NotImplementedError
+
+
+def _claimed_window_s(tmp_path, name: str) -> float:
+    """Seconds a freshly claimed ServerApp task may wait for its process to check in."""
+    state = _State(str(tmp_path / name), ObjectStoreFactory().store())
+    state.initialize()
+    task_id = state.create_task(task_type=TaskType.SERVER_APP, run_id=1, fab_hash="f")
+    assert task_id is not None and state.claim_task(task_id) is not None
+    with state.session() as session:
+        until = session.scalar(select(TaskModel.active_until).where(
+            TaskModel.task_id == uint64_to_int64(task_id)))
+    if until.tzinfo is None:
+        until = until.replace(tzinfo=UTC)
+    return (until - now()).total_seconds()
+
+
+def test_a_claimed_serverapp_task_waits_the_start_window(monkeypatch, tmp_path):
+    monkeypatch.setattr(SqlCoreState, "claim_task", SqlCoreState.claim_task)
+    assert 25 < _claimed_window_s(tmp_path, "a.db") <= 30  # Flower 1.41's own
+    superlink.apply_start_window(300.0)
+    assert 295 < _claimed_window_s(tmp_path, "b.db") <= 300
+    superlink.apply_start_window(1.0)  # never below Flower's
+    assert 25 < _claimed_window_s(tmp_path, "c.db") <= 30
