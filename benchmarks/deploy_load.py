@@ -3,11 +3,12 @@
 deployment meets.
 
 Part ``load``: for each N, ``LocalDeployment.up`` starts everything, a FedAvg run with
-every node in every round (``clients-per-round = N``, Fashion-MNIST, the small CNN,
-``local-steps`` 10) is submitted through ``flwr run``, and while it runs the proportional memory (PSS)
+every node in every round (``clients-per-round = N``; ``--per-round K`` samples K of the N
+instead), Fashion-MNIST, the small CNN (``--model``), ``local-steps`` 10, is submitted
+through ``flwr run``, and while it runs the proportional memory (PSS)
 of the SuperLink and of every SuperNode (its SuperExec and the ClientApp
-processes included) is sampled from ``/proc``.  Checked: every round used all N replies
-(no reply lost, none refused).  Reported: the replies the SuperLink lost on the way that
+processes included) is sampled from ``/proc``.  Checked: every round used all the replies
+it asked for (no reply lost, none refused).  Reported: the replies the SuperLink lost on the way that
 the server asked for again (``transport-retries``), round time (median of the rounds
 after the first), peak SuperLink memory, mean and largest peak per node, the whole
 deployment's peak, against N.
@@ -94,10 +95,11 @@ class Sampler(threading.Thread):
             self.stop.wait(self.every)
 
 
-def config(tmp: Path, name: str, n: int, rounds: int, **extra: Any) -> Any:
+def config(tmp: Path, name: str, n: int, rounds: int, per_round: int = 0,
+           model: str = "fmnist-cnn", **extra: Any) -> Any:
     return build({"name": name, "output-dir": str(tmp / "runs"), "strategy": "fedavg",
-                  "num-clients": n, "clients-per-round": n, "num-server-rounds": rounds,
-                  "model": "fmnist-cnn", "local-steps": 10, "batch-size": 32,
+                  "num-clients": n, "clients-per-round": min(per_round or n, n),
+                  "num-server-rounds": rounds, "model": model, "local-steps": 10, "batch-size": 32,
                   "partition": "iid", "test-subset": 1000, "seed": 1,
                   "checkpoint-every": 1, **extra})
 
@@ -106,7 +108,8 @@ def records(cfg: Any) -> list[dict[str, Any]]:
     return metrics.read_jsonl(cfg.run_dir / "fedavg" / "metrics.jsonl")
 
 
-def load_case(tmp: Path, n: int, rounds: int, nice: int) -> dict[str, Any]:
+def load_case(tmp: Path, n: int, rounds: int, nice: int, per_round: int = 0,
+              model: str = "fmnist-cnn") -> dict[str, Any]:
     dep = LocalDeployment(tmp / f"deploy-{n}", num_nodes=n, node_nice=nice)
     t0 = time.monotonic()
     dep.up(wait=900)
@@ -115,7 +118,8 @@ def load_case(tmp: Path, n: int, rounds: int, nice: int) -> dict[str, Any]:
               **{f"node{i}": [node_name(i), node_exec_name(i)] for i in range(n)}}
     sampler = Sampler(dep, groups)
     sampler.start()
-    cfg = config(tmp, f"load-{n}", n, rounds)
+    cfg = config(tmp, f"load-{n}", n, rounds, per_round, model)
+    k = cfg.clients_per_round
     try:
         t0 = time.monotonic()
         out = dep.flwr_run(ROOT, cfg.to_dict(), timeout=3000)
@@ -130,12 +134,12 @@ def load_case(tmp: Path, n: int, rounds: int, nice: int) -> dict[str, Any]:
         raise RuntimeError(f"N = {n}: {len(recs)} of {rounds} rounds recorded; the run's "
                            f"output ends:\n{out[-3000:]}\nthe SuperLink's log ends:\n"
                            f"{link[-6000:]}")
-    lost = [r["round"] for r in recs if r["clients-ok"] != n or r["clients-rejected"] != 0]
+    lost = [r["round"] for r in recs if r["clients-ok"] != k or r["clients-rejected"] != 0]
     # replies the SuperLink lost on the way and the server asked for again (resend_lost)
     asked = sum(int(k) for k in re.findall(r"round \d+: (\d+) train replies lost on the way",
                                            out))
     nodes = [v for k, v in sampler.peak.items() if k.startswith("node")]
-    return {"n": n, "rounds": len(recs), "lost": lost, "asked": asked, "up_s": up_s,
+    return {"n": n, "k": k, "rounds": len(recs), "lost": lost, "asked": asked, "up_s": up_s,
             "run_s": run_s,
             "round_s": statistics.median(r["round-time"] for r in recs[1:] or recs),
             "first_s": recs[0]["round-time"], "superlink": sampler.peak[SUPERLINK],
@@ -232,6 +236,9 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", default="10,30", help="SuperNode counts of the load part")
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--per-round", type=int, default=0, metavar="K",
+                    help="SuperNodes trained per round (default 0: all N)")
+    ap.add_argument("--model", default="fmnist-cnn", help="model of the load runs")
     ap.add_argument("--part", choices=("load", "faults", "all"), default="all")
     ap.add_argument("--record", action="store_true", help="write docs/performance.md")
     ap.add_argument("--keep", metavar="DIR", default="",
@@ -244,9 +251,9 @@ def main() -> None:
     args = ap.parse_args()
     # SIGTERM unwinds like Ctrl-C, so every started deployment is taken down
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    rows = ["| SuperNodes | rounds | rounds short of a reply | replies asked again | start-up s | first round s | round s "
+    rows = ["| SuperNodes | trained per round | rounds | rounds short of a reply | replies asked again | start-up s | first round s | round s "
             "(median after) | SuperLink MiB | server SuperExec MiB | per node MiB, mean | "
-            "per node MiB, max | whole deployment GiB, peak | final acc |", "|---:" * 13 + "|"]
+            "per node MiB, max | whole deployment GiB, peak | final acc |", "|---:" * 14 + "|"]
     fault_lines: list[str] = []
     failed: list[int] = []
     with tempfile.TemporaryDirectory(prefix="fedsys-load-") as d:
@@ -255,13 +262,15 @@ def main() -> None:
         if args.part in ("load", "all"):
             for n in (int(x) for x in args.nodes.split(",")):
                 try:
-                    r = load_case(tmp, n, args.rounds, args.node_nice)
+                    r = load_case(tmp, n, args.rounds, args.node_nice, args.per_round,
+                                  args.model)
                 except RuntimeError as e:  # recorded as it is; the other cases still run
                     print(e, flush=True)
                     failed.append(n)
-                    rows.append(f"| {n} | failed: " + str(e).splitlines()[0] + " |" + " |" * 11)
+                    rows.append(f"| {n} | {args.per_round or n} | failed: "
+                                + str(e).splitlines()[0] + " |" + " |" * 11)
                     continue
-                line = (f"| {r['n']} | {r['rounds']} | {len(r['lost'])} | {r['asked']} | "
+                line = (f"| {r['n']} | {r['k']} | {r['rounds']} | {len(r['lost'])} | {r['asked']} | "
                         f"{r['up_s']:.0f} | "
                         f"{r['first_s']:.1f} | {r['round_s']:.1f} | {r['superlink']:.0f} | "
                         f"{r['server']:.0f} | {r['node_mean']:.0f} | {r['node_max']:.0f} | "
@@ -278,7 +287,8 @@ def main() -> None:
         text = doc.read_text()
         if len(rows) > 2:
             text = metrics.replace_subsection(text, "## Deployment load", "### SuperNodes against N", head + (
-                "FedAvg with every SuperNode in every round (Fashion-MNIST, the small CNN, "
+                "FedAvg, the SuperNodes trained per round drawn from all N (all of them "
+                f"unless that column says fewer; Fashion-MNIST, model {args.model}, "
                 f"10 local steps), SuperNodes and ClientApps at niceness {args.node_nice}, "
                 "peak proportional memory (PSS, shared pages split between the processes "
                 "that map them) sampled from /proc every 0.5 s "
