@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 
 from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL
@@ -38,26 +38,17 @@ from flwr.supercore.utils import uint64_to_int64
 from flwr.superlink.cli import flower_superlink
 from sqlalchemy import update
 
-from launch.supernode import start_window_s
+from launch.supernode import env_positive, start_window_s
 
 ENV = "FEDSYS_SQLITE_BUSY_TIMEOUT_MS"
 DEFAULT_MS = 120_000
 PRAGMAS = "SQLITE_PRAGMAS"  # read by flwr.supercore.sql_mixin on every new connection
 
 
-def busy_timeout_ms(environ: dict[str, str] | os._Environ[str] = os.environ) -> int:
-    """The busy timeout to set, from ``FEDSYS_SQLITE_BUSY_TIMEOUT_MS`` (a positive
-    integer, milliseconds) or :data:`DEFAULT_MS`."""
-    text = environ.get(ENV, "")
-    if not text:
-        return DEFAULT_MS
-    try:
-        ms = int(text)
-    except ValueError:
-        ms = 0
-    if ms <= 0:
-        raise SystemExit(f"{ENV}={text!r}: give a positive number of milliseconds")
-    return ms
+def busy_timeout_ms(environ: Mapping[str, str] = os.environ) -> int:
+    """The busy timeout to set, from ``FEDSYS_SQLITE_BUSY_TIMEOUT_MS`` (milliseconds,
+    rounded to a whole number) or :data:`DEFAULT_MS`."""
+    return max(1, round(env_positive(environ, ENV, DEFAULT_MS, "milliseconds")))
 
 
 def with_busy_timeout(pragmas: tuple[tuple[str, str], ...],

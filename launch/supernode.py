@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 
 from flwr.supercore.corestate.in_memory_corestate import InMemoryCoreState
@@ -40,19 +40,25 @@ ENV = "FEDSYS_CLIENTAPP_START_S"
 DEFAULT_S = 300.0
 
 
-def start_window_s(environ: dict[str, str] | os._Environ[str] = os.environ) -> float:
-    """The start window to set, from ``FEDSYS_CLIENTAPP_START_S`` (a positive, finite number of seconds)
-    or :data:`DEFAULT_S`."""
-    text = environ.get(ENV, "")
+def env_positive(environ: Mapping[str, str], name: str, default: float, unit: str) -> float:
+    """A positive, finite number from the environment variable ``name``, or ``default``
+    when it is unset or empty; anything else stops the process naming the variable."""
+    text = environ.get(name, "")
     if not text:
-        return DEFAULT_S
+        return default
     try:
-        s = float(text)
+        value = float(text)
     except ValueError:
-        s = 0.0
-    if not (s > 0 and math.isfinite(s)):
-        raise SystemExit(f"{ENV}={text!r}: give a positive number of seconds")
-    return s
+        value = 0.0
+    if not (value > 0 and math.isfinite(value)):
+        raise SystemExit(f"{name}={text!r}: give a positive number of {unit}")
+    return value
+
+
+def start_window_s(environ: Mapping[str, str] = os.environ) -> float:
+    """The start window to set, from ``FEDSYS_CLIENTAPP_START_S`` (seconds) or
+    :data:`DEFAULT_S`."""
+    return env_positive(environ, ENV, DEFAULT_S, "seconds")
 
 
 def with_start_window(claim: Callable[[InMemoryCoreState, int], str | None],
