@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fedsys import metrics  # noqa: E402
+from fedsys.options import ConfigError  # noqa: E402
 from launch.deploy import (  # noqa: E402
     SERVER_EXEC,
     SUPERLINK,
@@ -231,12 +232,23 @@ def faults(tmp: Path, nice: int, n: int = 10, rounds: int = 7) -> list[str]:
     return lines
 
 
+def _count(text: str) -> int:
+    """A whole number >= 0 (argparse type): a bad --per-round is refused by name."""
+    try:
+        k = int(text)
+    except ValueError:
+        k = -1
+    if k < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of SuperNodes, 0 for all")
+    return k
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", default="10,30", help="SuperNode counts of the load part")
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--per-round", type=int, default=0, metavar="K",
+    ap.add_argument("--per-round", type=_count, default=0, metavar="K",
                     help="SuperNodes trained per round (default 0: all N)")
     ap.add_argument("--model", default="fmnist-cnn", help="model of the load runs")
     ap.add_argument("--part", choices=("load", "faults", "all"), default="all")
@@ -249,6 +261,10 @@ def main() -> None:
                     "--node-nice): 19 leaves the SuperLink the CPU on a machine with far "
                     "more nodes than cores")
     args = ap.parse_args()
+    try:  # a bad --model is refused before any deployment starts
+        config(Path(tempfile.gettempdir()), "check", 2, 1, 0, args.model)
+    except ConfigError as e:
+        ap.error(str(e))
     # SIGTERM unwinds like Ctrl-C, so every started deployment is taken down
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = ["| SuperNodes | trained per round | rounds | rounds short of a reply | replies asked again | start-up s | first round s | round s "
