@@ -97,7 +97,8 @@ class TrainJob:
 @dataclass
 class TrainResult:
     """What a trainer reports: examples seen per epoch, last-epoch mean loss, steps,
-    further metrics, the node's new state, and extra models to send back (a pool)."""
+    further metrics (``trained-examples``: every example the training went through, the
+    client-training work), the node's new state, and extra models to send back (a pool)."""
 
     num_examples: int
     train_loss: float
@@ -150,7 +151,8 @@ def sgd_loop(
     """Mini-batch SGD (or Adam, ``cfg.optimizer``) on cross-entropy (plus an optional
     penalty term).
 
-    Returns the mean data loss (without the penalty) of the last epoch.
+    Returns the mean data loss (without the penalty) of the last epoch and, as the
+    metric ``trained-examples``, the examples all its steps went through.
     """
     import torch
     from torch import nn
@@ -167,7 +169,7 @@ def sgd_loop(
     else:
         raise ValueError(f"optimizer {cfg.optimizer!r}; allowed: sgd, adam")
     torch.manual_seed(cfg.seed)  # dropout and similar layers
-    steps, last_epoch, loss_sum, loss_n = 0, -1, 0.0, 0
+    steps, last_epoch, loss_sum, loss_n, seen = 0, -1, 0.0, 0, 0
     for epoch, idx in batches(len(y), cfg.batch_size, cfg.epochs, cfg.seed):
         if epoch != last_epoch:
             last_epoch, loss_sum, loss_n = epoch, 0.0, 0
@@ -179,9 +181,11 @@ def sgd_loop(
         opt.step()
         loss_sum += float(loss.detach()) * len(idx)
         loss_n += len(idx)
+        seen += len(idx)
         steps += 1
         if cfg.max_steps and steps >= cfg.max_steps:
             break
     if loss_n and not torch.isfinite(torch.tensor(loss_sum)):
         raise FloatingPointError("local training diverged (loss is NaN or Inf)")
-    return TrainResult(len(y), loss_sum / max(loss_n, 1), steps)
+    return TrainResult(len(y), loss_sum / max(loss_n, 1), steps,
+                       metrics={"trained-examples": float(seen)})

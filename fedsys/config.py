@@ -56,6 +56,9 @@ class CoreOptions:
 
     name: str = option(
         'default', 'Run name; results go to <output-dir>/<name>/.')
+    about: str = option(
+        '', "What the run is for: written under the title of its results.md (never changes "
+        "the numbers).")
     plugins: str = option(
         '', 'Modules imported before the run, comma-separated: each registers its own '
         'strategies and trainers (one line each) without editing fedsys.')

@@ -42,11 +42,18 @@ def write_csv(path: Path, records: Sequence[Mapping[str, Any]]) -> None:
 
 
 def summarise(records: Sequence[Mapping[str, Any]], last: int = 10) -> dict[str, float]:
-    """Final, best, and mean/std over the last ``last`` rounds of test accuracy."""
+    """Final, best, and mean/std over the last ``last`` rounds of test accuracy; the
+    time; the client-training work (``work``: the sum of every round's
+    ``trained-examples``, 0 where none was reported); the training traffic at the end
+    (``bytes``: down plus up) and ``bytes_per_client`` (that over ``clients-reached``);
+    ``hops`` 1 when the rounds are a chain's hops."""
     acc = [float(r["accuracy"]) for r in records if "accuracy" in r and r.get("round", 0) > 0]
     if not acc:
         return {}
     tail = np.asarray(acc[-last:])
+    final = records[-1]
+    traffic = float(final.get("bytes-down", 0)) + float(final.get("bytes-up", 0))
+    reached = float(final.get("clients-reached", 0))
     return {
         "rounds": float(len(acc)),
         "final": acc[-1],
@@ -54,24 +61,65 @@ def summarise(records: Sequence[Mapping[str, Any]], last: int = 10) -> dict[str,
         "last_mean": float(tail.mean()),
         "last_std": float(tail.std()),
         "time_s": float(sum(float(r.get("round-time", 0.0)) for r in records)),
+        "work": float(sum(float(r.get("trained-examples", 0.0)) for r in records)),
+        "bytes": traffic,
+        "bytes_per_client": traffic / reached if reached else float("nan"),
+        "hops": float(any(int(r.get("hop", 0)) > 0 for r in records)),
     }
 
 
+def work_curve(records: Sequence[Mapping[str, Any]]) -> list[tuple[float, float]]:
+    """``(client-training work so far, test accuracy)`` after every evaluated round:
+    the work is the running sum of ``trained-examples`` (round 0 at 0)."""
+    out, work = [], 0.0
+    for r in records:
+        work += float(r.get("trained-examples", 0.0))
+        if "accuracy" in r:
+            out.append((work, float(r["accuracy"])))
+    return out
+
+
 def results_table(runs: Mapping[str, Sequence[Mapping[str, Any]]], last: int = 10) -> str:
-    """A Markdown table comparing runs (accuracy in %)."""
+    """A Markdown table comparing runs: accuracy in %, rounds (or a chain's hops),
+    client-training work in thousands of trained examples, training traffic per client
+    that took part (MB, down + up), time."""
     head = (f"| strategy | rounds | final acc % | best acc % | last-{last} mean % "
-            f"| last-{last} std | time s |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|"]
+            f"| last-{last} std | client work (k examples) | MB per client | time s |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, recs in runs.items():
-        s = summarise(recs, last)
-        if not s:
-            lines.append(f"| {name} | 0 | - | - | - | - | - |")
-            continue
-        lines.append(
-            f"| {name} | {int(s['rounds'])} | {100 * s['final']:.2f} | {100 * s['best']:.2f} "
-            f"| {100 * s['last_mean']:.2f} | {100 * s['last_std']:.2f} | {s['time_s']:.0f} |"
-        )
+        cells = summary_cells(summarise(recs, last))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+#: What the columns of :func:`results_table` mean, under the table of a results page.
+COLUMNS_NOTE = (
+    "Accuracy is central test accuracy after each round (a chain: after each hop); last-10 is "
+    "the mean and std over the last 10 evaluations. Client work: examples the clients' local "
+    "training went through, summed over the run (every epoch and every model a client "
+    "trains: a pool or a soup counts each member). MB per client: training traffic (models "
+    "sent down and replies sent up, serialised) over the clients that took part. The "
+    "figure plots accuracy against client work, so a chain's hops and a parallel method's "
+    "rounds compare at equal effort.")
+
+
+def results_page(title: str, about: str, table: str) -> str:
+    """A run's ``results.md``: title, what the run is for, the table, what its columns
+    mean, the figure."""
+    parts = [f"# {title}", about.strip(), table, COLUMNS_NOTE, "![test accuracy](accuracy.png)"]
+    return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def summary_cells(s: Mapping[str, float]) -> list[str]:
+    """The cells of one :func:`results_table` row (``-`` where nothing was measured)."""
+    if not s:
+        return ["0", "-", "-", "-", "-", "-", "-", "-"]
+    rounds = f"{int(s['rounds'])} hops" if s["hops"] else str(int(s["rounds"]))
+    work = f"{s['work'] / 1000:.0f}" if s["work"] else "-"
+    per_client = f"{s['bytes_per_client'] / 1e6:.1f}" if np.isfinite(s["bytes_per_client"]) else "-"
+    return [rounds, f"{100 * s['final']:.2f}", f"{100 * s['best']:.2f}",
+            f"{100 * s['last_mean']:.2f}", f"{100 * s['last_std']:.2f}", work, per_client,
+            f"{s['time_s']:.0f}"]
 
 
 def seeds_summary(per_seed: Mapping[int, Sequence[Mapping[str, Any]]], last: int = 10
@@ -142,23 +190,29 @@ def plot_seed_curves(runs: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]
 
 
 def plot_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, title: str) -> Path:
-    """Test accuracy per round of each run, overlaid, as a PNG."""
+    """Test accuracy of each run, overlaid, as a PNG: against client-training work
+    (:func:`work_curve`, so a chain's hops and a parallel method's rounds compare on the
+    same effort) when every run reports it, else against the round."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    by_work = bool(runs) and all(any("trained-examples" in r for r in recs)
+                                 for recs in runs.values() if recs)
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for name, recs in runs.items():
-        pts = [(r["round"], 100 * float(r["accuracy"])) for r in recs if "accuracy" in r]
+        pts = ([(w / 1000, 100 * a) for w, a in work_curve(recs)] if by_work else
+               [(r["round"], 100 * float(r["accuracy"])) for r in recs if "accuracy" in r])
         if pts:
             xs, ys = zip(*pts, strict=True)
-            ax.plot(xs, ys, label=name, lw=1.6)
-    ax.set_xlabel("round")
+            ax.plot(xs, ys, label=name, lw=1.6, marker="." if len(xs) <= 40 else None)
+    ax.set_xlabel("client-training work: examples trained by clients so far (thousands)"
+                  if by_work else "round")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

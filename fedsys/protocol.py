@@ -78,6 +78,9 @@ NUM_EXAMPLES = "num-examples"
 PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
 TRAIN_LOSS = "train-loss"
+#: examples the local training went through (every epoch, every model a trainer trains):
+#: the client-training work the results compare methods on
+TRAINED_EXAMPLES = "trained-examples"
 EVAL_LOSS = "eval-loss"
 EVAL_ACC = "eval-acc"
 

@@ -311,7 +311,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``fedsys`` command; errors in the input exit 2 with one line."""
+    """Run the ``fedsys`` command; errors in the input exit 2 with one line.
+
+    Called as the command (``argv`` from the command line), output that goes to a file
+    or a pipe carries no colour codes (:func:`launch.console.plain_when_redirected`).
+    """
+    if argv is None:
+        from launch.console import plain_when_redirected
+
+        plain_when_redirected()
     args = parser().parse_args(argv)
     from fedsys.data import DataError
     from fedsys.partition import PartitionError

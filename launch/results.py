@@ -12,22 +12,17 @@ from launch.registry import schema
 
 
 def table(runs: dict[str, list[dict[str, Any]]], title: str) -> None:
-    """Print the results table (final, best, last-10 accuracy, time) of ``runs``."""
+    """Print the results table of ``runs`` (:func:`fedsys.metrics.results_table`'s columns)."""
     from rich.console import Console
     from rich.table import Table
 
     t = Table(title=title)
     for col in ("strategy", "rounds", "final acc %", "best acc %", "last-10 mean %",
-                "last-10 std", "time s"):
+                "last-10 std", "client work (k ex.)", "MB per client", "time s"):
         t.add_column(col, justify="left" if col == "strategy" else "right")
     for name, recs in runs.items():
-        s = metrics.summarise(recs)
-        if not s:
-            t.add_row(name, "0", "-", "-", "-", "-", "-")
-            continue
-        t.add_row(name, str(int(s["rounds"])), f"{100 * s['final']:.2f}", f"{100 * s['best']:.2f}",
-                  f"{100 * s['last_mean']:.2f}", f"{100 * s['last_std']:.2f}", f"{s['time_s']:.0f}")
-    Console(width=max(Console().width, 110)).print(t)
+        t.add_row(name, *metrics.summary_cells(metrics.summarise(recs)))
+    Console(width=max(Console().width, 120)).print(t)
 
 
 def load_runs(run_dir: Path, prefix: str = "") -> dict[str, list[dict[str, Any]]]:

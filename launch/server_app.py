@@ -120,8 +120,10 @@ def make_estimator_fn(cfg: RunConfig) -> Any:
 class RoundRecorder:
     """Hook: metrics files, a progress line, and atomic checkpoints each round."""
 
-    def __init__(self, cfg: RunConfig, out: Path, name: str) -> None:
+    def __init__(self, cfg: RunConfig, out: Path, name: str, position: str = "") -> None:
         self.cfg, self.out, self.name = cfg, out, name
+        #: ``"2/8"``: which of the run's strategies this is, shown in the progress line
+        self.tag = f"{name} {position}" if position else name
         self.t0 = time.monotonic()
         self.done_at_start = 0
 
@@ -135,7 +137,7 @@ class RoundRecorder:
             done = rnd - self.done_at_start
             eta = elapsed / max(done, 1) * (total - rnd)
             log(INFO, "[%s] %s | acc %.4f | loss %.4f | clients %d ok, %d rejected"
-                " | elapsed %s | ETA %s", self.name, strategy.progress(record),
+                " | elapsed %s | ETA %s", self.tag, strategy.progress(record),
                 record.get("accuracy", float("nan")),
                 record.get("loss", float("nan")), int(record.get("clients-ok", 0)),
                 int(record.get("clients-rejected", 0)), _fmt(elapsed), _fmt(eta))
@@ -143,7 +145,7 @@ class RoundRecorder:
                     or rnd in (total, self.cfg.keep_checkpoint)):
                 self.save(strategy)
         else:
-            log(INFO, "[%s] round 0 | acc %.4f | loss %.4f", self.name,
+            log(INFO, "[%s] round 0 | acc %.4f | loss %.4f", self.tag,
                 record.get("accuracy", float("nan")), record.get("loss", float("nan")))
 
     def save_models(self, strategy: FedsysStrategy, rnd: int) -> None:
@@ -178,7 +180,7 @@ def kept_checkpoint(out: Path, rnd: int) -> Path:
 
 
 #: Keys that never change the numbers of a run (where and how it is stored).
-BRANCH_FREE = frozenset({"name", "output-dir", "resume", "branch-from", "keep-checkpoint",
+BRANCH_FREE = frozenset({"name", "about", "output-dir", "resume", "branch-from", "keep-checkpoint",
                          "checkpoint-every", "save-models", "save-models-from"})
 #: Keys that act only from IMA's start round t_s on.
 BRANCH_LATE = frozenset({"ima.average", "ima.lr-decay"})
@@ -226,18 +228,19 @@ def branch_point(cfg: RunConfig) -> dict[str, Any]:
     return ckpt
 
 
-def run_strategy(grid: Grid, cfg: RunConfig, name: str) -> list[dict[str, Any]]:
+def run_strategy(grid: Grid, cfg: RunConfig, name: str, position: str = "") -> list[dict[str, Any]]:
     """Run (or resume) one strategy; return its per-round records.
 
     ``cfg`` holds exactly one strategy (see :meth:`RunConfig.variants`); ``name`` is
-    its label and names the results directory.
+    its label and names the results directory; ``position`` (``"2/8"``) says which of
+    the run's strategies it is in the progress lines.
     """
     out = cfg.run_dir / name
     out.mkdir(parents=True, exist_ok=True)
     strategy = make_strategy(cfg)
     strategy.workdir = out
     strategy.run_label = name
-    recorder = RoundRecorder(cfg, out, name)
+    recorder = RoundRecorder(cfg, out, name, position)
     ckpt_path = out / "checkpoint.pt"
     if cfg.resume and (ckpt_path.exists() or checkpoint.prev_path(ckpt_path).exists()):
         ckpt, ckpt_path, note = checkpoint.load_latest(ckpt_path)
@@ -291,9 +294,11 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> dict[str, list[dict[str, Any]]
     cfg.save(run_dir / "config.yaml")
     log(INFO, "fedsys run '%s': strategies %s, results in %s", cfg.name, cfg.strategies, run_dir)
     results: dict[str, list[dict[str, Any]]] = {}
-    for name, vcfg in cfg.variants():
+    variants = list(cfg.variants())
+    for i, (name, vcfg) in enumerate(variants, 1):
         try:
-            results[name] = run_strategy(grid, vcfg, name)
+            results[name] = run_strategy(grid, vcfg, name,
+                                         f"{i}/{len(variants)}" if len(variants) > 1 else "")
         except NoUsableUpdateError:
             raise
         except Exception as exc:
@@ -305,7 +310,7 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> dict[str, list[dict[str, Any]]
     metrics.write_csv(run_dir / "metrics.csv", allrecs)
     metrics.plot_curves(results, run_dir / "accuracy.png", cfg.name)
     table = metrics.results_table(results)
-    (run_dir / "results.md").write_text(f"# {cfg.name}\n\n{table}\n")
+    (run_dir / "results.md").write_text(metrics.results_page(cfg.name, cfg.about, table))
     for line in table.splitlines():
         log(INFO, "%s", line)
     return results

@@ -38,6 +38,7 @@ from flwr.supercore.utils import uint64_to_int64
 from flwr.superlink.cli import flower_superlink
 from sqlalchemy import update
 
+from launch.console import plain_when_redirected
 from launch.supernode import env_positive, start_window_s
 
 ENV = "FEDSYS_SQLITE_BUSY_TIMEOUT_MS"
@@ -99,6 +100,7 @@ def main() -> None:
     ``flower-superlink``."""
     apply(busy_timeout_ms())
     apply_start_window(start_window_s())
+    plain_when_redirected()  # its log file carries no colour codes
     sys.argv[0] = "flower-superlink"
     flower_superlink()
 

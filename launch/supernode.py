@@ -36,6 +36,8 @@ from flwr.supercore.corestate.in_memory_corestate import InMemoryCoreState
 from flwr.supercore.date import now
 from flwr.supernode.cli import flower_supernode
 
+from launch.console import plain_when_redirected
+
 ENV = "FEDSYS_CLIENTAPP_START_S"
 DEFAULT_S = 300.0
 
@@ -93,6 +95,7 @@ def apply(seconds: float) -> None:
 def main() -> None:
     """Set the start window, then hand over to Flower's ``flower-supernode``."""
     apply(start_window_s())
+    plain_when_redirected()  # its log file carries no colour codes
     sys.argv[0] = "flower-supernode"
     flower_supernode()
 

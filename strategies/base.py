@@ -72,6 +72,8 @@ RoundHook = Callable[["FedsysStrategy", dict[str, Any]], None]
 Builder = Callable[[str], "FedsysStrategy"]
 
 SAMPLE_TAG = 0x5EED
+#: The training-traffic totals every round's record carries (:meth:`FedsysStrategy.count_traffic`).
+TRAFFIC_KEYS = ("models-down", "bytes-down", "models-up", "bytes-up")
 EVAL_TAG = 0xE7A1
 
 
@@ -237,6 +239,12 @@ class FedsysStrategy(Strategy):
         self.last_updates: list[ClientUpdate] = []
         self.last_replies: list[Message] = []
         self.usable_rounds = 0
+        #: Training traffic so far (:data:`TRAFFIC_KEYS`): ArrayRecords and their bytes
+        #: sent to the clients (down) and received from them (up); every round's record
+        #: carries these totals.
+        self.traffic: dict[str, int] = dict.fromkeys(TRAFFIC_KEYS, 0)
+        #: Partitions (clients) sent a training instruction so far: ``clients-reached``.
+        self.reached: set[int] = set()
         #: Optional per-round analysis (see ``estimators``): ``(round, updates, new
         #: global model) -> metrics``, set by the runner.
         self.estimator_fn: Callable[[int, list[ClientUpdate], Params], dict[str, float]] | None = None
@@ -527,6 +535,9 @@ class FedsysStrategy(Strategy):
         if with_loss and n > 0:
             metrics[proto.TRAIN_LOSS] = sum(u.metrics[proto.TRAIN_LOSS] * u.num_examples
                                             for u in with_loss) / n
+        if any(proto.TRAINED_EXAMPLES in u.metrics for u in updates):
+            metrics[proto.TRAINED_EXAMPLES] = sum(u.metrics.get(proto.TRAINED_EXAMPLES, 0)
+                                                  for u in updates)
         metrics.update(self.round_metrics)
         return (proto.to_record(new) if new is not None else None), proto.metric_record(metrics)
 
@@ -587,6 +598,7 @@ class FedsysStrategy(Strategy):
         assert self.params is not None
         msgs = list(self.configure_train(server_round, proto.to_record(self.params), train_config, grid))
         replies, _ = proto.send_and_receive(grid, msgs, self.round_timeout, self.poll_interval)
+        self.count_traffic(msgs, replies)
         replies = self.resend_lost(grid, server_round, replies)
         _, metrics = self.aggregate_train(server_round, replies)
         return {k: float(v) for k, v in (metrics or {}).items()}  # type: ignore[arg-type]
@@ -612,6 +624,7 @@ class FedsysStrategy(Strategy):
             self._outbox += list(again.values())
             new, _ = proto.send_and_receive(grid, list(again.values()), self.round_timeout,
                                             self.poll_interval)
+            self.count_traffic(list(again.values()), new)
             replies = [r for r in replies if r.metadata.reply_to_message_id not in again] + new
         return replies
 
@@ -633,8 +646,24 @@ class FedsysStrategy(Strategy):
         replies, _ = proto.send_and_receive(grid, self._outbox, self.round_timeout,
                                             self.poll_interval)
         self.last_replies = replies
+        self.count_traffic(self._outbox, replies)
         ok, _ = self.validate(replies)
         return ok[0] if ok else None
+
+    def count_traffic(self, sent: Iterable[Message], replies: Iterable[Message]) -> None:
+        """Add one exchange's ArrayRecords to :attr:`traffic`: those of the instructions
+        ``sent`` and of the ``replies`` that are not errors (refused replies count: they
+        were sent)."""
+        for m in sent:
+            k, b = proto.model_bytes(m)
+            self.traffic["models-down"] += k
+            self.traffic["bytes-down"] += b
+            self.reached.add(self._expected.get(m.metadata.dst_node_id, m.metadata.dst_node_id))
+        for r in replies:
+            if not r.has_error():
+                k, b = proto.model_bytes(r)
+                self.traffic["models-up"] += k
+                self.traffic["bytes-up"] += b
 
     def start(
         self,
@@ -667,7 +696,8 @@ class FedsysStrategy(Strategy):
         self.evaluate_initial(evaluate_fn, result)
         for rnd in range(self.round + 1, self.num_rounds + 1):
             t0 = time.monotonic()
-            train = self.run_round(grid, rnd, train_config)
+            train = {**self.run_round(grid, rnd, train_config), **self.traffic,
+                     "clients-reached": len(self.reached)}
             if train.get("clients-ok", 0) > 0:
                 self.usable_rounds += 1
             record: dict[str, Any] = {"round": rnd, **train}
@@ -736,6 +766,8 @@ class FedsysStrategy(Strategy):
             "params": copy(self.params) if self.params is not None else None,
             "history": [dict(h) for h in self.history],
             "usable_rounds": self.usable_rounds,
+            "traffic": dict(self.traffic),
+            "reached": sorted(self.reached),
             "wrappers": {w.name: w.state_dict() for w in self.wrappers},
         }
 
@@ -757,10 +789,14 @@ class FedsysStrategy(Strategy):
         self.params = copy(state["params"]) if state["params"] is not None else None
         self.history = [dict(h) for h in state["history"]]
         self.usable_rounds = int(state.get("usable_rounds", self.round))
+        # a checkpoint from before every strategy counted traffic: a chain's own count, else 0
+        saved = state.get("traffic", state.get("chain", {}).get("traffic", {}))
+        self.traffic = {k: int(saved.get(k, 0)) for k in TRAFFIC_KEYS}
+        self.reached = {int(p) for p in state.get("reached", [])}
         for w in self.wrappers:
             w.load_state_dict((wrapped or {})[w.name])
 
 
-__all__ = ["EVAL_TAG", "SAMPLE_TAG", "Builder", "ConfigError", "EvaluateFn", "FedsysStrategy",
+__all__ = ["EVAL_TAG", "SAMPLE_TAG", "TRAFFIC_KEYS", "Builder", "ConfigError", "EvaluateFn", "FedsysStrategy",
            "NoOptions", "NoUsableUpdateError", "NodesUnavailableError", "RoundHook",
            "StrategyWrapper"]

@@ -111,7 +111,6 @@ class FedElmyStrategy(FedsysStrategy):
         self.orders: list[list[int]] = []
         self.warmed = False
         self.skipped = 0
-        self.traffic = {"models-down": 0, "bytes-down": 0, "models-up": 0, "bytes-up": 0}
 
     # ------------------------------------------------------------------ plan
 
@@ -178,18 +177,6 @@ class FedElmyStrategy(FedsysStrategy):
             cfg[proto.WARMUP_EPOCHS] = self.options.warmup_epochs
         return cfg
 
-    def count_traffic(self) -> None:
-        """Add the last exchange's ArrayRecords (sent and received) to the totals."""
-        for m in self._outbox:
-            k, b = proto.model_bytes(m)
-            self.traffic["models-down"] += k
-            self.traffic["bytes-down"] += b
-        for r in self.last_replies:
-            if not r.has_error():
-                k, b = proto.model_bytes(r)
-                self.traffic["models-up"] += k
-                self.traffic["bytes-up"] += b
-
     def run_hop(self, grid: Grid, rnd: int, pid: int, cfg: dict[str, Any]) -> tuple[ClientUpdate | None, int, str]:
         """One hop with its retries: ``(update or None, tries, why it failed)``."""
         assert self.params is not None
@@ -200,7 +187,6 @@ class FedElmyStrategy(FedsysStrategy):
                 why = f"no connected node holds partition {pid}"
             else:
                 upd = self.train_hop(grid, rnd, node, pid, self.params, cfg)
-                self.count_traffic()
                 if upd is not None:
                     return upd, attempt, ""
                 why = self.last_rejections[0].reason if self.last_rejections else "no reply"
@@ -240,16 +226,16 @@ class FedElmyStrategy(FedsysStrategy):
     # ------------------------------------------------------------------ loop
 
     def run_round(self, grid: Grid, server_round: int, train_config: ConfigRecord) -> dict[str, Any]:
-        """One step of the plan (see :meth:`step`) with the chain's traffic so far."""
-        return {**self.step(grid, server_round, train_config), **self.traffic}
+        """One step of the plan (see :meth:`step`)."""
+        return self.step(grid, server_round, train_config)
 
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
-        """Base state plus the chain's partitions, orders, warm-up, skips and traffic."""
+        """Base state plus the chain's partitions, orders, warm-up and skips."""
         return {**super().state_dict(), "chain": {
             "pids": list(self.pids), "orders": [list(o) for o in self.orders],
-            "warmed": self.warmed, "skipped": self.skipped, "traffic": dict(self.traffic)}}
+            "warmed": self.warmed, "skipped": self.skipped}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output."""
@@ -258,7 +244,6 @@ class FedElmyStrategy(FedsysStrategy):
         self.pids = [int(p) for p in c["pids"]]
         self.orders = [[int(p) for p in o] for o in c["orders"]]
         self.warmed, self.skipped = bool(c["warmed"]), int(c["skipped"])
-        self.traffic = {k: int(v) for k, v in c["traffic"].items()}
         if self.pids:
             self.num_rounds = self.plan_length(len(self.pids))
 
@@ -296,7 +281,7 @@ class ParallelStrategy(FedElmyStrategy):
             self._outbox.append(proto.message(n, MessageType.TRAIN, self.params, s))
         self.last_replies, _ = proto.send_and_receive(grid, self._outbox, self.round_timeout,
                                                       self.poll_interval)
-        self.count_traffic()
+        self.count_traffic(self._outbox, self.last_replies)
         ok, _ = self.validate(self.last_replies)
         self.last_updates = ok
         return ok
@@ -319,7 +304,7 @@ class ParallelStrategy(FedElmyStrategy):
         if all(proto.TRAIN_LOSS in u.metrics for u in ok) and n > 0:
             record[proto.TRAIN_LOSS] = sum(u.metrics[proto.TRAIN_LOSS] * u.num_examples
                                            for u in ok) / n
-        record["trained-examples"] = sum(u.metrics.get("trained-examples", 0) for u in ok)
+        record[proto.TRAINED_EXAMPLES] = sum(u.metrics.get(proto.TRAINED_EXAMPLES, 0) for u in ok)
         return record
 
     def evaluate_now(self, rnd: int) -> bool:
@@ -352,7 +337,7 @@ class OneShotFedAvgStrategy(ParallelStrategy):
                     self.params, self.warmed = upd.params, True
                     return {"pass": 0, "hop": 1, "client": pid, "clients-ok": 1,
                             "clients-rejected": 0, "hop-tries": tries,
-                            "trained-examples": upd.metrics.get("trained-examples", 0)}
+                            proto.TRAINED_EXAMPLES: upd.metrics.get(proto.TRAINED_EXAMPLES, 0)}
                 self.skip(rnd, f"warm-up on client {pid}", why)
             return {"pass": 0, "hop": 1, "client": -1, "clients-ok": 0, "clients-rejected": 1}
         return self.parallel_step(grid, rnd, dict(train_config), rnd - warm_steps - 1)

@@ -16,6 +16,8 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedsys import checkpoint, metrics
+from fedsys import protocol as proto
+from fedsys.task import partitions
 from launch import client_app as fedsys_client
 from launch.registry import build
 from launch.simulation import simulate
@@ -42,6 +44,14 @@ def test_three_nodes_two_rounds_two_strategies(tmp_path):
         assert [r["round"] for r in recs] == [0, 1, 2]
         assert all(r["clients-ok"] == 3 and r["clients-rejected"] == 0 for r in recs[1:])
         assert recs[2]["accuracy"] > recs[0]["accuracy"] + 0.1  # it learns
+        # client work and traffic: 3 clients x 1 epoch over their partitions per round;
+        # one model down and one up per client and round, totals so far in every record
+        sizes = [len(p) for p in partitions(_cfg(tmp_path, name="e2e", strategy=name))]
+        assert [r["trained-examples"] for r in recs[1:]] == [sum(sizes)] * 2
+        size = sum(len(a.data) for a in proto.to_record(recs_model(run / name)).values())
+        assert [(r["models-down"], r["bytes-down"], r["models-up"], r["bytes-up"])
+                for r in recs[1:]] == [(3 * k, 3 * k * size, 3 * k, 3 * k * size) for k in (1, 2)]
+        assert [r["clients-reached"] for r in recs[1:]] == [3, 3]
         ck = checkpoint.load(run / name / "checkpoint.pt")
         # each strategy's checkpoint holds its own one-strategy config (resume needs no parsing)
         assert ck["round"] == 2 and ck["config"]["strategy"] == name
@@ -50,7 +60,16 @@ def test_three_nodes_two_rounds_two_strategies(tmp_path):
     a = metrics.read_jsonl(run / "fedavg" / "metrics.jsonl")
     b = metrics.read_jsonl(run / "fedprox" / "metrics.jsonl")
     assert a[0]["accuracy"] == b[0]["accuracy"]
-    assert "| fedavg | 2 |" in (run / "results.md").read_text()
+    page = (run / "results.md").read_text()
+    # rounds, accuracies, client work (k examples), MB per client (2 rounds x 2 models), time
+    mb = 2 * 2 * sum(len(a.data) for a in proto.to_record(recs_model(run / "fedavg")).values()) / 1e6
+    assert f"| {sum(sizes) * 2 / 1000:.0f} | {mb:.1f} |" in page.split("| fedavg | 2 |")[1]
+    assert "Client work:" in page and "![test accuracy](accuracy.png)" in page
+
+
+def recs_model(out: Path) -> dict[str, object]:
+    """A strategy's final model as Params (what a train message carries)."""
+    return {k: v.numpy() for k, v in torch.load(out / "model.pt").items()}
 
 
 faulty = ClientApp()
@@ -123,6 +142,8 @@ def test_killed_run_resumes_to_identical_weights(tmp_path, strategy, label):
     rb = metrics.read_jsonl(tmp_path / "victim" / label / "metrics.jsonl")
     assert [r["round"] for r in rb] == list(range(7))
     assert [r["accuracy"] for r in ra] == [r["accuracy"] for r in rb]
+    for key in ("bytes-down", "bytes-up", "trained-examples", "clients-reached"):
+        assert [r.get(key) for r in ra] == [r.get(key) for r in rb], key  # counted across resume
     if label.startswith("ima"):
         assert [r.get("fedcda-objective") for r in ra] == [r.get("fedcda-objective") for r in rb]
         assert ra[-1]["fedcda-warmup"] == 0.0  # selection was running when killed/resumed

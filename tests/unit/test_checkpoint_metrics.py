@@ -60,6 +60,33 @@ def test_metrics_files_and_summary(tmp_path):
     assert "| fedavg | 12 | 62.00 | 62.00 |" in table and "| empty | 0 |" in table
     png = metrics.plot_curves({"fedavg": recs}, tmp_path / "a.png", "t")
     assert png.read_bytes()[:4] == b"\x89PNG"
+    assert "| fedavg | 12 | 62.00 | 62.00 | 57.50 | 2.87 | - | - | 24 |" in table  # no work, no traffic
+
+
+def test_work_traffic_and_hops_in_the_summary_the_table_and_the_curve(tmp_path):
+    # a parallel method: 2 rounds of 3 clients (900 examples each), 1 MB models, 3 reached
+    par = [{"round": 0, "accuracy": 0.1},
+           {"round": 1, "accuracy": 0.5, "trained-examples": 2700, "bytes-down": 3e6,
+            "bytes-up": 3e6, "clients-reached": 3, "round-time": 1.0},
+           {"round": 2, "accuracy": 0.6, "trained-examples": 2700, "bytes-down": 6e6,
+            "bytes-up": 6e6, "clients-reached": 3, "round-time": 1.0}]
+    # a chain: 3 hops, a pool of 2 on each, the same 900-example clients
+    chain = [{"round": 0, "accuracy": 0.1}] + [
+        {"round": h, "hop": h, "accuracy": (3 + h) / 10, "trained-examples": 1800,
+         "bytes-down": h * 1e6, "bytes-up": h * 1e6, "clients-reached": h} for h in (1, 2, 3)]
+    s = metrics.summarise(par)
+    assert (s["work"], s["bytes"], s["bytes_per_client"], s["hops"]) == (5400, 12e6, 4e6, 0)
+    c = metrics.summarise(chain)
+    assert (c["work"], c["bytes"], c["bytes_per_client"], c["hops"]) == (5400, 6e6, 2e6, 1)
+    assert metrics.work_curve(chain) == [(0, 0.1), (1800, 0.4), (3600, 0.5), (5400, 0.6)]
+    table = metrics.results_table({"fedavg": par, "fedseq": chain})
+    assert "| fedavg | 2 | 60.00 | 60.00 | 55.00 | 5.00 | 5 | 4.0 | 2 |" in table
+    assert "| fedseq | 3 hops | 60.00 | 60.00 | 50.00 | 8.16 | 5 | 2.0 | 0 |" in table
+    page = metrics.results_page("default", "A demonstration schedule.", table)
+    assert page.startswith("# default\n\nA demonstration schedule.\n\n| strategy |")
+    assert page.rstrip().endswith("![test accuracy](accuracy.png)")
+    assert metrics.plot_curves({"fedavg": par, "fedseq": chain}, tmp_path / "w.png",
+                               "t").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_replace_section_keeps_the_document_order():
