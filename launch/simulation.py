@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from pathlib import Path
 
 from fedsys.config import RunConfig
@@ -53,6 +54,10 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
     ``client_app`` replaces the fedsys ClientApp (tests use it to inject faults).
     """
     os.environ.update({k: os.environ.get(k, v) for k, v in FLWR_ENV.items()})
+    # Ray's notice that a later Ray will stop hiding GPUs from actors that asked for none:
+    # fedsys relies on today's behaviour (client-num-gpus 0 means the clients see no GPU)
+    warnings.filterwarnings("ignore", message="Tip: In future versions of Ray",
+                            category=FutureWarning)
     from flwr.app import Context, RecordDict
     from flwr.simulation.run_simulation import _run_simulation
     from flwr.supercore.telemetry import EventType
