@@ -46,7 +46,7 @@ def summarise(records: Sequence[Mapping[str, Any]], last: int = 10) -> dict[str,
     time; the client-training work (``work``: the sum of every round's
     ``trained-examples``, 0 where none was reported); the training traffic at the end
     (``bytes``: down plus up) and ``bytes_per_client`` (that over ``clients-reached``);
-    ``hops`` 1 when the rounds are a chain's hops."""
+    ``hops`` 1 when every round is a chain's hop."""
     acc = [float(r["accuracy"]) for r in records if "accuracy" in r and r.get("round", 0) > 0]
     if not acc:
         return {}
@@ -64,7 +64,7 @@ def summarise(records: Sequence[Mapping[str, Any]], last: int = 10) -> dict[str,
         "work": float(sum(float(r.get("trained-examples", 0.0)) for r in records)),
         "bytes": traffic,
         "bytes_per_client": traffic / reached if reached else float("nan"),
-        "hops": float(any(int(r.get("hop", 0)) > 0 for r in records)),
+        "hops": float(all(int(r.get("hop", 0)) > 0 for r in records if r.get("round", 0) > 0)),
     }
 
 

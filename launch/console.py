@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Iterable
 from typing import IO, Any
 
 #: An ANSI CSI escape sequence (colours, cursor moves): ESC [ parameters intermediates final.
@@ -36,6 +37,11 @@ class Uncoloured:
         """Write ``text`` without its escape sequences; return ``len(text)``."""
         self.stream.write(strip_ansi(text))
         return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        """Write every line of ``lines`` as :meth:`write` does."""
+        for line in lines:
+            self.write(line)
 
     def isatty(self) -> bool:
         """Never a terminal."""

@@ -82,6 +82,10 @@ def test_work_traffic_and_hops_in_the_summary_the_table_and_the_curve(tmp_path):
     table = metrics.results_table({"fedavg": par, "fedseq": chain})
     assert "| fedavg | 2 | 60.00 | 60.00 | 55.00 | 5.00 | 5 | 4.0 | 2 |" in table
     assert "| fedseq | 3 hops | 60.00 | 60.00 | 50.00 | 8.16 | 5 | 2.0 | 0 |" in table
+    # one-shot FedAvg: a warm-up hop, then a parallel round: rounds, not hops
+    oneshot = [{"round": 0, "accuracy": 0.1}, {"round": 1, "hop": 1, "accuracy": 0.3},
+               {"round": 2, "hop": 0, "accuracy": 0.5}]
+    assert metrics.summarise(oneshot)["hops"] == 0
     page = metrics.results_page("default", "A demonstration schedule.", table)
     assert page.startswith("# default\n\nA demonstration schedule.\n\n| strategy |")
     assert page.rstrip().endswith("![test accuracy](accuracy.png)")

@@ -34,7 +34,8 @@ def test_a_redirected_stream_is_written_plain_and_says_it_is_no_terminal():
     buf = io.StringIO()
     plain = console.Uncoloured(buf)
     assert plain.write("\x1b[93mWARNING\x1b[0m x") == len("\x1b[93mWARNING\x1b[0m x")
-    assert buf.getvalue() == "WARNING x" and not plain.isatty()
+    plain.writelines(["\x1b[1m a\n", "b\x1b[0m\n"])
+    assert buf.getvalue() == "WARNING x a\nb\n" and not plain.isatty()
     plain.flush()  # the rest is the wrapped stream's
 
 
