@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import IO, Any
 
 #: An ANSI CSI escape sequence (colours, cursor moves): ESC [ parameters intermediates final.
@@ -69,3 +69,11 @@ def plain_when_redirected() -> None:
                     handler.colored = False
         if name == "stdout":
             os.environ.setdefault("NO_COLOR", "1")  # what rich and other libraries honour
+
+
+def hand_over(command: str, entry: Callable[[], None]) -> None:
+    """Run a Flower command's entry point (``flower-superlink``, ``flower-supernode``)
+    as ``command``, its output plain where it is redirected (a deployment's log file)."""
+    plain_when_redirected()
+    sys.argv[0] = command
+    entry()

@@ -25,7 +25,6 @@ Used by ``fedsys deploy`` (:mod:`launch.deploy`) as ``python -m launch.superlink
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 
@@ -38,7 +37,7 @@ from flwr.supercore.utils import uint64_to_int64
 from flwr.superlink.cli import flower_superlink
 from sqlalchemy import update
 
-from launch.console import plain_when_redirected
+from launch.console import hand_over
 from launch.supernode import env_positive, start_window_s
 
 ENV = "FEDSYS_SQLITE_BUSY_TIMEOUT_MS"
@@ -100,9 +99,7 @@ def main() -> None:
     ``flower-superlink``."""
     apply(busy_timeout_ms())
     apply_start_window(start_window_s())
-    plain_when_redirected()  # its log file carries no colour codes
-    sys.argv[0] = "flower-superlink"
-    flower_superlink()
+    hand_over("flower-superlink", flower_superlink)
 
 
 if __name__ == "__main__":

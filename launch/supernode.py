@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 
@@ -36,7 +35,7 @@ from flwr.supercore.corestate.in_memory_corestate import InMemoryCoreState
 from flwr.supercore.date import now
 from flwr.supernode.cli import flower_supernode
 
-from launch.console import plain_when_redirected
+from launch.console import hand_over
 
 ENV = "FEDSYS_CLIENTAPP_START_S"
 DEFAULT_S = 300.0
@@ -95,9 +94,7 @@ def apply(seconds: float) -> None:
 def main() -> None:
     """Set the start window, then hand over to Flower's ``flower-supernode``."""
     apply(start_window_s())
-    plain_when_redirected()  # its log file carries no colour codes
-    sys.argv[0] = "flower-supernode"
-    flower_supernode()
+    hand_over("flower-supernode", flower_supernode)
 
 
 if __name__ == "__main__":
