@@ -464,6 +464,8 @@ def parse_train_reply(
     bad = [k for k, v in metrics.items() if not np.isfinite(v)]
     if bad:
         return Rejection(node, pid, f"metric(s) {bad} are NaN or Inf")
+    if metrics.get(TRAINED_EXAMPLES, 0) < 0:  # the work the results compare methods on
+        return Rejection(node, pid, f"{TRAINED_EXAMPLES} is {metrics[TRAINED_EXAMPLES]:g}")
     return ClientUpdate(node, pid, params, int(metrics[NUM_EXAMPLES]), metrics, models)
 
 

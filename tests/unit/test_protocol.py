@@ -50,6 +50,9 @@ def test_a_reply_may_carry_a_pool_and_each_model_is_checked():
     assert rj.reason == "model 'pool-0': array 'w' has shape (3, 3), expected (2, 3)"
     nan = protocol.train_reply(instr, model(2.0), 10, {}, models={"p": model(float("nan"))})
     assert "NaN" in protocol.parse_train_reply(nan, sent(instr), {5: 1}, None).reason
+    work = protocol.train_reply(instr, model(2.0), 10, {"trained-examples": -30})
+    assert protocol.parse_train_reply(work, sent(instr), {5: 1}, None).reason == \
+        "trained-examples is -30"
 
 
 def test_trainer_state_round_trips_per_scope_and_forgets_what_is_gone():
