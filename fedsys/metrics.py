@@ -46,6 +46,7 @@ def summarise(records: Sequence[Mapping[str, Any]], last: int = 10) -> dict[str,
     time; the client-training work (``work``: the sum of every round's
     ``trained-examples``, 0 where none was reported); the training traffic at the end
     (``bytes``: down plus up) and ``bytes_per_client`` (that over ``clients-reached``);
+    ``steps``, the rounds run (a chain's hops; ``rounds`` counts the evaluated ones), and
     ``hops`` 1 when every round is a chain's hop."""
     acc = [float(r["accuracy"]) for r in records if "accuracy" in r and r.get("round", 0) > 0]
     if not acc:
@@ -64,6 +65,7 @@ def summarise(records: Sequence[Mapping[str, Any]], last: int = 10) -> dict[str,
         "work": float(sum(float(r.get("trained-examples", 0.0)) for r in records)),
         "bytes": traffic,
         "bytes_per_client": traffic / reached if reached else float("nan"),
+        "steps": float(sum(1 for r in records if r.get("round", 0) > 0)),
         "hops": float(all(int(r.get("hop", 0)) > 0 for r in records if r.get("round", 0) > 0)),
     }
 
@@ -83,13 +85,18 @@ def results_table(runs: Mapping[str, Sequence[Mapping[str, Any]]], last: int = 1
     """A Markdown table comparing runs: accuracy in %, rounds (or a chain's hops),
     client-training work in thousands of trained examples, training traffic per client
     that took part (MB, down + up), time."""
-    head = (f"| strategy | rounds | final acc % | best acc % | last-{last} mean % "
-            f"| last-{last} std | client work (k examples) | MB per client | time s |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    cols = table_columns(last)
+    lines = ["| " + " | ".join(cols) + " |", "|---" + "|---:" * (len(cols) - 1) + "|"]
     for name, recs in runs.items():
         cells = summary_cells(summarise(recs, last))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def table_columns(last: int = 10) -> list[str]:
+    """The column names of :func:`results_table` (and of the terminal's table)."""
+    return ["strategy", "rounds", "final acc %", "best acc %", f"last-{last} mean %",
+            f"last-{last} std", "client work (k examples)", "MB per client", "time s"]
 
 
 #: What the columns of :func:`results_table` mean, under the table of a results page.
@@ -114,7 +121,7 @@ def summary_cells(s: Mapping[str, float]) -> list[str]:
     """The cells of one :func:`results_table` row (``-`` where nothing was measured)."""
     if not s:
         return ["0", "-", "-", "-", "-", "-", "-", "-"]
-    rounds = f"{int(s['rounds'])} hops" if s["hops"] else str(int(s["rounds"]))
+    rounds = f"{int(s['steps'])} hops" if s["hops"] else str(int(s["steps"]))
     work = f"{s['work'] / 1000:.0f}" if s["work"] else "-"
     per_client = f"{s['bytes_per_client'] / 1e6:.1f}" if np.isfinite(s["bytes_per_client"]) else "-"
     return [rounds, f"{100 * s['final']:.2f}", f"{100 * s['best']:.2f}",

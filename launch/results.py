@@ -17,8 +17,7 @@ def table(runs: dict[str, list[dict[str, Any]]], title: str) -> None:
     from rich.table import Table
 
     t = Table(title=title)
-    for col in ("strategy", "rounds", "final acc %", "best acc %", "last-10 mean %",
-                "last-10 std", "client work (k ex.)", "MB per client", "time s"):
+    for col in metrics.table_columns():
         t.add_column(col, justify="left" if col == "strategy" else "right")
     for name, recs in runs.items():
         t.add_row(name, *metrics.summary_cells(metrics.summarise(recs)))

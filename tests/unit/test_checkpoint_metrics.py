@@ -86,6 +86,10 @@ def test_work_traffic_and_hops_in_the_summary_the_table_and_the_curve(tmp_path):
     oneshot = [{"round": 0, "accuracy": 0.1}, {"round": 1, "hop": 1, "accuracy": 0.3},
                {"round": 2, "hop": 0, "accuracy": 0.5}]
     assert metrics.summarise(oneshot)["hops"] == 0
+    # a chain evaluated once per pass: its hops are counted, not its evaluations
+    per_pass = [{"round": 0, "accuracy": 0.1}] + [
+        {"round": h, "hop": h, **({"accuracy": 0.5} if h == 3 else {})} for h in (1, 2, 3)]
+    assert metrics.summary_cells(metrics.summarise(per_pass))[0] == "3 hops"
     page = metrics.results_page("default", "A demonstration schedule.", table)
     assert page.startswith("# default\n\nA demonstration schedule.\n\n| strategy |")
     assert page.rstrip().endswith("![test accuracy](accuracy.png)")

@@ -51,7 +51,8 @@ def test_a_terminal_keeps_its_colours():
     pid, fd = pty.fork()
     if pid == 0:  # the child writes to a terminal
         os.execvpe(sys.executable, [sys.executable, "-c", SCRIPT],
-                   {**os.environ, "FLWR_LOG_LEVEL": ""})
+                   {k: v for k, v in {**os.environ, "FLWR_LOG_LEVEL": ""}.items()
+                    if k != "NO_COLOR"})
     chunks = []
     while True:
         try:
@@ -75,6 +76,7 @@ def test_flowers_handler_stops_colouring_when_its_stream_is_redirected(monkeypat
     logger.addHandler(handler)
     monkeypatch.setattr(sys, "stderr", buf)
     monkeypatch.setattr(sys, "stdout", io.StringIO())
+    monkeypatch.delenv("NO_COLOR", raising=False)  # set by the call; undone after the test
     try:
         console.plain_when_redirected()
         assert handler.colored is False and isinstance(sys.stderr, console.Uncoloured)
