@@ -1,33 +1,64 @@
 #!/usr/bin/env bash
-# Every seeded run behind docs/results/{fedcda,fedcross,ima}.md (issue 17), one after another,
-# each resumable: run this script again after an interruption and it goes on where it stopped
-# (finished settings are skipped, an unfinished seed continues from its checkpoint).
-# Layout: runs/<method>-regime|-seeds/<setting>/seed-<k>/<strategy>/ (scripts/seeds_report.py).
-#   regime     FedCDA beside FedAvg in three local-training regimes (scripts/regime_fedcda.sh)
-#   horizon    FedCross alpha 0.99 / 0.9 beside FedAvg, 300 rounds, 2 seeds
-#   headlines  FedCDA Dirichlet 0.1 and shards 2, FedCross Dirichlet 0.1, IMA shards 2 and
-#              Dirichlet 0.3, seeds 0 1 2
-# About 15 hours of 2 idle cores in all.  Usage: nice -n 19 scripts/reproduce_seeds.sh [part...]
+# Every seeded run behind docs/results/{fedcda,fedcross,ima}.md (issue 17), one seed of one
+# setting at a time.  After each, scripts/seeds_report.py copies the finished runs' records to
+# docs/results/data/ (kept in git, unlike runs/) and rewrites the pages' generated sections; a
+# seed whose records are there already is skipped.  So the work is carried across sessions two
+# ways: an interrupted seed continues from its checkpoints in runs/ (resume=true), and a
+# finished one is never run again, even on a machine without that runs/ directory.
+# Layout: runs/<group>/<setting>/seed-<k>/<strategy>/, <group> one of
+#   fedcda-regime   FedCDA beside FedAvg in three local-training regimes (scripts/regime_fedcda.sh)
+#   fedcross-seeds  horizon: FedCross alpha 0.99 / 0.9 beside FedAvg, 300 rounds, seeds 0 1;
+#                   dir0.1: FedCross, FedAvg, FedProx, seeds 0 1 2
+#   fedcda-seeds    FedCDA Dirichlet 0.1 and shards 2, seeds 0 1 2
+#   ima-seeds       IMA shards 2 and Dirichlet 0.3 (with their branched baselines), seeds 0 1 2
+# Costs on 2 idle cores, per seed: a regime setting about 20 minutes, the horizon about
+# 75 minutes, a FedCDA headline setting 20, FedCross Dirichlet 0.1 25, an IMA partition 25;
+# about 15 hours in all.
+# Usage: nice -n 19 scripts/reproduce_seeds.sh [regime] [horizon] [headlines]
 set -uo pipefail
-cd "$(dirname "$0")"
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+DATA=docs/results/data
 parts=("$@")
 [[ ${#parts[@]} -gt 0 ]] || parts=(regime horizon headlines)
-done_or_run() {  # results.md of a finished run; otherwise the command
-  local results=$1; shift
-  [[ -f ../$results ]] || "$@" || echo "reproduce_seeds: $* failed" >&2
+status=0
+# unit GROUP SETTING STRATEGIES SEED COMMAND...: run COMMAND with SEEDS=SEED unless the
+# records of STRATEGIES finished strategies of that seed are archived; then archive.
+unit() {
+  local group=$1 setting=$2 want=$3 seed=$4; shift 4
+  local have
+  have=$(compgen -G "$DATA/$group-$setting-s$seed-*.jsonl" | wc -l)
+  if (( have >= want )); then
+    echo "reproduce_seeds: $group/$setting seed $seed: archived, skipped"; return 0
+  fi
+  echo "reproduce_seeds: $group/$setting seed $seed ($(date -u +%H:%M) UTC)"
+  SEEDS=$seed "$@" || { echo "reproduce_seeds: $group/$setting seed $seed failed" >&2; status=1; }
+  "$PY" scripts/seeds_report.py "$group" > /dev/null \
+    || { echo "reproduce_seeds: seeds_report.py $group failed" >&2; status=1; }
 }
 for p in "${parts[@]}"; do
   case $p in
-    regime) ./regime_fedcda.sh ;;
-    horizon) done_or_run runs/fedcross-seeds/horizon/results.md ./reproduce_fedcross.sh horizon ;;
+    regime)
+      for a in 0.5 0.3; do
+        for r in m1e-4-e1 m0.9-e1 m0.9-e2; do
+          for k in 0 1 2; do
+            unit fedcda-regime "dir$a-$r" 2 $k scripts/regime_fedcda.sh "dir$a-$r"
+          done
+        done
+      done ;;
+    horizon)
+      for k in 0 1; do
+        unit fedcross-seeds horizon 3 $k scripts/reproduce_fedcross.sh horizon
+      done ;;
     headlines)
       for s in dir0.1 shards2; do
-        done_or_run "runs/fedcda-seeds/$s/results.md" env SEEDS=0,1,2 ./reproduce_fedcda.sh "$s"
+        for k in 0 1 2; do unit fedcda-seeds "$s" 2 $k scripts/reproduce_fedcda.sh "$s"; done
       done
-      done_or_run runs/fedcross-seeds/dir0.1/results.md env SEEDS=0,1,2 ./reproduce_fedcross.sh dir0.1
-      for s in shards2 dir0.3; do
-        done_or_run "runs/ima-seeds/$s-fedprox/results.md" env SEEDS=0,1,2 ./reproduce_ima.sh "$s"
+      for k in 0 1 2; do unit fedcross-seeds dir0.1 3 $k scripts/reproduce_fedcross.sh dir0.1; done
+      for s in shards2 dir0.3; do  # the branched FedProx run is the last of a seed's three
+        for k in 0 1 2; do unit ima-seeds "$s-fedprox" 1 $k scripts/reproduce_ima.sh "$s"; done
       done ;;
     *) echo "usage: $0 [regime] [horizon] [headlines]" >&2; exit 2 ;;
   esac
 done
+exit $status
