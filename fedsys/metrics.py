@@ -146,6 +146,43 @@ def seeds_summary(per_seed: Mapping[int, Sequence[Mapping[str, Any]]], last: int
     return out
 
 
+# One-sided 95 % quantiles of Student's t for 1..20 degrees of freedom (any table of the
+# t distribution); beyond 20 the value for 20 is used, which only makes the test stricter.
+T95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812,
+       1.796, 1.782, 1.771, 1.761, 1.753, 1.746, 1.740, 1.734, 1.729, 1.725)
+VERDICTS = ("holds", "holds within noise", "does not hold here")
+
+
+def verdict(diffs: Sequence[float]) -> str:
+    """Whether a claimed gain holds, from paired per-seed differences (method − baseline).
+
+    A paired one-sided t-test at 95 % each way on ``diffs`` (one difference per seed, same
+    partition, start and draws for both): ``"holds"`` when the mean difference is
+    significantly above 0, ``"does not hold here"`` when it is significantly below 0, and
+    ``"holds within noise"`` when neither (the seeds do not separate the two).  With fewer
+    than two seeds there is no spread to judge by, so no verdict.
+
+    Parameters
+    ----------
+    diffs : sequence of float
+        Per-seed differences, any unit.
+
+    Returns
+    -------
+    str
+        One of :data:`VERDICTS`, or ``"one seed: no verdict"``.
+    """
+    d = np.asarray(diffs, dtype=float)
+    if d.size < 2:
+        return "one seed: no verdict"
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    if sd == 0.0:
+        return VERDICTS[0] if mean > 0 else VERDICTS[2] if mean < 0 else VERDICTS[1]
+    t = mean / (sd / np.sqrt(d.size))
+    crit = T95[min(d.size - 1, len(T95)) - 1]
+    return VERDICTS[0] if t >= crit else VERDICTS[2] if t <= -crit else VERDICTS[1]
+
+
 def seeds_results_table(runs: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]],
                         last: int = 10) -> str:
     """A Markdown table over seeds: mean ± std across seeds (accuracy in %)."""

@@ -219,22 +219,27 @@ def paired(runs: Runs, points: list[int | str], base: str,
     rows = [f"### Paired differences against {NAMES.get(base, base)}, same seed\n",
             "Each method's accuracy minus the baseline's on the same seed and start, in "
             "points (mean ± std of the per-seed differences; the seed moves both together, "
-            "so this is tighter than comparing the two means):\n",
-            "| setting | method | " + " | ".join(f"{h}, difference" for h in heads) + " |",
-            "|---|---|" + "---:|" * len(points)]
+            "so this is tighter than comparing the two means).  The verdict judges the "
+            f"{heads[-1]} difference by a paired one-sided t-test at 95 % each way "
+            "(`fedsys.metrics.verdict`): \"holds\" is a gain the seeds separate from 0, "
+            "\"does not hold here\" a loss they separate from 0, \"holds within noise\" "
+            "neither:\n",
+            "| setting | method | " + " | ".join(f"{h}, difference" for h in heads)
+            + " | verdict |",
+            "|---|---|" + "---:|" * len(points) + "---|"]
     for base_setting, settings in groups.items():
         ref = runs.get(base_setting, {}).get(base, {})
         for setting in settings:
             for strategy, seeds in runs.get(setting, {}).items():
                 if strategy == base:
                     continue
-                cells = []
+                cells, d = [], []
                 for p in points:
                     d = [v - b for k, r in seeds.items() if k in ref
                          and (v := at(r, p)) is not None and (b := at(ref[k], p)) is not None]
                     cells.append(stat(d) if d else "(not run)")
                 rows.append(f"| {setting} | {NAMES.get(strategy, strategy)} | "
-                            + " | ".join(cells) + " |")
+                            + " | ".join(cells) + f" | {metrics.verdict(d) if d else '-'} |")
     return "\n".join(rows) + "\n"
 
 
