@@ -243,20 +243,38 @@ def paired(runs: Runs, points: list[int | str], base: str,
     return "\n".join(rows) + "\n"
 
 
-def means(runs: Runs, setting: str, keys: dict[str, str], first: int) -> str:
+def mean_from(recs: list[dict[str, Any]], key: str, first: int) -> float | None:
+    """``key`` averaged over rounds ``first`` onwards (None: the run never logged it)."""
+    vals = [float(r[key]) for r in recs if r["round"] >= first and key in r]
+    return statistics.mean(vals) if vals else None
+
+
+def spread(values: list[float]) -> str:
+    """``mean ± std (n)`` to 4 significant digits."""
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.4g} ± {sd:.2g} (n={len(values)})"
+
+
+def means(runs: Runs, setting: str, keys: dict[str, str], first: int,
+          base: str | None = None) -> str:
     """Round metrics averaged over rounds ``first`` onwards, per seed, then mean ± std
-    across seeds."""
-    rows = ["| method | " + " | ".join(f"{v}, mean of rounds {first}+" for v in keys.values())
-            + " |", "|---|" + "---:|" * len(keys)]
+    across seeds; with ``base``, each metric the baseline logs also as a ratio to the
+    baseline's on the same seed."""
+    ref = runs.get(setting, {}).get(base or "", {})
+    ratio_keys = [k for k in keys if any(mean_from(r, k, first) is not None for r in ref.values())]
+    heads = [f"{v}, mean of rounds {first}+" for v in keys.values()]
+    heads += [f"{keys[k]}, ratio to {NAMES.get(base or '', base)} (same seed)" for k in ratio_keys]
+    rows = ["| method | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
     for strategy, seeds in runs.get(setting, {}).items():
         cells = []
         for k in keys:
-            per = [statistics.mean(float(r[k]) for r in recs if r["round"] >= first and k in r)
-                   for recs in seeds.values()
-                   if any(r["round"] >= first and k in r for r in recs)]
-            cells.append(f"{statistics.mean(per):.4g} ± "
-                         f"{statistics.stdev(per) if len(per) > 1 else 0.0:.2g} (n={len(per)})"
-                         if per else "-")
+            per = [v for recs in seeds.values() if (v := mean_from(recs, k, first)) is not None]
+            cells.append(spread(per) if per else "-")
+        for k in ratio_keys:
+            rat = [v / b for s, recs in seeds.items() if s in ref
+                   and (v := mean_from(recs, k, first)) is not None
+                   and (b := mean_from(ref[s], k, first))]
+            cells.append(spread(rat) if rat else "-")
         rows.append(f"| {NAMES.get(strategy, strategy)} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -316,7 +334,7 @@ def main() -> None:
         parts.append(f"### {title} (`{source}`)\n\n"
                      f"{table(runs, setting, spec['points'])}\n")
         if "means" in spec:
-            parts.append(means(runs, setting, spec["means"], spec["means_from"]) + "\n")
+            parts.append(means(runs, setting, spec["means"], spec["means_from"], spec.get("paired")) + "\n")
             for k, label in spec["means"].items():
                 if any(k in r for seeds in runs[setting].values() for recs in seeds.values()
                        for r in recs):
