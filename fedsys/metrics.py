@@ -122,8 +122,9 @@ def summary_cells(s: Mapping[str, float]) -> list[str]:
     if not s:
         return ["0", "-", "-", "-", "-", "-", "-", "-"]
     rounds = f"{int(s['steps'])} hops" if s["hops"] else str(int(s["steps"]))
-    work = f"{s['work'] / 1000:.0f}" if s["work"] else "-"
-    per_client = f"{s['bytes_per_client'] / 1e6:.1f}" if np.isfinite(s["bytes_per_client"]) else "-"
+    k, mb = s["work"] / 1000, s["bytes_per_client"] / 1e6  # small runs keep 2 digits, not 0
+    work = ("-" if not s["work"] else f"{k:.0f}" if k >= 10 else f"{k:.2g}")
+    per_client = ("-" if not np.isfinite(mb) else f"{mb:.1f}" if mb >= 0.1 else f"{mb:.2g}")
     return [rounds, f"{100 * s['final']:.2f}", f"{100 * s['best']:.2f}",
             f"{100 * s['last_mean']:.2f}", f"{100 * s['last_std']:.2f}", work, per_client,
             f"{s['time_s']:.0f}"]

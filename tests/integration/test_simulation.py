@@ -63,7 +63,9 @@ def test_three_nodes_two_rounds_two_strategies(tmp_path):
     page = (run / "results.md").read_text()
     # rounds, accuracies, client work (k examples), MB per client (2 rounds x 2 models), time
     mb = 2 * 2 * sum(len(a.data) for a in proto.to_record(recs_model(run / "fedavg")).values()) / 1e6
-    assert f"| {sum(sizes) * 2 / 1000:.0f} | {mb:.1f} |" in page.split("| fedavg | 2 |")[1]
+    k = sum(sizes) * 2 / 1000  # 2 significant digits below 10 k examples and 0.1 MB
+    cells = (f"{k:.0f}" if k >= 10 else f"{k:.2g}", f"{mb:.1f}" if mb >= 0.1 else f"{mb:.2g}")
+    assert "| {} | {} |".format(*cells) in page.split("| fedavg | 2 |")[1]
     assert "Client work:" in page and "![test accuracy](accuracy.png)" in page
 
 

@@ -80,8 +80,11 @@ def test_work_traffic_and_hops_in_the_summary_the_table_and_the_curve(tmp_path):
     assert (c["work"], c["bytes"], c["bytes_per_client"], c["hops"]) == (5400, 6e6, 2e6, 1)
     assert metrics.work_curve(chain) == [(0, 0.1), (1800, 0.4), (3600, 0.5), (5400, 0.6)]
     table = metrics.results_table({"fedavg": par, "fedseq": chain})
-    assert "| fedavg | 2 | 60.00 | 60.00 | 55.00 | 5.00 | 5 | 4.0 | 2 |" in table
-    assert "| fedseq | 3 hops | 60.00 | 60.00 | 50.00 | 8.16 | 5 | 2.0 | 0 |" in table
+    assert "| fedavg | 2 | 60.00 | 60.00 | 55.00 | 5.00 | 5.4 | 4.0 | 2 |" in table
+    assert "| fedseq | 3 hops | 60.00 | 60.00 | 50.00 | 8.16 | 5.4 | 2.0 | 0 |" in table
+    # a tiny test run's work and traffic keep two digits instead of showing 0
+    tiny = [{**r, "trained-examples": 30, "bytes-down": 6e3, "bytes-up": 6e3} for r in par]
+    assert "| 0.09 | 0.004 |" in metrics.results_table({"tiny": tiny})
     # one-shot FedAvg: a warm-up hop, then a parallel round: rounds, not hops
     oneshot = [{"round": 0, "accuracy": 0.1}, {"round": 1, "hop": 1, "accuracy": 0.3},
                {"round": 2, "hop": 0, "accuracy": 0.5}]
