@@ -186,12 +186,13 @@ def last(recs: list[dict[str, Any]], points: list[int | str], key: str) -> float
     return vals[-1] if vals else None
 
 
-def stat(values: list[float]) -> str:
-    """``mean ± std (n)``."""
+def stat(values: list[float], mean_fmt: str = ".2f", sd_fmt: str = ".2f",
+         empty: str = "(not run)") -> str:
+    """``mean ± std (n)`` (``empty`` for no values)."""
     if not values:
-        return "(not run)"
+        return empty
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.2f} ± {sd:.2f} (n={len(values)})"
+    return f"{statistics.mean(values):{mean_fmt}} ± {sd:{sd_fmt}} (n={len(values)})"
 
 
 def table(runs: Runs, setting: str, points: list[int | str], key: str = "accuracy") -> str:
@@ -249,12 +250,6 @@ def mean_from(recs: list[dict[str, Any]], key: str, first: int) -> float | None:
     return statistics.mean(vals) if vals else None
 
 
-def spread(values: list[float]) -> str:
-    """``mean ± std (n)`` to 4 significant digits."""
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.4g} ± {sd:.2g} (n={len(values)})"
-
-
 def means(runs: Runs, setting: str, keys: dict[str, str], first: int,
           base: str | None = None) -> str:
     """Round metrics averaged over rounds ``first`` onwards, per seed, then mean ± std
@@ -269,12 +264,12 @@ def means(runs: Runs, setting: str, keys: dict[str, str], first: int,
         cells = []
         for k in keys:
             per = [v for recs in seeds.values() if (v := mean_from(recs, k, first)) is not None]
-            cells.append(spread(per) if per else "-")
+            cells.append(stat(per, ".4g", ".2g", "-"))
         for k in ratio_keys:
             rat = [v / b for s, recs in seeds.items() if s in ref
                    and (v := mean_from(recs, k, first)) is not None
                    and (b := mean_from(ref[s], k, first))]
-            cells.append(spread(rat) if rat else "-")
+            cells.append(stat(rat, ".4g", ".2g", "-"))
         rows.append(f"| {NAMES.get(strategy, strategy)} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
