@@ -353,7 +353,7 @@ def main() -> None:
         base, groups = spec["baseline"]
         parts.append(paired(runs, spec["points"], base, groups))
     if "paired" in spec:  # against the baseline of the same setting and seed
-        parts.append(paired(runs, spec["points"], spec["paired"], {s: (s,) for s in runs}))
+        parts.append(paired(runs, spec["points"], spec["paired"], {s: (s,) for s in SETTINGS if s in runs}))
     body = "\n".join(parts) or "(no runs yet)\n"
     doc = out / f"{spec.get('doc', args.method)}.md"
     text = doc.read_text() if doc.exists() else f"# {args.method}\n"
