@@ -7,8 +7,8 @@
 # Settings: dir<alpha>-<regime>, alpha 0.5 or 0.3;
 #   m1e-4-e1 = the preset's schedule (momentum 1e-4, E = 1, warmup 15);
 #   m0.9-e1 / m0.9-e2 = momentum 0.9 with E = 1 / E = 2, warmup 20 of 60 rounds.
-# Usage: nice -n 19 scripts/regime_fedcda.sh [setting...]   (default: all six; about 20 minutes
-# per setting and seed on 2 idle cores)
+# Usage: nice -n 19 scripts/regime_fedcda.sh [setting...]   (default: all six; 22-25 minutes
+# per setting and seed on 2 idle cores, measured; E = 2 about twice)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FEDSYS=${FEDSYS:-.venv/bin/fedsys}

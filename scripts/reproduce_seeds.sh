@@ -11,8 +11,8 @@
 #                   dir0.1: FedCross, FedAvg, FedProx, seeds 0 1 2
 #   fedcda-seeds    FedCDA Dirichlet 0.1 and shards 2, seeds 0 1 2
 #   ima-seeds       IMA shards 2 and Dirichlet 0.3 (with their branched baselines), seeds 0 1 2
-# Costs on 2 idle cores, per seed: a regime setting about 20 minutes, the horizon about
-# 75 minutes, a FedCDA headline setting 20, FedCross Dirichlet 0.1 25, an IMA partition 25;
+# Costs on 2 idle cores, per seed: a regime setting 22-25 minutes measured (E = 2 about twice), the horizon about
+# 75 minutes, a FedCDA headline setting 25, FedCross Dirichlet 0.1 25, an IMA partition 25 (estimated);
 # about 15 hours in all.
 # Usage: nice -n 19 scripts/reproduce_seeds.sh [regime] [horizon] [headlines]
 set -uo pipefail
