@@ -23,6 +23,11 @@ FLWR_ENV = {
     # Ray binds to the machine's address unless told it is not a cluster: keep it on
     # loopback (read when ray is first imported).
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    # Ray's GCS declares its own raylet dead after 5 missed health checks (3 s apart, 10 s
+    # each); a run niced under other work on 2 cores missed them and lost its cluster
+    # ("mistakenly been marked as dead by the GCS").  The raylet is on this machine, so a
+    # real death ends the driver anyway: wait about 10 minutes of starvation instead.
+    "RAY_health_check_failure_threshold": "50",
 }
 
 

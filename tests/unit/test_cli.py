@@ -112,3 +112,20 @@ def test_a_run_without_any_usable_update_exits_1_with_one_line(monkeypatch, caps
 def test_a_plugin_that_cannot_be_imported_is_named(capsys):
     assert main(["run", "--set", "plugins=no_such_module_xyz"]) == 2
     assert "config key 'plugins': cannot import 'no_such_module_xyz'" in capsys.readouterr().err
+
+
+def test_the_simulation_env_reaches_rays_own_config():
+    """``fedsys run`` sets Ray's health-check threshold through the environment: a misspelt
+    name would be ignored without a word, and a starved run would lose its cluster again."""
+    import os
+    import subprocess
+    import sys
+
+    from launch.simulation import FLWR_ENV
+
+    env = {**os.environ, **FLWR_ENV}
+    out = subprocess.run(
+        [sys.executable, "-c",
+         "import ray._raylet as r; print(r.Config.health_check_failure_threshold())"],
+        env=env, capture_output=True, text=True, check=True).stdout
+    assert int(out.split()[-1]) == int(FLWR_ENV["RAY_health_check_failure_threshold"]) > 5
