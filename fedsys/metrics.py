@@ -203,6 +203,16 @@ def seeds_results_table(runs: Mapping[str, Mapping[int, Sequence[Mapping[str, An
     return "\n".join(lines)
 
 
+LINE_STYLES = ("-", "--", "-.", ":")
+
+
+def line_style(index: int) -> dict[str, Any]:
+    """Matplotlib line keywords for the ``index``-th curve of a figure: the dash pattern
+    cycles with the colour, so two methods with the same numbers (FedProx at a small mu
+    and FedAvg) still show both curves instead of the later hiding the earlier."""
+    return {"lw": 1.6, "ls": LINE_STYLES[index % len(LINE_STYLES)]}
+
+
 def plot_seed_curves(runs: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]], path: Path,
                      title: str) -> Path:
     """Mean test accuracy per round across seeds, with a ±1 std band, per strategy."""
@@ -212,7 +222,7 @@ def plot_seed_curves(runs: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for name, per_seed in runs.items():
+    for i, (name, per_seed) in enumerate(runs.items()):
         series = [{int(r["round"]): 100 * float(r["accuracy"]) for r in recs if "accuracy" in r}
                   for recs in per_seed.values()]
         rounds = sorted(set.intersection(*(set(s) for s in series))) if series else []
@@ -220,7 +230,7 @@ def plot_seed_curves(runs: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]
             continue
         arr = np.asarray([[s[r] for r in rounds] for s in series])
         mean, sd = arr.mean(0), (arr.std(0, ddof=1) if len(arr) > 1 else np.zeros(len(rounds)))
-        line = ax.plot(rounds, mean, lw=1.6, label=f"{name} ({len(series)} seeds)")[0]
+        line = ax.plot(rounds, mean, label=f"{name} ({len(series)} seeds)", **line_style(i))[0]
         ax.fill_between(rounds, mean - sd, mean + sd, color=line.get_color(), alpha=0.18)
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%), mean ± std over seeds")
@@ -246,12 +256,12 @@ def plot_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, tit
     by_work = bool(runs) and all(any("trained-examples" in r for r in recs)
                                  for recs in runs.values() if recs)
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for name, recs in runs.items():
+    for i, (name, recs) in enumerate(runs.items()):
         pts = ([(w / 1000, 100 * a) for w, a in work_curve(recs)] if by_work else
                [(r["round"], 100 * float(r["accuracy"])) for r in recs if "accuracy" in r])
         if pts:
             xs, ys = zip(*pts, strict=True)
-            ax.plot(xs, ys, label=name, lw=1.6, marker="." if len(xs) <= 40 else None)
+            ax.plot(xs, ys, label=name, marker="." if len(xs) <= 40 else None, **line_style(i))
     ax.set_xlabel("client-training work: examples trained by clients so far (thousands)"
                   if by_work else "round")
     ax.set_ylabel("test accuracy (%)")

@@ -285,15 +285,16 @@ def curves(runs: Runs, setting: str, path: Path, title: str, key: str = "accurac
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(7.5, 4.4))
-    for strategy, seeds in runs.get(setting, {}).items():
+    for i, (strategy, seeds) in enumerate(runs.get(setting, {}).items()):
         series = [[scale * float(r[key]) for r in recs if key in r] for recs in seeds.values()]
         n = min(len(s) for s in series)
         if n < 2:
             continue
         arr = np.array([s[:n] for s in series])
         xs = np.arange(n)
-        line = ax.plot(xs, arr.mean(0), lw=1.6, label=f"{NAMES.get(strategy, strategy)} "
-                       f"({len(series)} seeds)", marker="o" if n <= 3 else None)[0]
+        line = ax.plot(xs, arr.mean(0), label=f"{NAMES.get(strategy, strategy)} "
+                       f"({len(series)} seeds)", marker="o" if n <= 3 else None,
+                       **metrics.line_style(i))[0]
         ax.fill_between(xs, arr.min(0), arr.max(0), color=line.get_color(), alpha=0.15)
     ax.set_xlabel(METHODS[METHOD[0]]["xlabel"])
     ax.set_ylabel(ylabel)
