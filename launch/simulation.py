@@ -26,7 +26,7 @@ FLWR_ENV = {
     # Ray's GCS declares its own raylet dead after 5 missed health checks (3 s apart, 10 s
     # each); a run niced under other work on 2 cores missed them and lost its cluster
     # ("mistakenly been marked as dead by the GCS").  The raylet is on this machine, so a
-    # real death ends the driver anyway: wait about 10 minutes of starvation instead.
+    # real death ends the driver anyway: allow 50 (2.5 to 11 minutes of starvation).
     "RAY_health_check_failure_threshold": "50",
 }
 
