@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 from fedsys.config import RunConfig
@@ -53,6 +54,22 @@ def write_app_dir(cfg: RunConfig, directory: Path) -> Path:
     return directory
 
 
+def ray_init_args(environ: Mapping[str, str]) -> dict[str, object]:
+    """The ``ray.init`` arguments of a simulation: the cluster ``RAY_ADDRESS`` names, or a
+    cluster of its own.
+
+    With ``RAY_ADDRESS`` set (``ray start --head`` on a multi-GPU box, or the test suite's
+    one cluster per test process), the run joins that cluster and leaves its size to it: Ray
+    refuses ``num_cpus`` when joining.  Otherwise the run starts a private cluster with every
+    core of this machine; ``address="local"`` keeps Ray from joining whatever cluster
+    ``ray start`` last recorded under ``/tmp/ray`` instead.
+    """
+    address = environ.get("RAY_ADDRESS", "").strip()
+    if address:
+        return {"address": address, "include_dashboard": False}
+    return {"address": "local", "num_cpus": os.cpu_count() or 1, "include_dashboard": False}
+
+
 def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = None) -> None:
     """Run ``cfg`` with ``num-clients`` simulated SuperNodes (Ray backend).
 
@@ -70,9 +87,13 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
     from launch.client_app import app as fedsys_client_app
     from launch.server_app import app as server_app
 
+    init_args = ray_init_args(os.environ)
+    if "num_cpus" not in init_args:
+        print(f"fedsys: joining the Ray cluster at RAY_ADDRESS={init_args['address']}; "
+              "its CPUs and GPUs decide how many clients train at once", flush=True)
     backend = {
         "client_resources": {"num_cpus": cfg.client_num_cpus, "num_gpus": cfg.client_num_gpus},
-        "init_args": {"num_cpus": os.cpu_count() or 1, "include_dashboard": False},
+        "init_args": init_args,
     }
     with tempfile.TemporaryDirectory(prefix="fedsys-app-") as tmp:
         app_dir = write_app_dir(cfg, Path(tmp))

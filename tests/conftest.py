@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -18,6 +20,43 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on 127.0.0.1
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_ray_cluster_per_test_process(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Simulations in this test process join one Ray cluster through ``RAY_ADDRESS``.
+
+    Starting and stopping a private cluster costs a simulation about 6 s of wall time and
+    7 s of CPU on 2 cores (``benchmarks/ray_cluster.py``), most of a short test run, and
+    CI runs about 70 of them.  Each run is still its own Ray job with fresh worker
+    processes, so its numbers are the same (tests/integration/test_simulation.py compares
+    both ways).  Started only when a selected test is marked ``slow``;
+    ``FEDSYS_TEST_SHARED_RAY=0`` turns it off, and a ``RAY_ADDRESS`` already set is used as
+    it is.  A test that needs a run's own cluster asks for ``own_ray_cluster``.
+    """
+    slow = any(it.get_closest_marker("slow") for it in request.session.items)
+    if (not slow or os.environ.get("RAY_ADDRESS")
+            or os.environ.get("FEDSYS_TEST_SHARED_RAY", "1") == "0"):
+        yield
+        return
+    from launch.raycluster import ray_cluster
+
+    root = Path(tempfile.mkdtemp(prefix="fedsys-ray-"))  # short: Ray's socket paths
+    try:
+        with ray_cluster(root) as address:
+            os.environ["RAY_ADDRESS"] = address
+            try:
+                yield
+            finally:
+                os.environ.pop("RAY_ADDRESS", None)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def own_ray_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test's simulations start their own Ray cluster, as a user's ``fedsys run`` does."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
 
 @pytest.fixture(autouse=True)

@@ -19,6 +19,7 @@ APP = Path(__file__).resolve().parents[2] / "examples" / "numpy-client" / "app.p
     ("lss", ["lss.ingredients=2", "lss.affinity=0.1", "lss.diversity=0.1"]),
     ("fedelmy", ["fedelmy.pool-size=2"]),
 ])
+@pytest.mark.usefixtures("own_ray_cluster")  # the app sizes its own cluster, as Flower's docs do
 def test_a_compat_app_trains_with_a_fedsys_trainer(tmp_path, trainer, options):
     out = tmp_path / "history.json"
     proc = subprocess.run(

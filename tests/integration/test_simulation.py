@@ -89,6 +89,30 @@ def _query(msg: Message, context: Context) -> Message:
     return fedsys_client.query(msg, context)
 
 
+def test_a_run_in_the_shared_ray_cluster_equals_one_in_its_own(tmp_path, monkeypatch, capsys):
+    """The suite's simulations join one Ray cluster per test process (tests/conftest.py);
+    a user's ``fedsys run`` starts its own.  Both give the same weights and metrics."""
+    address = os.environ.get("RAY_ADDRESS")
+    if not address:
+        pytest.skip("no shared Ray cluster (FEDSYS_TEST_SHARED_RAY=0)")
+    # FedCDA: FedAvg's rounds during its warmup, then its stateful selection
+    cfg = {"strategy": "fedcda", "fedcda.warmup": 1, "num-server-rounds": 3,
+           "clients-per-round": 2}
+    simulate(_cfg(tmp_path, name="shared", **cfg))
+    assert f"joining the Ray cluster at RAY_ADDRESS={address}" in capsys.readouterr().out
+    monkeypatch.delenv("RAY_ADDRESS")
+    simulate(_cfg(tmp_path, name="own", **cfg))
+    assert "joining" not in capsys.readouterr().out
+    drop = ("round-time", "fedcda-aggregation-s")  # wall-clock times
+    a, b = (metrics.read_jsonl(tmp_path / run / "fedcda" / "metrics.jsonl")
+            for run in ("shared", "own"))
+    assert [r["round"] for r in a] == [0, 1, 2, 3] and a[-1]["fedcda-warmup"] == 0.0
+    assert [{k: v for k, v in r.items() if k not in drop} for r in a] == \
+           [{k: v for k, v in r.items() if k not in drop} for r in b]
+    ma, mb = (torch.load(tmp_path / run / "fedcda" / "model.pt") for run in ("shared", "own"))
+    assert ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma)
+
+
 def test_client_that_raises_every_round_is_rejected_and_the_run_goes_on(tmp_path, caplog):
     cfg = _cfg(tmp_path, name="faulty", strategy="fedavg")
     simulate(cfg, client_app=faulty)
@@ -112,7 +136,9 @@ def _fedsys(*args: str, **kw: object) -> subprocess.Popen[bytes]:
     ("ima[ima.base=fedcda;ima.start-round=3;ima.window=2;fedcda.warmup=2;fedcda.cache=disk]",
      "ima-base-fedcda-start-round-3-window-2-warmup-2-cache-disk"),
 ])
-def test_killed_run_resumes_to_identical_weights(tmp_path, strategy, label):
+def test_killed_run_resumes_to_identical_weights(tmp_path, monkeypatch, strategy, label):
+    if label == "fedavg":  # as a user runs it: the kill takes the run's own Ray cluster too
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
     sets = [f"--set={k}={v}" for k, v in {**BASE, "output-dir": tmp_path, "strategy": strategy,
                                            "num-server-rounds": 6, "local-epochs": 15,
                                            "clients-per-round": 2}.items()]

@@ -129,3 +129,25 @@ def test_the_simulation_env_reaches_rays_own_config():
          "import ray._raylet as r; print(r.Config.health_check_failure_threshold())"],
         env=env, capture_output=True, text=True, check=True).stdout
     assert int(out.split()[-1]) == int(FLWR_ENV["RAY_health_check_failure_threshold"]) > 5
+
+
+def test_a_simulation_joins_the_cluster_ray_address_names_or_starts_its_own():
+    """With ``RAY_ADDRESS`` the run joins that cluster without sizing it (``ray.init``
+    refuses ``num_cpus`` there); without, it starts a private one with every core and never
+    joins a cluster that ``ray start`` recorded under /tmp/ray."""
+    import os
+
+    import ray
+
+    from launch.simulation import ray_init_args
+
+    own = ray_init_args({})
+    assert own == {"address": "local", "num_cpus": os.cpu_count() or 1,
+                   "include_dashboard": False}
+    assert ray_init_args({"RAY_ADDRESS": "  "}) == own  # empty means unset, as for Ray
+    joined = ray_init_args({"RAY_ADDRESS": "127.0.0.1:6379"})
+    assert joined == {"address": "127.0.0.1:6379", "include_dashboard": False}
+    # Ray's own rule, which the joined form must respect
+    with pytest.raises(ValueError, match="num_cpus and num_gpus must not be provided"):
+        ray.init(**{**joined, "num_cpus": 2})
+    assert not ray.is_initialized()

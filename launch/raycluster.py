@@ -1,0 +1,92 @@
+"""A Ray cluster that outlives single simulations, for runs that join it via ``RAY_ADDRESS``.
+
+``fedsys run`` normally starts a private Ray cluster and stops it at the end: about 6 s of
+wall time and 7 s of CPU per run on 2 cores (``benchmarks/ray_cluster.py``).  Many short runs
+in a row (the test suite, a benchmark) can instead share one cluster: each run is still a Ray
+job of its own, with fresh worker processes, so its numbers do not change
+(:func:`launch.simulation.ray_init_args` decides which way a run goes).
+
+Usage::
+
+    with ray_cluster(Path("/tmp/r")) as address:
+        os.environ["RAY_ADDRESS"] = address  # runs started from here join it
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from launch.deploy import _alive, descendants, free_port
+from launch.simulation import FLWR_ENV
+
+
+@contextmanager
+def ray_cluster(root: Path, num_cpus: int | None = None,
+                timeout: float = 180.0) -> Iterator[str]:
+    """Run ``ray start --head --block`` on 127.0.0.1 while the block runs; its address.
+
+    The cluster gets free ports of its own and its temporary directory under ``root`` (keep
+    it short: Ray's socket paths must fit 107 characters), so it is never the cluster that
+    ``/tmp/ray`` records for a bare ``ray.init()``.  ``num_cpus`` defaults to every core.
+    On leaving, the cluster is stopped and none of its processes is left.
+
+    Raises
+    ------
+    RuntimeError
+        When the cluster has not started within ``timeout`` seconds (with the end of its log).
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    log_path = root / "ray-start.log"
+    port = free_port()
+    ray = Path(sys.executable).parent / "ray"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [str(ray), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+             f"--port={port}", f"--ray-client-server-port={free_port()}",
+             f"--dashboard-agent-listen-port={free_port()}",
+             f"--num-cpus={num_cpus or os.cpu_count() or 1}", "--num-gpus=0",
+             "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={root}"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **FLWR_ENV})
+    try:
+        end = time.monotonic() + timeout
+        while b"Ray runtime started" not in log_path.read_bytes():
+            if proc.poll() is not None or time.monotonic() > end:
+                raise RuntimeError(
+                    f"the Ray cluster in {root} did not start (exit status {proc.poll()}):\n"
+                    + log_path.read_text(errors="replace")[-3000:])
+            time.sleep(0.2)
+        yield f"127.0.0.1:{port}"
+    finally:
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the cluster's process group (``ray start --block`` then stops what it
+    started), SIGKILL whatever of it is left after 15 s."""
+    pids = descendants(proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        pass
+    end = time.monotonic() + 15
+    while time.monotonic() < end and any(_alive(p) for p in pids if p != proc.pid):
+        time.sleep(0.2)
+    for pid in pids:
+        if _alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    proc.wait(timeout=15)
