@@ -140,6 +140,13 @@ METHODS: dict[str, dict[str, Any]] = {
          "ima-base-fedavg-average-false-lr-decay-0.99": "FedAvg",
          "ima-base-fedavg-average-false": "same decay, no averaging (control)",
          "ima-base-fedprox-average-false-lr-decay-0.99": "FedProx"},
+        # IMA against its base and against the control, each branched from the IMA run's
+        # own round-75 checkpoint of the same seed
+        pairs=[(part, ima, f"{part}-{base}", f"ima-base-{base}-average-false{tail}")
+               for part in ("shards2", "dir0.3") for ima, base, tail in (
+                   ("ima-base-fedavg", "fedavg", "-lr-decay-0.99"),
+                   ("ima-base-fedavg", "fedavg", ""),
+                   ("ima-base-fedprox", "fedprox", "-lr-decay-0.99"))],
         config="configs/ima-fmnist.yaml + scripts/reproduce_ima.sh"),
 }
 HEADS = {"final": "final", "last10": "last-10 mean"}
@@ -216,8 +223,20 @@ def paired(runs: Runs, points: list[int | str], base: str,
     """Each method minus ``base`` of the same seed (same partition, start and draws) in
     the baseline's setting (``groups``: baseline setting -> settings compared with it),
     mean ± std of the per-seed differences, in points."""
+    pairs = [(setting, strategy, base_setting, base)
+             for base_setting, settings in groups.items() for setting in settings
+             for strategy in runs.get(setting, {}) if strategy != base]
+    return paired_table(runs, points, pairs, f"against {NAMES.get(base, base)}")
+
+
+def paired_table(runs: Runs, points: list[int | str],
+                 pairs: list[tuple[str, str, str, str]], against: str = "") -> str:
+    """The paired table of ``pairs``: (setting, strategy, baseline's setting, baseline),
+    each the strategy minus its baseline on the same seed, mean ± std across seeds, with
+    the verdict on the last point.  Without ``against`` (one baseline for all) a row names
+    its own baseline."""
     heads = [HEADS.get(str(p), f"round {p}") for p in points]
-    rows = [f"### Paired differences against {NAMES.get(base, base)}, same seed\n",
+    rows = [f"### Paired differences{' ' + against if against else ''}, same seed\n",
             "Each method's accuracy minus the baseline's on the same seed and start, in "
             "points (mean ± std of the per-seed differences; the seed moves both together, "
             "so this is tighter than comparing the two means).  The verdict judges the "
@@ -228,19 +247,21 @@ def paired(runs: Runs, points: list[int | str], base: str,
             "| setting | method | " + " | ".join(f"{h}, difference" for h in heads)
             + " | verdict |",
             "|---|---|" + "---:|" * len(points) + "---|"]
-    for base_setting, settings in groups.items():
+    for setting, strategy, base_setting, base in pairs:
+        seeds = runs.get(setting, {}).get(strategy)
+        if seeds is None:
+            continue
         ref = runs.get(base_setting, {}).get(base, {})
-        for setting in settings:
-            for strategy, seeds in runs.get(setting, {}).items():
-                if strategy == base:
-                    continue
-                cells, d = [], []
-                for p in points:
-                    d = [v - b for k, r in seeds.items() if k in ref
-                         and (v := at(r, p)) is not None and (b := at(ref[k], p)) is not None]
-                    cells.append(stat(d) if d else "(not run)")
-                rows.append(f"| {setting} | {NAMES.get(strategy, strategy)} | "
-                            + " | ".join(cells) + f" | {metrics.verdict(d) if d else '-'} |")
+        cells, d = [], []
+        for p in points:
+            d = [v - b for k, r in seeds.items() if k in ref
+                 and (v := at(r, p)) is not None and (b := at(ref[k], p)) is not None]
+            cells.append(stat(d) if d else "(not run)")
+        label = NAMES.get(strategy, strategy)
+        if not against:
+            label += f" − {NAMES.get(base, base)}"
+        rows.append(f"| {setting} | {label} | " + " | ".join(cells)
+                    + f" | {metrics.verdict(d) if d else '-'} |")
     return "\n".join(rows) + "\n"
 
 
@@ -353,6 +374,8 @@ def main() -> None:
     if "baseline" in spec:
         base, groups = spec["baseline"]
         parts.append(paired(runs, spec["points"], base, groups))
+    if "pairs" in spec:  # named comparisons, possibly across settings
+        parts.append(paired_table(runs, spec["points"], spec["pairs"]))
     if "paired" in spec:  # against the baseline of the same setting and seed
         parts.append(paired(runs, spec["points"], spec["paired"], {s: (s,) for s in SETTINGS if s in runs}))
     body = "\n".join(parts) or "(no runs yet)\n"
