@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -31,11 +32,16 @@ EPILOG = """examples:
 
 
 def _preflight(cfg: cfgmod.RunConfig) -> None:
-    """Fail fast, in this process, on missing data, impossible partitions or GPUs
-    that are not there (Ray would wait for them forever)."""
+    """Fail fast, in this process, on missing data, impossible partitions, GPUs
+    that are not there or a Ray cluster that does not answer (Ray would wait for them
+    forever)."""
     import torch
 
     from fedsys.task import dataset, initial_params, partitions
+    from launch.simulation import ray_address_problem
+
+    if problem := ray_address_problem(os.environ):
+        raise cfgmod.ConfigError(problem)
 
     if (cfg.client_num_gpus > 0 or cfg.device == "cuda") and not torch.cuda.is_available():
         key = "client-num-gpus" if cfg.client_num_gpus > 0 else "device"

@@ -9,6 +9,7 @@ objects as ``flwr run .``; the resolved config reaches both sides as
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 import warnings
 from collections.abc import Mapping
@@ -65,9 +66,31 @@ def ray_init_args(environ: Mapping[str, str]) -> dict[str, object]:
     ``ray start`` last recorded under ``/tmp/ray`` instead.
     """
     address = environ.get("RAY_ADDRESS", "").strip()
-    if address:
+    if address and address != "local":
         return {"address": address, "include_dashboard": False}
     return {"address": "local", "num_cpus": os.cpu_count() or 1, "include_dashboard": False}
+
+
+def ray_address_problem(environ: Mapping[str, str], timeout: float = 5.0) -> str | None:
+    """What is wrong with ``RAY_ADDRESS``, or None: unset, ``local``, ``auto`` (Ray looks
+    for a cluster itself), or a ``host:port`` (``ray://`` allowed) where something answers.
+
+    Without this check a run given a dead address waits in ``ray.init`` without a word.
+    """
+    address = environ.get("RAY_ADDRESS", "").strip()
+    if address in ("", "local", "auto"):
+        return None
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return (f"environment variable RAY_ADDRESS={address!r} is not host:port "
+                "(e.g. 127.0.0.1:6379, as 'ray start --head' prints)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        return (f"environment variable RAY_ADDRESS={address}: no Ray cluster answers there "
+                f"({exc.strerror or exc}); start one ('ray start --head') or unset RAY_ADDRESS "
+                "to let the run start its own")
+    return None
 
 
 def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = None) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import ClassVar
@@ -19,6 +22,7 @@ from fedsys import checkpoint, metrics
 from fedsys import protocol as proto
 from fedsys.task import partitions
 from launch import client_app as fedsys_client
+from launch.raycluster import ray_cluster
 from launch.registry import build
 from launch.simulation import simulate
 from strategies.fedavg import FedAvgStrategy
@@ -93,8 +97,17 @@ def test_a_run_in_the_shared_ray_cluster_equals_one_in_its_own(tmp_path, monkeyp
     """The suite's simulations join one Ray cluster per test process (tests/conftest.py);
     a user's ``fedsys run`` starts its own.  Both give the same weights and metrics."""
     address = os.environ.get("RAY_ADDRESS")
-    if not address:
-        pytest.skip("no shared Ray cluster (FEDSYS_TEST_SHARED_RAY=0)")
+    with contextlib.ExitStack() as stack:
+        if not address:  # the suite's own cluster is off (FEDSYS_TEST_SHARED_RAY=0)
+            root = Path(tempfile.mkdtemp(prefix="fedsys-ray-"))  # short: Ray's socket paths
+            stack.callback(shutil.rmtree, root, ignore_errors=True)
+            address = stack.enter_context(ray_cluster(root))
+            monkeypatch.setenv("RAY_ADDRESS", address)
+        _shared_and_own(tmp_path, monkeypatch, capsys, address)
+
+
+def _shared_and_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                    capsys: pytest.CaptureFixture[str], address: str) -> None:
     # FedCDA: FedAvg's rounds during its warmup, then its stateful selection
     cfg = {"strategy": "fedcda", "fedcda.warmup": 1, "num-server-rounds": 3,
            "clients-per-round": 2}

@@ -145,9 +145,40 @@ def test_a_simulation_joins_the_cluster_ray_address_names_or_starts_its_own():
     assert own == {"address": "local", "num_cpus": os.cpu_count() or 1,
                    "include_dashboard": False}
     assert ray_init_args({"RAY_ADDRESS": "  "}) == own  # empty means unset, as for Ray
+    assert ray_init_args({"RAY_ADDRESS": "local"}) == own  # Ray's own word for a new one
     joined = ray_init_args({"RAY_ADDRESS": "127.0.0.1:6379"})
     assert joined == {"address": "127.0.0.1:6379", "include_dashboard": False}
     # Ray's own rule, which the joined form must respect
     with pytest.raises(ValueError, match="num_cpus and num_gpus must not be provided"):
         ray.init(**{**joined, "num_cpus": 2})
     assert not ray.is_initialized()
+
+
+@pytest.mark.parametrize(("address", "says"), [
+    ("127.0.0.1:1", "RAY_ADDRESS=127.0.0.1:1: no Ray cluster answers there"),
+    ("ray://127.0.0.1:1", "RAY_ADDRESS=ray://127.0.0.1:1: no Ray cluster answers there"),
+    ("nonsense", "RAY_ADDRESS='nonsense' is not host:port"),
+    ("127.0.0.1:", "is not host:port"),
+])
+def test_a_ray_address_where_no_cluster_answers_stops_the_run_before_ray(
+        monkeypatch, capsys, address, says):
+    """Ray itself would retry a dead ``RAY_ADDRESS`` for ever, printing only warnings."""
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    args = ["run", "--set", "dataset=synthetic", "--set", "model=mlp", "--set", "num-clients=3",
+            "--set", "clients-per-round=3", "--set", "num-server-rounds=1"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: environment variable ") and says in err, err
+
+
+def test_a_ray_address_that_answers_or_leaves_the_choice_to_ray_is_accepted():
+    import socket
+
+    from launch.simulation import ray_address_problem
+
+    with socket.create_server(("127.0.0.1", 0)) as srv:  # something listens there
+        port = srv.getsockname()[1]
+        assert ray_address_problem({"RAY_ADDRESS": f"127.0.0.1:{port}"}) is None
+        assert ray_address_problem({"RAY_ADDRESS": f"ray://127.0.0.1:{port}"}) is None
+    for unset in ({}, {"RAY_ADDRESS": ""}, {"RAY_ADDRESS": "local"}, {"RAY_ADDRESS": "auto"}):
+        assert ray_address_problem(unset) is None
