@@ -30,6 +30,9 @@ FLWR_ENV = {
     # ("mistakenly been marked as dead by the GCS").  The raylet is on this machine, so a
     # real death ends the driver anyway: allow 50 (2.5 to 11 minutes of starvation).
     "RAY_health_check_failure_threshold": "50",
+    # ... and the raylet gives up on a GCS that has not answered for 60 s, ending the run
+    # the same way (a niced run lost its cluster so while the test suite started beside it)
+    "RAY_gcs_rpc_server_reconnect_timeout_s": "600",
 }
 
 

@@ -131,6 +131,23 @@ def test_the_simulation_env_reaches_rays_own_config():
     assert int(out.split()[-1]) == int(FLWR_ENV["RAY_health_check_failure_threshold"]) > 5
 
 
+def test_every_ray_setting_in_the_simulation_env_is_a_name_ray_reads():
+    """Ray reads ``RAY_<name>`` for each of its config names and ignores other names
+    silently; its raylet binary holds every name it reads."""
+    from pathlib import Path
+
+    import ray
+
+    from launch.simulation import FLWR_ENV
+
+    raylet = (Path(ray.__file__).parent / "core/src/ray/raylet/raylet").read_bytes()
+    names = [k for k in FLWR_ENV if k.startswith("RAY_") and k[4:5].islower()]
+    assert "RAY_gcs_rpc_server_reconnect_timeout_s" in names
+    for name in names:
+        assert name.encode() + b"\0" in raylet, name
+    assert b"RAY_gcs_rpc_server_reconect_timeout_s\0" not in raylet  # the check can fail
+
+
 def test_a_simulation_joins_the_cluster_ray_address_names_or_starts_its_own():
     """With ``RAY_ADDRESS`` the run joins that cluster without sizing it (``ray.init``
     refuses ``num_cpus`` there); without, it starts a private one with every core and never
