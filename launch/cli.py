@@ -334,14 +334,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fedsys.partition import PartitionError
 
     try:
-        return int(args.fn(args))
+        rc = int(args.fn(args))
     except (cfgmod.ConfigError, DataError, PartitionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        rc = 2
     except KeyboardInterrupt:
         print("interrupted; 'fedsys resume <run dir>' continues from the last checkpoint",
               file=sys.stderr)
-        return 130
+        rc = 130
+    if argv is None and rc != 0:
+        exit_now_if_threads_linger(rc)
+    return rc
+
+
+def exit_now_if_threads_linger(rc: int, grace: float = 10.0) -> None:
+    """End the process with ``rc`` when threads of a failed run are still alive after
+    ``grace`` seconds.
+
+    When Flower's simulation engine crashes (its Ray cluster lost, say), the ServerApp
+    thread waits for replies that never come, and Python would wait for that thread at
+    exit: the command printed its error and then hung (seen: a niced experiment stuck for
+    minutes).  Only the command does this; ``main(argv)`` in a test returns as usual.
+    """
+    import threading
+
+    main_thread = threading.main_thread()
+    others = [t for t in threading.enumerate()
+              if t is not main_thread and not t.daemon and t.is_alive()]
+    end = time.monotonic() + grace
+    for t in others:
+        t.join(max(0.0, end - time.monotonic()))
+    stuck = [t.name for t in others if t.is_alive()]
+    if stuck:
+        print(f"fedsys: exiting; {len(stuck)} thread(s) of the stopped run did not end "
+              f"({', '.join(stuck)})", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(rc)
 
 
 if __name__ == "__main__":

@@ -199,3 +199,28 @@ def test_a_ray_address_that_answers_or_leaves_the_choice_to_ray_is_accepted():
         assert ray_address_problem({"RAY_ADDRESS": f"ray://127.0.0.1:{port}"}) is None
     for unset in ({}, {"RAY_ADDRESS": ""}, {"RAY_ADDRESS": "local"}, {"RAY_ADDRESS": "auto"}):
         assert ray_address_problem(unset) is None
+
+
+def test_a_failed_command_does_not_wait_for_threads_its_run_left_behind():
+    """After an engine crash the ServerApp thread can wait for ever; the command exits with
+    its status and names the thread instead of hanging."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import threading, time\n"
+            "from launch.cli import exit_now_if_threads_linger\n"
+            "threading.Thread(target=time.sleep, args=(600,), name='serverapp').start()\n"
+            "exit_now_if_threads_linger(1, grace=0.5)\n"
+            "print('not reached')\n")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 1 and time.monotonic() - t0 < 60
+    assert "1 thread(s) of the stopped run did not end (serverapp)" in proc.stderr
+    assert "not reached" not in proc.stdout
+    # a thread that ends within the grace period is waited for, and the caller goes on
+    code_ok = code.replace("args=(600,)", "args=(0.1,)")
+    proc = subprocess.run([sys.executable, "-c", code_ok], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0 and "not reached" in proc.stdout and proc.stderr == ""
