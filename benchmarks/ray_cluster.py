@@ -10,8 +10,8 @@ Per run it measures the wall time and the CPU the whole machine spent meanwhile 
 ``system`` from ``/proc/stat``; time of niced processes, e.g. a background experiment at
 nice 19, is left out of ``user`` but its ``system`` time is not, so compare the two columns
 rather than read them alone).  It prints medians and the ratio joined/own, and the
-final test loss of every run, which must be the same to the last digit.  ``--record`` writes the table to
-``docs/performance.md``.
+final test loss of every run, which must be the same to the last digit.  ``--record``
+writes the table to ``docs/performance.md``.
 
 Usage::
 
