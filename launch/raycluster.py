@@ -1,7 +1,7 @@
 """A Ray cluster that outlives single simulations, for runs that join it via ``RAY_ADDRESS``.
 
-``fedsys run`` normally starts a private Ray cluster and stops it at the end: about 6 s of
-wall time and 7 s of CPU per run on 2 cores (``benchmarks/ray_cluster.py``).  Many short runs
+``fedsys run`` normally starts a private Ray cluster and stops it at the end: about 5 s of
+wall time and 6 s of CPU per run on 2 cores (``benchmarks/ray_cluster.py``).  Many short runs
 in a row (the test suite, a benchmark) can instead share one cluster: each run is still a Ray
 job of its own, with fresh worker processes, so its numbers do not change
 (:func:`launch.simulation.ray_init_args` decides which way a run goes).
@@ -54,7 +54,7 @@ def ray_cluster(root: Path, num_cpus: int | None = None,
              f"--num-cpus={num_cpus or os.cpu_count() or 1}", "--num-gpus=0",
              "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={root}"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, **FLWR_ENV})
+            env={**FLWR_ENV, **os.environ})  # as simulate(): the caller's values win
     try:
         end = time.monotonic() + timeout
         while b"Ray runtime started" not in log_path.read_bytes():

@@ -26,8 +26,8 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on 127.0.
 def _one_ray_cluster_per_test_process(request: pytest.FixtureRequest) -> Iterator[None]:
     """Simulations in this test process join one Ray cluster through ``RAY_ADDRESS``.
 
-    Starting and stopping a private cluster costs a simulation about 6 s of wall time and
-    7 s of CPU on 2 cores (``benchmarks/ray_cluster.py``), most of a short test run, and
+    Starting and stopping a private cluster costs a simulation about 5 s of wall time and
+    6 s of CPU on 2 cores (``benchmarks/ray_cluster.py``), a third of a short test run, and
     CI runs about 70 of them.  Each run is still its own Ray job with fresh worker
     processes, so its numbers are the same (tests/integration/test_simulation.py compares
     both ways).  Started only when a selected test is marked ``slow``;
