@@ -34,7 +34,8 @@ run: $(VENV)/.installed data
 # loadgroup does not group under pytest 9 with xdist 3.8): the tests wait on Ray's start-up,
 # the SuperNodes' polling and round timeouts, and in CI one worker waits for the Docker images,
 # so a third worker fills cores that two left idle (2026-11-25: the integration tests in 1166 s
-# instead of about 1370 s); each worker's simulations join one Ray cluster (tests/conftest.py)
+# instead of about 1370 s); each worker's simulations join one Ray cluster of one CPU, so each
+# starts one ClientApp actor (tests/conftest.py; the suite 1390 -> 1137 s beside a niced run)
 test: $(VENV)/.installed-dev data lint
 	$(PY) -m pytest -q -rs --durations=20 -n 3 --dist loadfile
 

@@ -265,7 +265,8 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run an experiment in Flower's simulation engine",
                        description="Run every strategy of CONFIG one after another on identical "
                        "partitions and seeds; write runs/<name>/ and print the results table. "
-                       "The run starts a Ray cluster of its own with every core, or joins the "
+                       "The run starts a Ray cluster of its own with the cores it can use "
+                       "(at most num-clients x client-num-cpus), or joins the "
                        "one RAY_ADDRESS names (e.g. after 'ray start --head --num-gpus=8'), "
                        "whose resources then decide how many clients train at once.")
     with_config(r)

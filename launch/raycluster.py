@@ -1,7 +1,7 @@
 """A Ray cluster that outlives single simulations, for runs that join it via ``RAY_ADDRESS``.
 
-``fedsys run`` normally starts a private Ray cluster and stops it at the end: about 5 s of
-wall time and 6 s of CPU per run on 2 cores (``benchmarks/ray_cluster.py``).  Many short runs
+``fedsys run`` normally starts a private Ray cluster and stops it at the end: about 4 s of
+wall time and 4 s of CPU per run on 2 cores (``benchmarks/ray_cluster.py``).  Many short runs
 in a row (the test suite, a benchmark) can instead share one cluster: each run is still a Ray
 job of its own, with fresh worker processes, so its numbers do not change
 (:func:`launch.simulation.ray_init_args` decides which way a run goes).

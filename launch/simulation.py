@@ -8,6 +8,7 @@ objects as ``flwr run .``; the resolved config reaches both sides as
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import tempfile
@@ -58,20 +59,27 @@ def write_app_dir(cfg: RunConfig, directory: Path) -> Path:
     return directory
 
 
-def ray_init_args(environ: Mapping[str, str]) -> dict[str, object]:
+def ray_init_args(environ: Mapping[str, str], cpus_needed: float | None = None
+                  ) -> dict[str, object]:
     """The ``ray.init`` arguments of a simulation: the cluster ``RAY_ADDRESS`` names, or a
     cluster of its own.
 
     With ``RAY_ADDRESS`` set (``ray start --head`` on a multi-GPU box, or the test suite's
     one cluster per test process), the run joins that cluster and leaves its size to it: Ray
-    refuses ``num_cpus`` when joining.  Otherwise the run starts a private cluster with every
-    core of this machine; ``address="local"`` keeps Ray from joining whatever cluster
-    ``ray start`` last recorded under ``/tmp/ray`` instead.
+    refuses ``num_cpus`` when joining.  Otherwise the run starts a private cluster with the
+    cores of this machine, but no more than ``cpus_needed`` (rounded up): Flower starts one
+    ClientApp actor per ``client-num-cpus`` of the cluster whatever the number of clients,
+    and each actor imports torch (about 10 s of CPU and a few hundred MB), so a 3-client run
+    on a 16-core box would start 16 of them.  ``address="local"`` keeps Ray from joining
+    whatever cluster ``ray start`` last recorded under ``/tmp/ray`` instead.
     """
     address = environ.get("RAY_ADDRESS", "").strip()
     if address and address != "local":
         return {"address": address, "include_dashboard": False}
-    return {"address": "local", "num_cpus": os.cpu_count() or 1, "include_dashboard": False}
+    cpus = os.cpu_count() or 1
+    if cpus_needed is not None and cpus_needed > 0:
+        cpus = min(cpus, math.ceil(cpus_needed))
+    return {"address": "local", "num_cpus": cpus, "include_dashboard": False}
 
 
 def ray_address_problem(environ: Mapping[str, str], timeout: float = 5.0) -> str | None:
@@ -113,7 +121,8 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
     from launch.client_app import app as fedsys_client_app
     from launch.server_app import app as server_app
 
-    init_args = ray_init_args(os.environ)
+    # more actors than simulated nodes never train at once
+    init_args = ray_init_args(os.environ, cfg.num_clients * cfg.client_num_cpus)
     if "num_cpus" not in init_args:
         print(f"fedsys: joining the Ray cluster at RAY_ADDRESS={init_args['address']}; "
               "its CPUs and GPUs decide how many clients train at once", flush=True)

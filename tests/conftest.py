@@ -26,11 +26,13 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on 127.0.
 def _one_ray_cluster_per_test_process(request: pytest.FixtureRequest) -> Iterator[None]:
     """Simulations in this test process join one Ray cluster through ``RAY_ADDRESS``.
 
-    Starting and stopping a private cluster costs a simulation about 5 s of wall time and
-    6 s of CPU on 2 cores (``benchmarks/ray_cluster.py``), a third of a short test run, and
-    CI runs about 70 of them.  Each run is still its own Ray job with fresh worker
+    Starting and stopping a private cluster costs a simulation about 4 s of wall time and
+    4 s of CPU on 2 cores (``benchmarks/ray_cluster.py``), and CI runs about 70 of them.  Each run is still its own Ray job with fresh worker
     processes, so its numbers are the same (tests/integration/test_simulation.py compares
-    both ways).  Started only when a selected test is marked ``slow``;
+    both ways).  The cluster has one CPU, so each run starts one ClientApp actor: Flower
+    starts an actor per CPU, and each costs about 10 s of CPU importing torch and Flower's
+    simulation modules (a short run: 21.5 s of CPU in a one-CPU cluster, 35.7 s in one with
+    both cores; no test needs clients to train at once).  Started only when a selected test is marked ``slow``;
     ``FEDSYS_TEST_SHARED_RAY=0`` turns it off, and a ``RAY_ADDRESS`` already set is used as
     it is.  A test that needs a run's own cluster asks for ``own_ray_cluster``.
     """
@@ -43,7 +45,7 @@ def _one_ray_cluster_per_test_process(request: pytest.FixtureRequest) -> Iterato
 
     root = Path(tempfile.mkdtemp(prefix="fedsys-ray-"))  # short: Ray's socket paths
     try:
-        with ray_cluster(root) as address:
+        with ray_cluster(root, num_cpus=1) as address:
             os.environ["RAY_ADDRESS"] = address
             try:
                 yield
@@ -131,7 +133,12 @@ def _procs_mentioning(text: str) -> list[int]:
 
 class FlwrLocal:
     """A private ``FLWR_HOME`` and environment for ``flwr run`` against Flower's local
-    SuperLink (a detached daemon that :meth:`stop` ends by PID)."""
+    SuperLink (a detached daemon that :meth:`stop` ends by PID).
+
+    Without the suite's ``RAY_ADDRESS``: Flower's local simulation starts its own Ray
+    cluster, as it does for a user following Flower's docs (its default of 2 CPUs per
+    client would not fit the suite's one-CPU cluster).
+    """
 
     def __init__(self, home: Path) -> None:
         from launch.deploy import free_port
@@ -139,7 +146,8 @@ class FlwrLocal:
 
         self.home = home
         self.home.mkdir()
-        self.env = {**os.environ, **FLWR_ENV, "FLWR_HOME": str(home),
+        environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        self.env = {**environ, **FLWR_ENV, "FLWR_HOME": str(home),
                     "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
                     "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
                     "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}

@@ -150,8 +150,8 @@ def test_every_ray_setting_in_the_simulation_env_is_a_name_ray_reads():
 
 def test_a_simulation_joins_the_cluster_ray_address_names_or_starts_its_own():
     """With ``RAY_ADDRESS`` the run joins that cluster without sizing it (``ray.init``
-    refuses ``num_cpus`` there); without, it starts a private one with every core and never
-    joins a cluster that ``ray start`` recorded under /tmp/ray."""
+    refuses ``num_cpus`` there); without, it starts a private one with every core it can use
+    and never joins a cluster that ``ray start`` recorded under /tmp/ray."""
     import os
 
     import ray
@@ -165,6 +165,11 @@ def test_a_simulation_joins_the_cluster_ray_address_names_or_starts_its_own():
     assert ray_init_args({"RAY_ADDRESS": "local"}) == own  # Ray's own word for a new one
     joined = ray_init_args({"RAY_ADDRESS": "127.0.0.1:6379"})
     assert joined == {"address": "127.0.0.1:6379", "include_dashboard": False}
+    # a private cluster is no larger than the run can use (Flower starts an actor per CPU)
+    assert ray_init_args({}, cpus_needed=1)["num_cpus"] == 1
+    assert ray_init_args({}, cpus_needed=0.5)["num_cpus"] == 1  # rounded up
+    assert ray_init_args({}, cpus_needed=10_000) == own
+    assert ray_init_args({"RAY_ADDRESS": "127.0.0.1:6379"}, cpus_needed=1) == joined
     # Ray's own rule, which the joined form must respect
     with pytest.raises(ValueError, match="num_cpus and num_gpus must not be provided"):
         ray.init(**{**joined, "num_cpus": 2})
