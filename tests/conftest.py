@@ -27,14 +27,15 @@ def _one_ray_cluster_per_test_process(request: pytest.FixtureRequest) -> Iterato
     """Simulations in this test process join one Ray cluster through ``RAY_ADDRESS``.
 
     Starting and stopping a private cluster costs a simulation about 4 s of wall time and
-    4 s of CPU on 2 cores (``benchmarks/ray_cluster.py``), and CI runs about 70 of them.  Each run is still its own Ray job with fresh worker
-    processes, so its numbers are the same (tests/integration/test_simulation.py compares
-    both ways).  The cluster has one CPU, so each run starts one ClientApp actor: Flower
-    starts an actor per CPU, and each costs about 10 s of CPU importing torch and Flower's
-    simulation modules (a short run: 21.5 s of CPU in a one-CPU cluster, 35.7 s in one with
-    both cores; no test needs clients to train at once).  Started only when a selected test is marked ``slow``;
+    4 s of CPU on 2 cores (``benchmarks/ray_cluster.py``), and CI runs about 70 of them. Each
+    run is still its own Ray job with fresh worker processes, so its numbers are the same
+    (tests/integration/test_simulation.py compares both ways). The cluster has one CPU, so
+    each run starts one ClientApp actor: Flower starts an actor per CPU, and each costs
+    about 10 s of CPU importing torch and Flower's simulation modules (a short run: 21.5 s
+    of CPU in a one-CPU cluster, 35.7 s in one with both cores; no test needs clients to
+    train at once). Started only when a selected test is marked ``slow``;
     ``FEDSYS_TEST_SHARED_RAY=0`` turns it off, and a ``RAY_ADDRESS`` already set is used as
-    it is.  A test that needs a run's own cluster asks for ``own_ray_cluster``.
+    it is. A test that needs a run's own cluster asks for ``own_ray_cluster``.
     """
     slow = any(it.get_closest_marker("slow") for it in request.session.items)
     if (not slow or os.environ.get("RAY_ADDRESS")
