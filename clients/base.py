@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from clients.optim import Optimiser
 from fedsys.params import Params
 
 if TYPE_CHECKING:
@@ -159,15 +160,8 @@ def sgd_loop(
 
     device = torch.device(cfg.device)
     net.to(device).train()
-    if cfg.optimizer == "adam":
-        opt: torch.optim.Optimizer = torch.optim.Adam(
-            net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    elif cfg.optimizer == "sgd":
-        opt = torch.optim.SGD(
-            net.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
-        )
-    else:
-        raise ValueError(f"optimizer {cfg.optimizer!r}; allowed: sgd, adam")
+    opt = Optimiser(net.parameters(), cfg.optimizer, cfg.lr, momentum=cfg.momentum,
+                    weight_decay=cfg.weight_decay)
     torch.manual_seed(cfg.seed)  # dropout and similar layers
     steps, last_epoch, loss_sum, loss_n, seen = 0, -1, 0.0, 0, 0
     for epoch, idx in batches(len(y), cfg.batch_size, cfg.epochs, cfg.seed):

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from clients.base import Trainer, TrainJob, TrainResult, batches
+from clients.optim import Optimiser
 from fedsys.options import option
 from fedsys.params import Params, RunningMean, from_torch, to_torch
 from fedsys.seeding import derive_seed
@@ -139,7 +140,7 @@ def train_one(net: nn.Module, job: TrainJob, data: tuple[torch.Tensor, ...], epo
     device = torch.device(cfg.device)
     net.to(device)
     params = list(net.parameters())
-    opt = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = Optimiser(params, "adam", cfg.lr, weight_decay=cfg.weight_decay)
     torch.manual_seed(seed)
     best: Params | None = None
     best_acc, last_loss, steps, examples = 0.0, 0.0, 0, 0

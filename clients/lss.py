@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from clients.base import Trainer, TrainJob, TrainResult, batches
+from clients.optim import Optimiser
 from fedsys.options import option
 from fedsys.seeding import derive_seed
 
@@ -133,11 +134,9 @@ class Soup:
             yield epoch, (self.job.normalise(self.job.x[idx]).to(self.device),
                           self.job.y[idx].to(self.device))
 
-    def optimiser(self) -> Any:
+    def optimiser(self) -> Optimiser:
         """A fresh Adam over the live model (coupled weight decay, as the paper's code)."""
-        import torch
-
-        return torch.optim.Adam(self.params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        return Optimiser(self.params, "adam", self.cfg.lr, weight_decay=self.cfg.weight_decay)
 
     def track(self, loss: float, n: int, epoch: int, last: list[int]) -> None:
         """Count steps, examples and the last epoch's mean task loss."""

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # CI's Docker engine for the container proof (tests/integration/test_deploy_docker.py):
 # start dockerd where none answers (installing docker.io, docker-compose and debootstrap
-# with apt when they are missing; needs root), then build the base image and both fedsys
-# images (scripts/docker_proof.sh --build-only) so that the test's own build finds every
-# layer cached.  .ci/run starts it in the background while pip sets up the venv.
+# with apt when they are missing, after .ci/run's apt-get update; needs root), then build
+# the base image and both fedsys images (scripts/docker_proof.sh --build-only) so that the
+# test's own build finds every layer cached.  .ci/run starts it in the background while
+# make sets up the venv.
 #
 #   scripts/ci_docker.sh READY_FILE
 #
@@ -27,7 +28,7 @@ if ! docker info >/dev/null 2>&1; then
     echo "== apt-get install ${missing[*]}"
     # .ci/run has run apt-get update; wait for any other apt to finish
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -q \
-      --no-install-recommends "${missing[@]}" \
+      "${missing[@]}" \
       || { say "no-engine: apt-get install ${missing[*]} failed"; exit 0; }
   fi
   echo "== starting dockerd"

@@ -99,3 +99,60 @@ def test_divergence_raises_a_clear_error():
     ds, net = setup()
     with pytest.raises(FloatingPointError, match="diverged"):
         fit("sgd", net, ds, LocalConfig(epochs=3, batch_size=32, lr=1e6, seed=0))
+
+
+@pytest.mark.parametrize(("kind", "momentum", "weight_decay"), [
+    ("sgd", 0.0, 0.0), ("sgd", 0.9, 0.0), ("sgd", 0.9, 1e-3), ("sgd", 1e-4, 5e-4),
+    ("adam", 0.0, 0.0), ("adam", 0.0, 1e-3),
+])
+def test_the_optimiser_steps_exactly_as_torch_optim(kind, momentum, weight_decay):
+    """clients.optim.Optimiser calls torch's functional SGD / Adam with the arguments
+    torch.optim.SGD / Adam pass: seven steps give the same parameters to the last bit,
+    also for a layer that gets no gradient in some steps (left out, as torch does)."""
+    from clients.optim import Optimiser
+
+    def nets() -> tuple[nn.Module, nn.Module]:
+        torch.manual_seed(3)
+        a = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3), nn.Linear(3, 3))
+        b = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3), nn.Linear(3, 3))
+        b.load_state_dict(a.state_dict())
+        return a, b
+
+    ours_net, ref_net = nets()
+    ours = Optimiser(ours_net.parameters(), kind, 0.05, momentum=momentum,
+                     weight_decay=weight_decay)
+    ref: torch.optim.Optimizer = (
+        torch.optim.SGD(ref_net.parameters(), lr=0.05, momentum=momentum,
+                        weight_decay=weight_decay) if kind == "sgd" else
+        torch.optim.Adam(ref_net.parameters(), lr=0.05, weight_decay=weight_decay))
+    g = torch.Generator().manual_seed(5)
+    for step in range(7):
+        x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+        for net, opt in ((ours_net, ours), (ref_net, ref)):
+            opt.zero_grad(set_to_none=True)
+            head = net if step % 3 else net[:3]  # the last layer sits some steps out
+            nn.functional.cross_entropy(head(x), y).backward()
+            opt.step()
+        for p, q in zip(ours_net.parameters(), ref_net.parameters(), strict=True):
+            assert torch.equal(p, q), (kind, step)
+    assert ours_net[0].weight.grad is not None
+    ours.zero_grad()
+    assert all(p.grad is None for p in ours_net.parameters())
+
+
+def test_the_optimiser_names_a_wrong_kind_and_does_not_import_dynamo():
+    import subprocess
+    import sys
+
+    from clients.optim import Optimiser
+
+    with pytest.raises(ValueError, match="optimizer 'rmsprop'; allowed: sgd, adam"):
+        Optimiser([torch.zeros(1, requires_grad=True)], "rmsprop", 0.1)
+    code = ("import sys, torch; from clients.optim import Optimiser\n"
+            "w = torch.zeros(3, requires_grad=True)\n"
+            "for kind in ('sgd', 'adam'):\n"
+            "    o = Optimiser([w], kind, 0.1, momentum=0.9); (w * w).sum().backward(); o.step()\n"
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "False"
