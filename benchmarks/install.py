@@ -3,8 +3,8 @@
 Arms, alternating so that drift in the machine's load and the network falls on both:
 
 * ``venv-pip``: a fresh venv, ``pip install -e .[dev]`` (the Makefile before uv);
-* ``venv-uv``: a fresh venv, ``pip install uv``, then ``uv pip install -e .[dev]`` with pip's
-  configured constraint file (the Makefile now);
+* ``venv-uv``: a fresh venv, ``pip install uv``, then ``uv pip install --compile-bytecode
+  -e .[dev]`` with pip's configured constraint file (the Makefile now);
 * with ``--docker REV``: ``docker build --no-cache`` of the server image from
   ``deploy/Dockerfile`` as it is at git revision ``REV`` (pip) and as it is now (uv), from
   the same local base image (``fedsys-base:bookworm``, made by ``scripts/docker_proof.sh``).
@@ -84,8 +84,8 @@ def venv_arm(kind: str, tmp: Path, i: int) -> tuple[float, float, str]:
                 [py, "-m", "pip", "install", "-q", "-e", ".[dev]"]]
     else:
         cmds = [[base, "-m", "venv", str(venv)], [py, "-m", "pip", "install", "-q", UV_REQ],
-                [str(venv / "bin" / "uv"), "pip", "install", "-q", "--python", py,
-                 *pip_constraints(), "-e", ".[dev]"]]
+                [str(venv / "bin" / "uv"), "pip", "install", "-q", "--compile-bytecode",
+                 "--python", py, *pip_constraints(), "-e", ".[dev]"]]
     wall, cpu = timed(cmds, env, tmp / f"{kind}-{i}.log")
     freeze = subprocess.run([py, "-m", "pip", "freeze", "--exclude-editable"],
                             capture_output=True, text=True, check=True).stdout
