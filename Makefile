@@ -15,7 +15,7 @@ help:
 	@echo "make lint  - ruff and mypy"
 
 # pip installs uv (the range flwr 1.41 requires, so flwr keeps it), and uv installs the rest:
-# the same packages as pip, in a third of the time and CPU (docs/performance.md "Setting up").
+# the same packages as pip, in less time (docs/performance.md "Setting up").
 # uv honours pip's configured constraint file (on this machine it caps torch) and uses the
 # system's certificates; it reads no other pip setting.  It compiles the bytecode as pip
 # does: without it, three test workers starting Ray at once compiled Ray's modules side
