@@ -18,11 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,9 +96,7 @@ def main() -> None:
         sys.exit("first_step: the arms' parameters differ")
     if args.record:
         cmd = "python benchmarks/first_step.py " + " ".join(sys.argv[1:])
-        body = (f"Command: `{cmd}`  \nMachine: {platform.machine()}, {os.cpu_count()} cores, "
-                f"{time.strftime('%Y-%m-%d')}\n\n"
-                "A fresh process imports torch, builds the FedCDA paper's CNN and takes one "
+        body = ("A fresh process imports torch, builds the FedCDA paper's CNN and takes one "
                 "SGD step (momentum 0.9) and one Adam step, with `torch.optim` or with the "
                 "trainers' `clients.optim.Optimiser` (torch's functional `sgd` / `adam`, the "
                 "functions `torch.optim.SGD.step` and `Adam.step` call), alternating. "
@@ -108,8 +104,7 @@ def main() -> None:
                 "process that trains pays it once: each deployed ClientApp message, each "
                 "simulation actor.\n\n" + table + "\n\n" + note + "\n")
         doc = ROOT / "docs" / "performance.md"
-        doc.write_text(metrics.replace_section(doc.read_text(), "## First optimiser step",
-                                               body))
+        metrics.record_section(doc, "## First optimiser step", cmd, body)
         print(f"recorded in {doc}")
 
 

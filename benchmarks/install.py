@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -147,16 +146,14 @@ def main() -> None:
     print(table + "\n\n" + note)
     if args.record:
         cmd = "python benchmarks/install.py " + " ".join(sys.argv[1:])
-        body = (f"Command: `{cmd}`  \nMachine: {platform.machine()}, {os.cpu_count()} cores, "
-                f"{time.strftime('%Y-%m-%d')}\n\n"
-                "A fresh venv with the dev extra (`make`'s set-up) and, for `docker`, a "
+        body = ("A fresh venv with the dev extra (`make`'s set-up) and, for `docker`, a "
                 "`docker build --no-cache` of the server image from the local base, by pip "
                 "(before) and by uv (now), alternating, nothing cached: each arm downloads "
                 "torch with its CUDA libraries. CPU: the machine's user + system time from "
                 "/proc/stat (niced work left out). In the image most of what is left is "
                 "Docker committing a 6 GB layer.\n\n" + table + "\n\n" + note + "\n")
         doc = ROOT / "docs" / "performance.md"
-        doc.write_text(metrics.replace_section(doc.read_text(), "## Setting up", body))
+        metrics.record_section(doc, "## Setting up", cmd, body)
         print(f"recorded in {doc}")
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -128,9 +127,7 @@ def main() -> None:
         sys.exit("ray_cluster: the runs' final losses differ")
     if args.record:
         cmd = "python benchmarks/ray_cluster.py " + " ".join(sys.argv[1:])
-        body = (f"Command: `{cmd}`  \nMachine: {platform.machine()}, {os.cpu_count()} cores, "
-                f"{time.strftime('%Y-%m-%d')}\n\n"
-                "A short `fedsys run` (synthetic data, MLP, 3 clients, 2 rounds, FedAvg: the "
+        body = ("A short `fedsys run` (synthetic data, MLP, 3 clients, 2 rounds, FedAvg: the "
                 "shape of most integration tests) starting its own Ray cluster, against the "
                 "same run joining a running cluster through `RAY_ADDRESS`, with every core or "
                 "with one CPU (what the test suite does, one cluster per test process; Flower "
@@ -141,7 +138,7 @@ def main() -> None:
                 "missed the actors (it gave 16.7 and 10.5 s).\n\n"
                 + table + "\n\n" + note + "\n")
         doc = ROOT / "docs" / "performance.md"
-        doc.write_text(metrics.replace_section(doc.read_text(), "## Ray cluster per run", body))
+        metrics.record_section(doc, "## Ray cluster per run", cmd, body)
         print(f"recorded in {doc}")
 
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import platform
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -342,3 +345,15 @@ def kept_records(runs: Path, data: Path, run: str, strategy: str) -> list[dict[s
         write_jsonl(saved, others + [{**r, "strategy": strategy} for r in recs])
         return recs
     return [r for r in read_jsonl(saved) if r.get("strategy") == strategy]
+
+
+def record_section(doc: Path, head: str, command: str, text: str) -> None:
+    """Set the section ``head`` of the Markdown file ``doc`` to a benchmark's result.
+
+    The section starts with the command that made it and the machine (architecture, cores,
+    date), then ``text``; it is replaced where it stands (:func:`replace_section`).  The
+    benchmarks record their tables into ``docs/performance.md`` this way.
+    """
+    stamp = (f"Command: `{command}`  \nMachine: {platform.machine()}, {os.cpu_count()} cores, "
+             f"{time.strftime('%Y-%m-%d')}\n\n")
+    doc.write_text(replace_section(doc.read_text(), head, stamp + text))

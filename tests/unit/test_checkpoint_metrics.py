@@ -231,3 +231,20 @@ def test_two_methods_with_the_same_numbers_both_show_in_the_figures(tmp_path):
                 metrics.plot_seed_curves({"fedavg": {0: recs, 1: recs}, "fedprox": {0: recs, 1: recs}},
                                          tmp_path / "s.png", "t")):
         assert _pixels(png, first) > 0.25 * _pixels(png, second), png.name
+
+
+def test_record_section_stamps_command_and_machine_and_keeps_the_order(tmp_path):
+    import os
+    import platform
+    import time
+
+    doc = tmp_path / "performance.md"
+    doc.write_text("# Performance\n\n## A\n\nold a\n\n## B\n\nb\n")
+    metrics.record_section(doc, "## A", "python benchmarks/x.py --pairs 2", "| t |\n")
+    lines = doc.read_text().split("\n")
+    assert lines[:3] == ["# Performance", "", "## A"]
+    assert lines[4] == "Command: `python benchmarks/x.py --pairs 2`  "
+    assert lines[5] == (f"Machine: {platform.machine()}, {os.cpu_count()} cores, "
+                        f"{time.strftime('%Y-%m-%d')}")
+    assert lines[7] == "| t |" and "old a" not in doc.read_text()
+    assert doc.read_text().endswith("## B\n\nb\n")
