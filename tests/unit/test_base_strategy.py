@@ -434,3 +434,50 @@ def test_a_reply_lost_on_the_way_is_asked_for_again(reply_grid, caplog, code, re
     want = mean([model(p) for p in used], [10 * (p + 1) for p in used])
     assert s.params is not None and np.array_equal(s.params["w"], want["w"])
     assert ("lost on the way" in caplog.text) == asked_again
+
+
+class CountingGrid:
+    """Wraps a ReplyGrid and counts the QUERY messages pushed, per node."""
+
+    def __init__(self, grid: Any) -> None:
+        self.grid, self.queries = grid, {}
+
+    def get_node_ids(self):
+        return self.grid.get_node_ids()
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for m in messages:
+            if m.metadata.message_type == MessageType.QUERY:
+                self.queries[m.metadata.dst_node_id] = self.queries.get(m.metadata.dst_node_id, 0) + 1
+        return self.grid.push_messages(messages)
+
+    def pull_messages(self, ids):
+        return self.grid.pull_messages(ids)
+
+
+def test_the_next_strategy_of_a_run_starts_from_the_nodes_answers(reply_grid):
+    """launch.server_app.KnownNodes: a run's second strategy asks no node again, samples
+    as if it had asked, and asks only a node it has not seen."""
+    from launch.server_app import KnownNodes
+
+    known, grid = KnownNodes(), CountingGrid(reply_grid(NODES))
+    first = FedAvgStrategy.from_config(cfg())
+    known.give(first)
+    picked = first.sample(grid, 1, 3)
+    known.learn(first)
+    assert grid.queries == {n: 1 for n in NODES}
+    assert known.partition_ids == NODES
+
+    second = FedAvgStrategy.from_config(cfg())
+    known.give(second)
+    assert second.sample(grid, 1, 3) == picked
+    assert grid.queries == {n: 1 for n in NODES}  # no second query round
+
+    grid.grid.nodes = {**{n: p for n, p in NODES.items() if n != 101}, 999: 0}  # 101 came back as 999
+    third = FedAvgStrategy.from_config(cfg())
+    known.give(third)
+    third.sample(grid, 2, 3)
+    known.learn(third)
+    assert grid.queries == {**{n: 1 for n in NODES}, 999: 1}
+    assert 101 not in known.partition_ids and known.partition_ids[999] == 0
