@@ -1,26 +1,28 @@
 """Deployment with TLS and node authentication, proven on real processes on 127.0.0.1.
 
-One module-scoped deployment (``launch.deploy.LocalDeployment``, the topology of
-``docker-compose.yml``): a SuperLink over HTTPS with SuperNode authentication, its
-SuperExec running the ServerApp, and three SuperNodes with registered keys, each
-with its own SuperExec running the ClientApp.  On it:
+One module-scoped deployment, started and stopped as an operator does it:
+``fedsys deploy up --tls --auth`` (the topology of ``docker-compose.yml``: a SuperLink
+over HTTPS with SuperNode authentication, its SuperExec running the ServerApp, and
+three SuperNodes with registered keys, each with its own SuperExec running the
+ClientApp) and ``fedsys deploy down``.  On it:
 
-* FedAvg and FedCross runs complete (and are the reference of the resume test), with
-  bit-identical results to Flower's simulation engine (node ids do not matter);
+* the reference run, FedAvg then FedCross on Fashion-MNIST: the ServerApp side
+  (SuperExec and its ``flwr-serverapp``) is killed in FedCross's round 2, restarted,
+  and ``fedsys deploy run --set resume=true`` finishes the run.  Both strategies end
+  bit-identical to the same config in Flower's simulation engine, uninterrupted
+  (node ids do not matter): FedAvg, which ran through, shows deployment equals
+  simulation; FedCross, which was resumed, shows the resume is exact.  The run asks
+  each node for its partition once for both strategies (:class:`KnownNodes`);
 * a SuperNode with an unregistered key is refused, and clients without the CA
   certificate cannot connect;
 * a SuperNode killed while it trains: the round completes with the others after
   ``round-timeout`` and the strategy's rule for missing clients holds (FedAvg
   aggregates the others, FedCross keeps that slot's model);
-* the ServerApp side killed after a checkpoint and restarted: the resubmitted run
-  (``resume=true``) ends with bit-identical weights to the uninterrupted run;
 * a one-shot FedELMY chain over the three nodes, in the seeded order the server
   records, and the same chain going on when a site dies in the middle of its hop.
 
-FedCross cases run once ``fedcross`` is in ``strategies.REGISTRY``; until then they
-are reported as skipped with that reason.  Deployment costs seconds per message
-(the SuperNode polls every 3 s and each message starts a ClientApp process), so the
-runs are one or two rounds of a tiny MLP on synthetic data.
+Deployment costs seconds per message (the SuperNode polls every 3 s and each message
+starts a ClientApp process), so the runs are one or two rounds of a tiny MLP.
 """
 
 from __future__ import annotations
@@ -32,12 +34,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from fedsys import checkpoint, metrics
 from fedsys.chain import chain_order
@@ -46,6 +50,7 @@ from fedsys.task import model
 from launch.deploy import (
     CONNECTION,
     SERVER_EXEC,
+    STATE_FILE,
     SUPERLINK,
     LocalDeployment,
     _alive,
@@ -57,6 +62,7 @@ from launch.deploy import (
     node_name,
 )
 from launch.registry import build
+from launch.simulation import FLWR_ENV
 from strategies import REGISTRY
 
 pytestmark = [pytest.mark.slow, pytest.mark.deploy]
@@ -80,6 +86,7 @@ KILL_ROUND_TIMEOUT = 45.0
 # slow to reconnect on a loaded machine fails the run by name (NodesUnavailableError)
 # after this long instead of the round going on without it.
 NODE_WAIT_TIMEOUT = 300.0
+RESUME_STRATEGY = STRATEGIES[-1]
 
 
 def run_config(out: Path, name: str, **extra: object) -> dict[str, object]:
@@ -94,26 +101,98 @@ def run_config(out: Path, name: str, **extra: object) -> dict[str, object]:
     return cfg
 
 
+def fedsys_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """``fedsys ARGS`` as an operator runs it."""
+    return subprocess.run([sys.executable, "-m", "launch", *args], cwd=ROOT,
+                          env={**os.environ, **FLWR_ENV}, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
 @pytest.fixture(scope="module")
 def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]:
-    d = LocalDeployment(tmp_path_factory.mktemp("tls") / "deploy", num_nodes=NODES,
-                        tls=True, auth=True)
+    root = tmp_path_factory.mktemp("tls") / "deploy"
+    up = fedsys_cli("deploy", "up", "--nodes", str(NODES), "--tls", "--auth", "--dir", str(root))
+    pids: list[int] = []
     try:
-        d.up()
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        assert "(TLS, node auth)" in up.stdout and f"{NODES} SuperNodes" in up.stdout, up.stdout
+        d = LocalDeployment.load(root)
+        pids = d.all_pids()
+        again = fedsys_cli("deploy", "up", "--dir", str(root))
+        assert again.returncode == 2 and "a deployment is running" in again.stderr, again.stderr
         yield d
     finally:
-        pids = d.all_pids()
-        d.down()
-        assert not [p for p in pids if _alive(p)], "processes left running after down()"
+        if (root / STATE_FILE).exists():  # with what the tests restarted
+            pids = sorted(set(pids) | set(LocalDeployment.load(root).all_pids()))
+        down = fedsys_cli("deploy", "down", "--dir", str(root))
+    assert down.returncode == 0 and "nothing of" in down.stdout, down.stdout + down.stderr
+    assert not [p for p in pids if _alive(p)], "processes left running after down"
+
+
+@dataclass
+class Reference:
+    """The reference run (see the module docstring) and what its kill left behind."""
+
+    dir: Path
+    log: str                 #: ``fedsys deploy run --set resume=true`` output
+    killed_at: int           #: FedCross's checkpointed round when the server side died
+    serverapps: list[int]    #: the ``flwr-serverapp`` processes the kill found
+    stop: str                #: ``flwr stop`` of the dead run: exit status and output
+    queries: list[int]       #: query messages each node received, per submission
+
+
+def _queries(dep: LocalDeployment) -> list[int]:
+    return [_count(dep.log_file(node_name(i)), "Receiving: query message") for i in range(NODES)]
 
 
 @pytest.fixture(scope="module")
-def reference(dep: LocalDeployment, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An uninterrupted two-round run of every available strategy; its run directory."""
+def reference(dep: LocalDeployment, tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    """FedAvg then FedCross on Fashion-MNIST; the server side killed in FedCross's round
+    2 and restarted, the run resubmitted with ``resume=true``."""
     out = tmp_path_factory.mktemp("runs")
-    log = dep.flwr_run(ROOT, run_config(out, "reference"), timeout=900)
-    (out / "reference" / "flwr.log").write_text(log)
-    return out / "reference"
+    cfg = run_config(out, "reference", dataset="fashion-mnist", **{
+        "local-steps": 30, "test-subset": 2000})
+    q0 = _queries(dep)
+    first = dep.submit(ROOT, cfg, out / "first.log")
+    ckpt = out / "reference" / RESUME_STRATEGY / "checkpoint.pt"
+    try:
+        _wait_for(ckpt.exists, 900, f"the round-1 checkpoint of {RESUME_STRATEGY}", first)
+        time.sleep(1.0)  # round 2 is under way
+        serverapps = [p for p in descendants(dep.components[SERVER_EXEC].pid)
+                      if b"flwr-serverapp" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        dep.kill(SERVER_EXEC)
+    finally:
+        _signal_all(descendants(first.pid), signal.SIGKILL)
+        first.wait()
+    killed_at = checkpoint.load(ckpt)["round"]
+    q1 = _queries(dep)
+    run_id = next(line.split()[-1] for line in (out / "first.log").read_text().splitlines()
+                  if "Successfully started run" in line)
+    stop = dep.flwr("stop", run_id, CONNECTION)  # the dead run: nodes stop working on it
+    dep.start(SERVER_EXEC)
+    yaml_file = out / "reference.yaml"
+    yaml_file.write_text(yaml.safe_dump(cfg))
+    res = fedsys_cli("deploy", "run", str(yaml_file), "--set", "resume=true",
+                     "--dir", str(dep.root), "--timeout", "900", timeout=1000)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (out / "reference" / "flwr.log").write_text(res.stdout)
+    return Reference(out / "reference", res.stdout, killed_at, serverapps,
+                     f"exit {stop.returncode}: {stop.stdout}{stop.stderr}",
+                     [b - a for a, b in zip(q0, q1, strict=True)]
+                     + [b - a for a, b in zip(q1, _queries(dep), strict=True)])
+
+
+@pytest.fixture(scope="module")
+def simulated(reference: Reference, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference config in Flower's simulation engine, uninterrupted."""
+    out = tmp_path_factory.mktemp("sim")
+    sim = subprocess.run(
+        [sys.executable, "-m", "launch", "run", str(reference.dir / "config.yaml"),
+         "--set", "name=sim", "--set", f"output-dir={out}", "--set", "resume=false"],
+        cwd=ROOT, env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}, capture_output=True,
+        text=True, timeout=600, check=False)
+    assert sim.returncode == 0, sim.stdout[-2000:] + sim.stderr[-2000:]
+    return out / "sim"
 
 
 def test_deployment_uses_tls_and_registered_nodes(dep: LocalDeployment) -> None:
@@ -135,28 +214,38 @@ def test_deployment_uses_tls_and_registered_nodes(dep: LocalDeployment) -> None:
 
 
 @pytest.mark.parametrize("strategy", PER_STRATEGY)
-def test_run_completes_over_tls_with_node_auth(reference: Path, strategy: str) -> None:
-    recs = metrics.read_jsonl(reference / strategy / "metrics.jsonl")
-    log = (reference / "flwr.log").read_text()
-    assert [r["round"] for r in recs] == [0, 1, 2], log[-3000:]
+def test_run_completes_over_tls_with_node_auth(reference: Reference, strategy: str) -> None:
+    recs = metrics.read_jsonl(reference.dir / strategy / "metrics.jsonl")
+    assert [r["round"] for r in recs] == [0, 1, 2], reference.log[-3000:]
     assert all(r["clients-ok"] == NODES and r["clients-rejected"] == 0 for r in recs[1:])
     assert recs[-1]["accuracy"] > recs[0]["accuracy"]
-    assert (reference / strategy / "model.pt").exists()
+    if strategy == "fedavg":  # Fashion-MNIST, two rounds: it learned something
+        assert recs[-1]["accuracy"] > 0.5 > recs[0]["accuracy"], recs
+    assert (reference.dir / strategy / "model.pt").exists()
+    assert "final acc %" in reference.log and strategy in reference.log  # the results table
 
 
-def test_deployment_equals_simulation(reference: Path, tmp_path: Path) -> None:
-    """Results do not depend on node ids or the runtime: the same config in Flower's
-    simulation engine (random node ids, Ray) ends with bit-identical models."""
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
-    sim = subprocess.run(
-        [sys.executable, "-m", "launch", "run", str(reference / "config.yaml"),
-         "--set", "name=sim", "--set", f"output-dir={tmp_path}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert sim.returncode == 0, sim.stdout[-2000:] + sim.stderr[-2000:]
-    for strategy in STRATEGIES:
-        dep_model = torch.load(reference / strategy / "model.pt")
-        sim_model = torch.load(tmp_path / "sim" / strategy / "model.pt")
-        assert all(torch.equal(dep_model[k], sim_model[k]) for k in dep_model), strategy
+def test_one_query_per_node_and_run_whatever_the_strategies(reference: Reference) -> None:
+    """Both strategies of the first submission share one QUERY round; the resubmitted
+    run (a new ServerApp, FedAvg already done) asks once again."""
+    assert reference.queries == [1] * NODES + [1] * NODES, reference.queries
+
+
+def test_deployment_equals_simulation(reference: Reference, simulated: Path) -> None:
+    """FedAvg ran through: the deployment ends where Flower's simulation engine ends
+    (random node ids, Ray), bit for bit."""
+    dep_model = torch.load(reference.dir / "fedavg" / "model.pt")
+    sim_model = torch.load(simulated / "fedavg" / "model.pt")
+    assert all(torch.equal(dep_model[k], sim_model[k]) for k in dep_model)
+
+
+def test_status_shows_the_components_nodes_and_runs(dep: LocalDeployment,
+                                                    reference: Reference) -> None:
+    status = fedsys_cli("deploy", "status", "--dir", str(dep.root))
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.count("running") >= 2 * NODES + 2 and "online" in status.stdout
+    flat = status.stdout.replace("\n", "")
+    assert "finished:completed" in flat and "finished:stopped" in flat  # flwr ls
 
 
 def _start_node(dep: LocalDeployment, home: Path, key: Path | None, tls_args: list[str]
@@ -213,48 +302,28 @@ def test_unregistered_key_and_missing_ca_are_refused(dep: LocalDeployment,
     assert {n["node-id"] for n in dep.nodes()} == before
 
 
-RESUME_STRATEGY = STRATEGIES[-1]
-
-
 def test_serverapp_killed_and_restarted_resumes_to_the_same_weights(
-    dep: LocalDeployment, reference: Path, tmp_path: Path
+    reference: Reference, simulated: Path
 ) -> None:
-    """Kill the server side (SuperExec and its ``flwr-serverapp``) in round 2 of the
-    last strategy, restart it, resubmit with ``resume=true``: the final model equals
-    the uninterrupted reference run's bit for bit."""
-    cfg = run_config(tmp_path, "resumed", strategy=RESUME_STRATEGY)
-    first = dep.submit(ROOT, cfg, tmp_path / "first.log")
-    ckpt = tmp_path / "resumed" / RESUME_STRATEGY / "checkpoint.pt"
-    try:
-        _wait_for(ckpt.exists, 600, "the round-1 checkpoint", first)
-        time.sleep(1.0)  # round 2 is under way
-        serverapps = [p for p in descendants(dep.components[SERVER_EXEC].pid)
-                      if b"flwr-serverapp" in Path(f"/proc/{p}/cmdline").read_bytes()]
-        assert serverapps, "no flwr-serverapp process under the server SuperExec"
-        dep.kill(SERVER_EXEC)
-    finally:
-        _signal_all(descendants(first.pid), signal.SIGKILL)
-        first.wait()
-    assert not [p for p in serverapps if _alive(p)]
-    assert checkpoint.load(ckpt)["round"] == 1
-    run_id = next(line.split()[-1] for line in (tmp_path / "first.log").read_text().splitlines()
-                  if "Successfully started run" in line)
-    stop = dep.flwr("stop", run_id, CONNECTION)  # the dead run: nodes stop working on it
-    assert stop.returncode == 0, stop.stdout + stop.stderr
-    dep.start(SERVER_EXEC)
-    log = dep.flwr_run(ROOT, {**cfg, "resume": True}, timeout=900)
-    assert f"[{RESUME_STRATEGY}] resuming after round 1" in log, log[-3000:]
-    recs = metrics.read_jsonl(tmp_path / "resumed" / RESUME_STRATEGY / "metrics.jsonl")
+    """The server side (SuperExec and its ``flwr-serverapp``) was killed in round 2 of
+    the last strategy and restarted, the run resubmitted with ``resume=true``: its final
+    model equals the uninterrupted run's (simulation, which FedAvg shows equal to the
+    deployment) bit for bit."""
+    assert reference.serverapps, "no flwr-serverapp process under the server SuperExec"
+    assert not [p for p in reference.serverapps if _alive(p)]
+    assert reference.killed_at == 1
+    assert reference.stop.startswith("exit 0"), reference.stop
+    assert f"[{RESUME_STRATEGY}] resuming after round 1" in reference.log, reference.log[-3000:]
+    recs = metrics.read_jsonl(reference.dir / RESUME_STRATEGY / "metrics.jsonl")
     assert [r["round"] for r in recs] == [0, 1, 2]
-    ref = torch.load(reference / RESUME_STRATEGY / "model.pt")
-    got = torch.load(tmp_path / "resumed" / RESUME_STRATEGY / "model.pt")
+    ref = torch.load(simulated / RESUME_STRATEGY / "model.pt")
+    got = torch.load(reference.dir / RESUME_STRATEGY / "model.pt")
     assert ref.keys() == got.keys()
-    ref_recs = metrics.read_jsonl(reference / RESUME_STRATEGY / "metrics.jsonl")
+    ref_recs = metrics.read_jsonl(simulated / RESUME_STRATEGY / "metrics.jsonl")
     assert all(torch.equal(ref[k], got[k]) for k in ref), (
-        f"resumed run differs from reference\nreference rounds: {ref_recs}\nresumed rounds: {recs}"
-        f"\nresumed run:\n{log[-3000:]}")
+        f"resumed run differs from the uninterrupted one\nuninterrupted: {ref_recs}\n"
+        f"resumed: {recs}\nresumed run:\n{reference.log[-3000:]}")
     assert recs[-1]["accuracy"] == ref_recs[-1]["accuracy"]
-    assert os.path.exists(tmp_path / "resumed" / RESUME_STRATEGY / "model.pt")
 
 
 def _count(path: Path, text: str) -> int:
@@ -291,15 +360,15 @@ def _restart_site(dep: LocalDeployment, i: int, timeout: float = 180.0) -> None:
     dep.start(node_exec_name(i))
 
 
-def _heal(dep: LocalDeployment) -> None:
-    """Bring every crashed site back (same keys, hence same node ids)."""
+def _heal(dep: LocalDeployment) -> list[dict[str, Any]]:
+    """Bring every crashed site back (same keys, hence same node ids); the nodes online."""
     for i in range(NODES):
         if not dep.is_running(node_name(i)):
             dep.kill(node_exec_name(i))
             _restart_site(dep, i)
         elif not dep.is_running(node_exec_name(i)):
             dep.start(node_exec_name(i))
-    dep.wait_online(NODES, 180)
+    return dep.wait_online(NODES, 180)
 
 
 KILLED = 1  # the SuperNode (and partition) killed in the middle of its training
@@ -375,8 +444,7 @@ def test_killed_supernode_round_completes_with_the_others(
     ClientApp it runs (SIGKILL).  The round completes with the other two and the
     strategy's rule for a missing client holds.  After a shutdown the site restarts
     at once, with the same node id (registered key)."""
-    _heal(dep)
-    ids = {n["node-id"] for n in dep.wait_online(NODES)}
+    ids = {n["node-id"] for n in _heal(dep)}
     assert len(ids) == NODES
     cfg = run_config(tmp_path, "killed", strategy=strategy, **{
         "num-server-rounds": 1,
