@@ -193,6 +193,15 @@ class FedsysCLI:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env,
                                 cwd=self.cwd)
 
+    def run(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """Run ``fedsys ARGS`` to the end, with Flower's environment as fedsys sets it
+        (``launch.simulation.FLWR_ENV``); its exit status and output, not checked."""
+        from launch.simulation import FLWR_ENV
+
+        return subprocess.run([sys.executable, "-m", "launch", *args], cwd=self.cwd,
+                              env={**self.env, **FLWR_ENV}, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+
     def finish(self, proc: subprocess.Popen[bytes], timeout: float = 600) -> str:
         """Wait for ``proc``; assert it succeeded; its stdout and stderr."""
         out, err = proc.communicate(timeout=timeout)
@@ -226,6 +235,12 @@ class FedsysCLI:
 def fedsys_cli(tmp_path: Path) -> FedsysCLI:
     """:class:`FedsysCLI` in the test's directory, with ``tests/integration`` importable."""
     return FedsysCLI(tmp_path, Path(__file__).resolve().parent / "integration")
+
+
+@pytest.fixture(scope="module")
+def module_fedsys_cli(tmp_path_factory: pytest.TempPathFactory) -> FedsysCLI:
+    """:class:`FedsysCLI` for a module's fixtures (a deployment the module shares)."""
+    return FedsysCLI(tmp_path_factory.mktemp("cli"))
 
 
 @pytest.hookimpl(hookwrapper=True)

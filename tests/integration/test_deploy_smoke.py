@@ -11,46 +11,39 @@ only in the flags `launch.deploy.LocalDeployment.command` gives each process
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from launch.deploy import LocalDeployment, _alive
-from launch.simulation import FLWR_ENV
+
+if TYPE_CHECKING:
+    from conftest import FedsysCLI
 
 pytestmark = [pytest.mark.slow, pytest.mark.deploy]
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def fedsys_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **FLWR_ENV}
-    return subprocess.run([sys.executable, "-m", "launch", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def test_deploy_cli_up_status_down_without_tls(tmp_path: Path) -> None:
+def test_deploy_cli_up_status_down_without_tls(tmp_path: Path,
+                                                fedsys_cli: FedsysCLI) -> None:
     d = str(tmp_path / "deploy")
     pids: list[int] = []
     try:
-        up = fedsys_cli("deploy", "up", "--nodes", "1", "--dir", d)
+        up = fedsys_cli.run("deploy", "up", "--nodes", "1", "--dir", d)
         assert up.returncode == 0, up.stdout + up.stderr
         assert "(insecure), 1 SuperNodes" in up.stdout, up.stdout
         dep = LocalDeployment.load(Path(d))
         assert not dep.tls and not dep.auth
-        again = fedsys_cli("deploy", "up", "--dir", d)
+        again = fedsys_cli.run("deploy", "up", "--dir", d)
         assert again.returncode == 2 and "a deployment is running" in again.stderr
         pids = dep.all_pids()
         assert len(pids) >= 4  # SuperLink, server SuperExec, a SuperNode and its SuperExec
         assert "--insecure" in Path(f"/proc/{dep.components['superlink'].pid}/cmdline") \
             .read_bytes().decode().split("\0")
-        status = fedsys_cli("deploy", "status", "--dir", d)
+        status = fedsys_cli.run("deploy", "status", "--dir", d)
         assert status.returncode == 0, status.stderr
         assert status.stdout.count("running") >= 4 and "online" in status.stdout, status.stdout
     finally:
-        down = fedsys_cli("deploy", "down", "--dir", d)
+        down = fedsys_cli.run("deploy", "down", "--dir", d)
     assert down.returncode == 0 and "nothing of" in down.stdout, down.stdout + down.stderr
     assert not [p for p in pids if _alive(p)], "processes left running after down"

@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -62,8 +62,10 @@ from launch.deploy import (
     node_name,
 )
 from launch.registry import build
-from launch.simulation import FLWR_ENV
 from strategies import REGISTRY
+
+if TYPE_CHECKING:
+    from conftest import FedsysCLI
 
 pytestmark = [pytest.mark.slow, pytest.mark.deploy]
 
@@ -101,30 +103,24 @@ def run_config(out: Path, name: str, **extra: object) -> dict[str, object]:
     return cfg
 
 
-def fedsys_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """``fedsys ARGS`` as an operator runs it."""
-    return subprocess.run([sys.executable, "-m", "launch", *args], cwd=ROOT,
-                          env={**os.environ, **FLWR_ENV}, capture_output=True, text=True,
-                          timeout=timeout, check=False)
-
-
 @pytest.fixture(scope="module")
-def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]:
+def dep(tmp_path_factory: pytest.TempPathFactory,
+        module_fedsys_cli: FedsysCLI) -> Iterator[LocalDeployment]:
     root = tmp_path_factory.mktemp("tls") / "deploy"
-    up = fedsys_cli("deploy", "up", "--nodes", str(NODES), "--tls", "--auth", "--dir", str(root))
+    up = module_fedsys_cli.run("deploy", "up", "--nodes", str(NODES), "--tls", "--auth", "--dir", str(root))
     pids: list[int] = []
     try:
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
         assert "(TLS, node auth)" in up.stdout and f"{NODES} SuperNodes" in up.stdout, up.stdout
         d = LocalDeployment.load(root)
         pids = d.all_pids()
-        again = fedsys_cli("deploy", "up", "--dir", str(root))
+        again = module_fedsys_cli.run("deploy", "up", "--dir", str(root))
         assert again.returncode == 2 and "a deployment is running" in again.stderr, again.stderr
         yield d
     finally:
         if (root / STATE_FILE).exists():  # with what the tests restarted
             pids = sorted(set(pids) | set(LocalDeployment.load(root).all_pids()))
-        down = fedsys_cli("deploy", "down", "--dir", str(root))
+        down = module_fedsys_cli.run("deploy", "down", "--dir", str(root))
     assert down.returncode == 0 and "nothing of" in down.stdout, down.stdout + down.stderr
     assert not [p for p in pids if _alive(p)], "processes left running after down"
 
@@ -146,7 +142,8 @@ def _queries(dep: LocalDeployment) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def reference(dep: LocalDeployment, tmp_path_factory: pytest.TempPathFactory) -> Reference:
+def reference(dep: LocalDeployment, tmp_path_factory: pytest.TempPathFactory,
+              module_fedsys_cli: FedsysCLI) -> Reference:
     """FedAvg then FedCross on Fashion-MNIST; the server side killed in FedCross's round
     2 and restarted, the run resubmitted with ``resume=true``."""
     out = tmp_path_factory.mktemp("runs")
@@ -172,7 +169,7 @@ def reference(dep: LocalDeployment, tmp_path_factory: pytest.TempPathFactory) ->
     dep.start(SERVER_EXEC)
     yaml_file = out / "reference.yaml"
     yaml_file.write_text(yaml.safe_dump(cfg))
-    res = fedsys_cli("deploy", "run", str(yaml_file), "--set", "resume=true",
+    res = module_fedsys_cli.run("deploy", "run", str(yaml_file), "--set", "resume=true",
                      "--dir", str(dep.root), "--timeout", "900", timeout=1000)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (out / "reference" / "flwr.log").write_text(res.stdout)
@@ -239,9 +236,10 @@ def test_deployment_equals_simulation(reference: Reference, simulated: Path) -> 
     assert all(torch.equal(dep_model[k], sim_model[k]) for k in dep_model)
 
 
-def test_status_shows_the_components_nodes_and_runs(dep: LocalDeployment,
-                                                    reference: Reference) -> None:
-    status = fedsys_cli("deploy", "status", "--dir", str(dep.root))
+def test_status_shows_the_components_nodes_and_runs(
+    dep: LocalDeployment, reference: Reference, module_fedsys_cli: FedsysCLI
+) -> None:
+    status = module_fedsys_cli.run("deploy", "status", "--dir", str(dep.root))
     assert status.returncode == 0, status.stderr
     assert status.stdout.count("running") >= 2 * NODES + 2 and "online" in status.stdout
     flat = status.stdout.replace("\n", "")
