@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import re
 import signal
 import statistics
@@ -297,8 +296,7 @@ def main() -> None:
             fault_lines = faults(tmp, args.node_nice)
     if args.record:  # each part replaces its own subsection, so the parts may run apart
         cmd = "python benchmarks/deploy_load.py " + " ".join(sys.argv[1:])
-        head = (f"Command: `{cmd}`  \nMachine: {platform.machine()}, {os.cpu_count()} cores, "
-                f"{time.strftime('%Y-%m-%d')}\n\n")
+        head = metrics.stamp(cmd)
         doc = ROOT / "docs" / "performance.md"
         text = doc.read_text()
         if len(rows) > 2:

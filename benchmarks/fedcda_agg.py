@@ -21,8 +21,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -278,8 +276,7 @@ def main() -> None:
     gram_rows = gram_variants(args.repeats) if args.part in ("gram", "all") else []
     if args.record:
         cmd = "python benchmarks/fedcda_agg.py " + " ".join(sys.argv[1:])
-        stamp = (f"Command: `{cmd}`  \nMachine: {platform.machine()}, {os.cpu_count()} cores, "
-                 f"{time.strftime('%Y-%m-%d')}\n\n")
+        stamp = metrics.stamp(cmd)
         if args.part in ("time", "all"):
             record("### FedCDA aggregation time", stamp + (
                 "One selection round (cache update, Eq. 8 searches, new global model), median "

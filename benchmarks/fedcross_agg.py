@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -256,10 +255,9 @@ def main() -> None:
     if args.floor:
         lines = floor(100, args.repeats)
         if args.record:
-            record("### FedCross: the least a round costs on this CPU", (
-                f"Command: `python benchmarks/fedcross_agg.py {' '.join(sys.argv[1:])}`  \n"
-                f"Machine: {platform.machine()}, {os.cpu_count()} cores, "
-                f"{time.strftime('%Y-%m-%d')}\n\n" + "\n".join(lines) + "\n"))
+            record("### FedCross: the least a round costs on this CPU",
+                   metrics.stamp("python benchmarks/fedcross_agg.py " + " ".join(sys.argv[1:]))
+                   + "\n".join(lines) + "\n")
         return
     threads = (f"mixing with {maths.MIX_THREADS} torch thread(s), Gram products with numpy's "
                f"BLAS (OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')})")
@@ -286,9 +284,7 @@ def main() -> None:
         env = ("OPENBLAS_NUM_THREADS=" + os.environ["OPENBLAS_NUM_THREADS"] + " "
                if "OPENBLAS_NUM_THREADS" in os.environ else "")
         cmd = env + "python benchmarks/fedcross_agg.py " + " ".join(sys.argv[1:])
-        body = (
-            f"Command: `{cmd}`  \nMachine: {platform.machine()}, {os.cpu_count()} cores, "
-            f"torch {torch.__version__}, {threads}, {time.strftime('%Y-%m-%d')}\n\n"
+        body = metrics.stamp(cmd, f"torch {torch.__version__}", threads) + (
             "One aggregation round, median of the repeats: FedCross (K x K Gram matrix of "
             "the uploads, lowest-similarity selection, mixing written into the K slots, "
             "uniform mean of the slots, round metrics) against FedAvg's example-weighted "

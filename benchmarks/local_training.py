@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import threading
@@ -142,7 +141,7 @@ def one(method: str, case: str, model_name: str, pool: int) -> dict[str, float]:
 
 def main() -> None:
     """Run every case in its own process and print (and optionally record) the table."""
-    from fedsys.metrics import replace_section
+    from fedsys.metrics import record_section
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--method", default="fedelmy", choices=tuple(CASES))
@@ -182,12 +181,9 @@ def main() -> None:
                 "a wide MLP (12.6 M parameters), 96 synthetic 3x32x32 images, 2 steps per "
                 "model (memory only)")
         head = f"## {args.method} local training, {letter} = {args.pool} ({args.model})"
-        body = (f"\nCommand: `{cmd}`  \n"
-                f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-                f"torch on 1 thread (a simulated client); model {size:.2f} MB; {what}.\n\n"
-                f"{table}\n")
         doc = ROOT / "docs" / "performance.md"
-        doc.write_text(replace_section(doc.read_text(), head, body))
+        record_section(doc, head, cmd, f"Model {size:.2f} MB; {what}.\n\n{table}\n",
+                       "torch on 1 thread (a simulated client)")
         print(f"recorded in {doc}")
 
 

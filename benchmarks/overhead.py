@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -114,11 +113,9 @@ def main() -> None:
     if args.record:
         cmd = "python benchmarks/overhead.py " + " ".join(sys.argv[1:])
         doc = ROOT / "docs" / "performance.md"
-        text = doc.read_text() if doc.exists() else "# Performance\n"
-        text += (f"\n## Flower overhead (FMNIST CNN, 4 clients, 1 local epoch, iid, 2000 test samples)\n\n"
-                 f"Command: `{cmd}`  \nMachine: {platform.machine()}, {os.cpu_count()} cores, "
-                 f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}\n\n{table}\n")
-        doc.write_text(text)
+        metrics.record_section(
+            doc, "## Flower overhead (FMNIST CNN, 4 clients, 1 local epoch, iid, 2000 test samples)",
+            cmd, f"{table}\n", f"torch {torch.__version__}")
         print(f"recorded in {doc}")
 
 

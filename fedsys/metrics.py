@@ -347,13 +347,19 @@ def kept_records(runs: Path, data: Path, run: str, strategy: str) -> list[dict[s
     return [r for r in read_jsonl(saved) if r.get("strategy") == strategy]
 
 
-def record_section(doc: Path, head: str, command: str, text: str) -> None:
+def stamp(command: str, *details: str) -> str:
+    """The lines a recorded benchmark result starts with: the command that made it and
+    the machine (architecture, cores, any ``details`` such as the torch version, date)."""
+    machine = ", ".join([platform.machine(), f"{os.cpu_count()} cores", *details,
+                         time.strftime("%Y-%m-%d")])
+    return f"Command: `{command}`  \nMachine: {machine}\n\n"
+
+
+def record_section(doc: Path, head: str, command: str, text: str, *details: str) -> None:
     """Set the section ``head`` of the Markdown file ``doc`` to a benchmark's result.
 
-    The section starts with the command that made it and the machine (architecture, cores,
-    date), then ``text``; it is replaced where it stands (:func:`replace_section`).  The
-    benchmarks record their tables into ``docs/performance.md`` this way.
+    The section starts with :func:`stamp`, then ``text``; it is replaced where it stands
+    (:func:`replace_section`), or added at the end.  The benchmarks record their tables
+    into ``docs/performance.md`` this way.
     """
-    stamp = (f"Command: `{command}`  \nMachine: {platform.machine()}, {os.cpu_count()} cores, "
-             f"{time.strftime('%Y-%m-%d')}\n\n")
-    doc.write_text(replace_section(doc.read_text(), head, stamp + text))
+    doc.write_text(replace_section(doc.read_text(), head, stamp(command, *details) + text))

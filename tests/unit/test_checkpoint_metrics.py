@@ -248,3 +248,20 @@ def test_record_section_stamps_command_and_machine_and_keeps_the_order(tmp_path)
                         f"{time.strftime('%Y-%m-%d')}")
     assert lines[7] == "| t |" and "old a" not in doc.read_text()
     assert doc.read_text().endswith("## B\n\nb\n")
+
+
+def test_record_section_puts_details_before_the_date_and_adds_a_missing_section(tmp_path):
+    import os
+    import platform
+    import time
+
+    doc = tmp_path / "performance.md"
+    doc.write_text("# Performance\n\n## A\n\na\n")
+    metrics.record_section(doc, "## C", "python benchmarks/y.py", "| u |\n", "torch 9.9", "1 thread")
+    text = doc.read_text()
+    assert text.startswith("# Performance\n\n## A\n\na\n")
+    assert (f"## C\n\nCommand: `python benchmarks/y.py`  \nMachine: {platform.machine()}, "
+            f"{os.cpu_count()} cores, torch 9.9, 1 thread, {time.strftime('%Y-%m-%d')}\n\n| u |\n") in text
+    assert text.count("## C") == 1
+    metrics.record_section(doc, "## C", "python benchmarks/y.py", "| v |\n")
+    assert doc.read_text().count("## C") == 1 and "| u |" not in doc.read_text()
