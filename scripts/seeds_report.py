@@ -218,6 +218,24 @@ def table(runs: Runs, setting: str, points: list[int | str], key: str = "accurac
     return "\n".join(rows)
 
 
+def refusals(runs: Runs, setting: str) -> str:
+    """The rounds of ``setting`` in which replies were refused or missing
+    (``clients-rejected`` > 0), one entry per seed and strategy, so a reader sees which
+    numbers rest on fewer clients than the round asked; ``""`` when there are none."""
+    hits = []
+    for strategy, seeds in runs.get(setting, {}).items():
+        for seed, recs in sorted(seeds.items()):
+            bad = [f"round {int(r['round'])} ({int(r['clients-rejected'])} of "
+                   f"{int(r['clients-rejected'] + r.get('clients-ok', 0))})"
+                   for r in recs if float(r.get("clients-rejected", 0)) > 0]
+            if bad:
+                hits.append(f"{NAMES.get(strategy, strategy)} s{seed}: {', '.join(bad)}")
+    if not hits:
+        return ""
+    return ("**Refused or missing replies** (that round's update rests on fewer clients; "
+            "the reasons are in the run's log): " + "; ".join(hits) + ".\n")
+
+
 def paired(runs: Runs, points: list[int | str], base: str,
            groups: dict[str, tuple[str, ...]]) -> str:
     """Each method minus ``base`` of the same seed (same partition, start and draws) in
@@ -350,6 +368,8 @@ def main() -> None:
         source = spec.get("config", f"configs/{args.method}-{setting}.yaml")
         parts.append(f"### {title} (`{source}`)\n\n"
                      f"{table(runs, setting, spec['points'])}\n")
+        if flagged := refusals(runs, setting):
+            parts.append(flagged)
         if "means" in spec:
             parts.append(means(runs, setting, spec["means"], spec["means_from"], spec.get("paired")) + "\n")
             for k, label in spec["means"].items():

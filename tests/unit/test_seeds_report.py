@@ -1,0 +1,50 @@
+"""scripts/seeds_report.py: the statistics a results page rests on, and the flag on
+rounds whose replies were refused (a number that rests on fewer clients than asked)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def report() -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "scripts" / "seeds_report.py"
+    spec = importlib.util.spec_from_file_location("seeds_report", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _recs(accs: list[float], rejected: dict[int, int] | None = None) -> list[dict]:
+    out: list[dict] = [{"round": 0, "accuracy": 0.1}]
+    for i, a in enumerate(accs, start=1):
+        bad = (rejected or {}).get(i, 0)
+        out.append({"round": i, "accuracy": a, "clients-ok": 4 - bad, "clients-rejected": bad})
+    return out
+
+
+def test_final_and_last10_skip_round_zero(report: ModuleType) -> None:
+    recs = _recs([0.1 * k for k in range(1, 13)])
+    assert report.at(recs, "final") == pytest.approx(120.0)
+    assert report.at(recs, "last10") == pytest.approx(100 * sum(0.1 * k for k in range(3, 13)) / 10)
+    assert report.at(recs, 2) == pytest.approx(20.0)
+    assert report.at(recs, 99) is None
+
+
+def test_refused_rounds_are_named_per_strategy_seed_and_round(report: ModuleType) -> None:
+    runs = {"dir0.3": {"fedavg": {0: _recs([0.5] * 5, {3: 4}), 1: _recs([0.5] * 5)},
+                       "fedcda": {2: _recs([0.5] * 5, {1: 1, 5: 2})}}}
+    text = report.refusals(runs, "dir0.3")
+    assert "fedavg s0: round 3 (4 of 4)" in text
+    assert "fedcda s2: round 1 (1 of 4), round 5 (2 of 4)" in text
+    assert "s1" not in text
+
+
+def test_no_refusal_no_flag(report: ModuleType) -> None:
+    assert report.refusals({"dir0.5": {"fedavg": {0: _recs([0.5] * 3)}}}, "dir0.5") == ""
+    assert report.refusals({}, "dir0.5") == ""
