@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -466,7 +467,30 @@ class LocalDeployment:
         out = log.read_text(errors="replace")
         if proc.returncode != 0:
             raise RuntimeError(f"flwr run failed (exit {proc.returncode}):\n{out[-3000:]}")
+        run_id = started_run(out)
+        if run_id is None:
+            raise RuntimeError(f"flwr run exited 0 but started no run:\n{out[-3000:]}")
+        status = self.run_status(run_id)
+        if status != "finished:completed":  # flwr run --stream exits 0 however the run ended
+            raise RuntimeError(f"run {run_id} ended {status} (flwr ls); its log:\n{out[-3000:]}")
         return out
+
+    def run_status(self, run_id: int) -> str:
+        """The status ``flwr ls`` gives run ``run_id`` (``finished:completed``,
+        ``finished:failed``, ...)."""
+        proc = self.flwr("ls", CONNECTION, "--run-id", str(run_id), "--format", "json")
+        try:
+            rows = json.loads(proc.stdout)["runs"]
+            return str(next(r["status"] for r in rows if str(r["run-id"]) == str(run_id)))
+        except (ValueError, KeyError, StopIteration):
+            raise DeployError(f"flwr ls --run-id {run_id} failed:\n{proc.stdout}{proc.stderr}") \
+                from None
+
+
+def started_run(flwr_run_output: str) -> int | None:
+    """The run id in ``flwr run``'s "Successfully started run N" line (``None``: none)."""
+    m = re.search(r"Successfully started run (\d+)", flwr_run_output)
+    return int(m.group(1)) if m else None
 
 
 def _session_nice(pid: int, nice: int) -> None:

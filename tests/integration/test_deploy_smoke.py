@@ -1,6 +1,8 @@
 """`fedsys deploy up / status / down` as first tried, without TLS (the default), on
 127.0.0.1: a SuperNode comes online over plain HTTP, the flwr CLI reaches the Control
-API, a second `up` is refused, and `down` leaves nothing running.
+API, a second `up` is refused, a run that fails on the server side makes `fedsys deploy
+run` fail (``flwr run --stream`` itself exits 0 however the run ended), and `down` leaves
+nothing running.
 
 Runs (`fedsys deploy run`, Fashion-MNIST, the results table, `status` after them) are
 proven over TLS with node authentication in tests/integration/test_deploy_tls.py, on one
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+import yaml
 
 from launch.deploy import LocalDeployment, _alive
 
@@ -43,6 +46,17 @@ def test_deploy_cli_up_status_down_without_tls(tmp_path: Path,
         status = fedsys_cli.run("deploy", "status", "--dir", d)
         assert status.returncode == 0, status.stderr
         assert status.stdout.count("running") >= 4 and "online" in status.stdout, status.stdout
+        # the ServerApp waits 1 s for a second node that never comes, and raises
+        cfg = tmp_path / "two-nodes.yaml"
+        cfg.write_text(yaml.safe_dump({
+            "name": "two-nodes", "output-dir": str(tmp_path / "runs"), "strategy": "fedavg",
+            "dataset": "synthetic", "model": "mlp", "num-clients": 2, "clients-per-round": 2,
+            "min-available-clients": 2, "node-wait-timeout": 1, "num-server-rounds": 1}))
+        failed = fedsys_cli.run("deploy", "run", str(cfg), "--dir", d, "--timeout", "300")
+        assert failed.returncode == 1, failed.stdout[-2000:] + failed.stderr[-2000:]
+        assert "ended finished:failed (flwr ls)" in failed.stderr, failed.stderr
+        assert "submit again with --set resume=true" in failed.stderr
+        assert "results:" not in failed.stdout, failed.stdout[-2000:]
     finally:
         down = fedsys_cli.run("deploy", "down", "--dir", d)
     assert down.returncode == 0 and "nothing of" in down.stdout, down.stdout + down.stderr

@@ -60,6 +60,7 @@ from launch.deploy import (
     free_port,
     node_exec_name,
     node_name,
+    started_run,
 )
 from launch.registry import build
 from strategies import REGISTRY
@@ -163,9 +164,9 @@ def reference(dep: LocalDeployment, tmp_path_factory: pytest.TempPathFactory,
         first.wait()
     killed_at = checkpoint.load(ckpt)["round"]
     q1 = _queries(dep)
-    run_id = next(line.split()[-1] for line in (out / "first.log").read_text().splitlines()
-                  if "Successfully started run" in line)
-    stop = dep.flwr("stop", run_id, CONNECTION)  # the dead run: nodes stop working on it
+    run_id = started_run((out / "first.log").read_text())
+    assert run_id is not None
+    stop = dep.flwr("stop", str(run_id), CONNECTION)  # the dead run: nodes stop working on it
     dep.start(SERVER_EXEC)
     yaml_file = out / "reference.yaml"
     yaml_file.write_text(yaml.safe_dump(cfg))
