@@ -315,7 +315,9 @@ def send_and_receive(
     too), so the wait between pulls grows by half after every pull that brought nothing,
     up to ``max_poll`` and to a tenth of the time waited so far: a quick reply is seen
     at once, a late one at most about 10 % (and ``max_poll``) later, and a long round
-    does not keep the SuperLink's database busy.  A transient failure of a push or pull is tried again
+    does not keep the SuperLink's database busy.  The last wait ends at the deadline and
+    one more pull follows, so a reply that arrived before ``timeout`` is never refused for
+    a wait that overran it.  A transient failure of a push or pull is tried again
     (:func:`retry_transient`).
 
     Returns the replies and a map from message id to the instruction sent, so a
@@ -328,16 +330,16 @@ def send_and_receive(
     pending = set(sent)
     replies: list[Message] = []
     wait, start = poll, time.monotonic()
-    while pending and time.monotonic() < end:
+    while pending:
         got = retry_transient(partial(_pull, grid, list(pending)), "pull-messages", end)
         replies.extend(got)
         pending -= {m.metadata.reply_to_message_id for m in got}
-        if pending:
-            if not got:
-                wait = min(max_poll, wait * 1.5, max(poll, (time.monotonic() - start) / 10))
-            else:
-                wait = poll
-            time.sleep(wait)
+        left = end - time.monotonic()
+        if not pending or left <= 0:
+            break
+        wait = poll if got else min(max_poll, wait * 1.5,
+                                    max(poll, (time.monotonic() - start) / 10))
+        time.sleep(min(wait, left))  # the last pull is at the deadline, not a wait past it
     return replies, sent
 
 

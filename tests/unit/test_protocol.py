@@ -194,3 +194,23 @@ def test_polling_a_superlink_backs_off_but_sees_a_late_reply_soon():
     # 10 (the first 0.5 s) + 10 ln(3 / 0.5) = 28
     assert link.pulls <= 35
     assert waited < 3.0 * 1.1 + 0.2  # at most a tenth late, plus one short wait
+
+
+def test_a_reply_that_arrives_in_the_last_wait_before_the_deadline_is_taken():
+    """Pulls every 0.4 s find nothing at 0, 0.4 and 0.8 s; the next wait would wake at
+    1.2 s, after the deadline.  It is cut to end at 1.0 s and a pull follows, so the reply
+    ready at 0.9 s is taken (before: refused, the loop woke at 1.2 s and gave up)."""
+    link = _SlowLink(0.9)
+    t0 = time.monotonic()
+    replies, _ = protocol.send_and_receive(link, ["instruction"], timeout=1.0, poll=0.4)
+    assert len(replies) == 1
+    assert time.monotonic() - t0 < 1.0 + 0.3
+
+
+def test_no_reply_the_round_ends_at_the_deadline_after_a_last_pull():
+    link = _SlowLink(60.0)
+    t0 = time.monotonic()
+    replies, sent = protocol.send_and_receive(link, ["instruction"], timeout=0.5, poll=0.05)
+    waited = time.monotonic() - t0
+    assert replies == [] and list(sent) == ["m1"]
+    assert 0.5 <= waited < 0.5 + 0.2
