@@ -49,8 +49,9 @@ def summarise(records: Sequence[Mapping[str, Any]], last: int = 10) -> dict[str,
     time; the client-training work (``work``: the sum of every round's
     ``trained-examples``, 0 where none was reported); the training traffic at the end
     (``bytes``: down plus up) and ``bytes_per_client`` (that over ``clients-reached``);
-    ``steps``, the rounds run (a chain's hops; ``rounds`` counts the evaluated ones), and
-    ``hops`` 1 when every round is a chain's hop."""
+    ``steps``, the rounds run (a chain's hops; ``rounds`` counts the evaluated ones),
+    ``hops`` 1 when every round is a chain's hop, and ``refused``, the client replies
+    refused or missing over the run (the sum of every round's ``clients-rejected``)."""
     acc = [float(r["accuracy"]) for r in records if "accuracy" in r and r.get("round", 0) > 0]
     if not acc:
         return {}
@@ -70,6 +71,7 @@ def summarise(records: Sequence[Mapping[str, Any]], last: int = 10) -> dict[str,
         "bytes_per_client": traffic / reached if reached else float("nan"),
         "steps": float(sum(1 for r in records if r.get("round", 0) > 0)),
         "hops": float(all(int(r.get("hop", 0)) > 0 for r in records if r.get("round", 0) > 0)),
+        "refused": float(sum(float(r.get("clients-rejected", 0)) for r in records)),
     }
 
 
@@ -99,7 +101,8 @@ def results_table(runs: Mapping[str, Sequence[Mapping[str, Any]]], last: int = 1
 def table_columns(last: int = 10) -> list[str]:
     """The column names of :func:`results_table` (and of the terminal's table)."""
     return ["strategy", "rounds", "final acc %", "best acc %", f"last-{last} mean %",
-            f"last-{last} std", "client work (k examples)", "MB per client", "time s"]
+            f"last-{last} std", "client work (k examples)", "MB per client", "refused replies",
+            "time s"]
 
 
 #: What the columns of :func:`results_table` mean, under the table of a results page.
@@ -110,7 +113,9 @@ COLUMNS_NOTE = (
     "trains: a pool or a soup counts each member). MB per client: training traffic (models "
     "sent down and replies sent up, serialised) over the clients that took part. The "
     "figure plots accuracy against client work, so a chain's hops and a parallel method's "
-    "rounds compare at equal effort.")
+    "rounds compare at equal effort. Refused replies: client replies refused or missing over "
+    "the run (the log's 'rejected reply' lines say why); above 0, some rounds rest on fewer "
+    "clients than they asked.")
 
 
 def results_page(title: str, about: str, table: str) -> str:
@@ -123,14 +128,14 @@ def results_page(title: str, about: str, table: str) -> str:
 def summary_cells(s: Mapping[str, float]) -> list[str]:
     """The cells of one :func:`results_table` row (``-`` where nothing was measured)."""
     if not s:
-        return ["0", "-", "-", "-", "-", "-", "-", "-"]
+        return ["0", "-", "-", "-", "-", "-", "-", "-", "-"]
     rounds = f"{int(s['steps'])} hops" if s["hops"] else str(int(s["steps"]))
     k, mb = s["work"] / 1000, s["bytes_per_client"] / 1e6  # small runs keep 2 digits, not 0
     work = ("-" if not s["work"] else f"{k:.0f}" if k >= 10 else f"{k:.2g}")
     per_client = ("-" if not np.isfinite(mb) else f"{mb:.1f}" if mb >= 0.1 else f"{mb:.2g}")
     return [rounds, f"{100 * s['final']:.2f}", f"{100 * s['best']:.2f}",
             f"{100 * s['last_mean']:.2f}", f"{100 * s['last_std']:.2f}", work, per_client,
-            f"{s['time_s']:.0f}"]
+            f"{int(s.get('refused', 0))}", f"{s['time_s']:.0f}"]
 
 
 def seeds_summary(per_seed: Mapping[int, Sequence[Mapping[str, Any]]], last: int = 10
@@ -138,11 +143,13 @@ def seeds_summary(per_seed: Mapping[int, Sequence[Mapping[str, Any]]], last: int
     """:func:`summarise` of each seed's run, then mean and (sample) std across seeds:
     ``final_mean``, ``final_std``, ``best_mean``, ``best_std``, ``last_mean_mean``,
     ``last_mean_std`` (the last-``last`` mean's spread across seeds), ``last_std_mean``
-    (the mean within-run oscillation), ``seeds``, ``rounds``."""
+    (the mean within-run oscillation), ``seeds``, ``rounds``, ``refused`` (the refused or
+    missing replies of every seed's run, summed)."""
     rows = [s for recs in per_seed.values() if (s := summarise(recs, last))]
     if not rows:
         return {}
-    out: dict[str, float] = {"seeds": float(len(rows)), "rounds": min(r["rounds"] for r in rows)}
+    out: dict[str, float] = {"seeds": float(len(rows)), "rounds": min(r["rounds"] for r in rows),
+                             "refused": sum(r.get("refused", 0.0) for r in rows)}
     for key in ("final", "best", "last_mean", "last_std", "time_s"):
         vals = np.asarray([r[key] for r in rows])
         out[f"{key}_mean"] = float(vals.mean())
@@ -187,22 +194,32 @@ def verdict(diffs: Sequence[float]) -> str:
     return VERDICTS[0] if t >= crit else VERDICTS[2] if t <= -crit else VERDICTS[1]
 
 
+def seeds_columns(last: int = 10) -> list[str]:
+    """The column names of :func:`seeds_results_table` (and of the terminal's table)."""
+    return ["strategy", "seeds", "rounds", "final acc %", "best acc %", f"last-{last} mean %",
+            f"last-{last} std (mean over seeds)", "refused replies"]
+
+
+def seeds_cells(s: Mapping[str, float]) -> list[str]:
+    """The cells of one :func:`seeds_results_table` row from :func:`seeds_summary`
+    (``-`` where nothing was measured): mean ± std across seeds, accuracy in %."""
+    if not s:
+        return ["0", "0", "-", "-", "-", "-", "-"]
+    return [str(int(s["seeds"])), str(int(s["rounds"])),
+            f"{100 * s['final_mean']:.2f} ± {100 * s['final_std']:.2f}",
+            f"{100 * s['best_mean']:.2f} ± {100 * s['best_std']:.2f}",
+            f"{100 * s['last_mean_mean']:.2f} ± {100 * s['last_mean_std']:.2f}",
+            f"{100 * s['last_std_mean']:.2f}", f"{int(s['refused'])}"]
+
+
 def seeds_results_table(runs: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]],
                         last: int = 10) -> str:
     """A Markdown table over seeds: mean ± std across seeds (accuracy in %)."""
-    lines = [f"| strategy | seeds | rounds | final acc % | best acc % | last-{last} mean % "
-             f"| last-{last} std (mean over seeds) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    cols = seeds_columns(last)
+    lines = ["| " + " | ".join(cols) + " |", "|---" + "|---:" * (len(cols) - 1) + "|"]
     for name, per_seed in runs.items():
-        s = seeds_summary(per_seed, last)
-        if not s:
-            lines.append(f"| {name} | 0 | 0 | - | - | - | - |")
-            continue
-        lines.append(
-            f"| {name} | {int(s['seeds'])} | {int(s['rounds'])} "
-            f"| {100 * s['final_mean']:.2f} ± {100 * s['final_std']:.2f} "
-            f"| {100 * s['best_mean']:.2f} ± {100 * s['best_std']:.2f} "
-            f"| {100 * s['last_mean_mean']:.2f} ± {100 * s['last_mean_std']:.2f} "
-            f"| {100 * s['last_std_mean']:.2f} |")
+        lines.append(f"| {name} | " + " | ".join(seeds_cells(seeds_summary(per_seed, last)))
+                     + " |")
     return "\n".join(lines)
 
 

@@ -70,20 +70,11 @@ def seeds_table(runs: dict[str, dict[int, list[dict[str, Any]]]], title: str) ->
     from rich.table import Table
 
     t = Table(title=title)
-    for col in ("strategy", "seeds", "rounds", "final acc %", "best acc %", "last-10 mean %",
-                "last-10 std"):
+    for col in metrics.seeds_columns():
         t.add_column(col, justify="left" if col == "strategy" else "right")
     for name, per_seed in runs.items():
-        s = metrics.seeds_summary(per_seed)
-        if not s:
-            t.add_row(name, "0", "0", "-", "-", "-", "-")
-            continue
-        t.add_row(name, str(int(s["seeds"])), str(int(s["rounds"])),
-                  f"{100 * s['final_mean']:.2f} ± {100 * s['final_std']:.2f}",
-                  f"{100 * s['best_mean']:.2f} ± {100 * s['best_std']:.2f}",
-                  f"{100 * s['last_mean_mean']:.2f} ± {100 * s['last_mean_std']:.2f}",
-                  f"{100 * s['last_std_mean']:.2f}")
-    Console(width=max(Console().width, 110)).print(t)
+        t.add_row(name, *metrics.seeds_cells(metrics.seeds_summary(per_seed)))
+    Console(width=max(Console().width, 120)).print(t)
 
 
 def write_seeded(run_dir: Path, title: str) -> dict[str, dict[int, list[dict[str, Any]]]]:
@@ -92,6 +83,7 @@ def write_seeded(run_dir: Path, title: str) -> dict[str, dict[int, list[dict[str
     text = metrics.seeds_results_table(runs)
     (run_dir / "results.md").write_text(
         f"# {title}\n\nMean ± std across seeds {sorted(seed_dirs(run_dir))}; last-10 std is "
-        f"each run's oscillation over its last 10 rounds, averaged over seeds.\n\n{text}\n")
+        f"each run's oscillation over its last 10 rounds, averaged over seeds; refused "
+        f"replies are summed over the seeds' runs.\n\n{text}\n")
     metrics.plot_seed_curves(runs, run_dir / "accuracy.png", title)
     return runs

@@ -135,6 +135,9 @@ def test_client_that_raises_every_round_is_rejected_and_the_run_goes_on(tmp_path
     assert recs[2]["accuracy"] > recs[0]["accuracy"]
     logged = [r.getMessage() for r in caplog.records]
     assert any("rejected reply of client 1" in m and "injected failure" in m for m in logged)
+    # the results table says the run rests on fewer clients than it asked: 1 refused per round
+    row = (tmp_path / "faulty" / "results.md").read_text().split("| fedavg |")[1].splitlines()[0]
+    assert row.split("|")[-3].strip() == "2", row
 
 
 def _fedsys(*args: str, **kw: object) -> subprocess.Popen[bytes]:

@@ -61,7 +61,7 @@ def test_metrics_files_and_summary(tmp_path):
     assert "| fedavg | 12 | 62.00 | 62.00 |" in table and "| empty | 0 |" in table
     png = metrics.plot_curves({"fedavg": recs}, tmp_path / "a.png", "t")
     assert png.read_bytes()[:4] == b"\x89PNG"
-    assert "| fedavg | 12 | 62.00 | 62.00 | 57.50 | 2.87 | - | - | 24 |" in table  # no work, no traffic
+    assert "| fedavg | 12 | 62.00 | 62.00 | 57.50 | 2.87 | - | - | 0 | 24 |" in table  # no work, no traffic
 
 
 def test_work_traffic_and_hops_in_the_summary_the_table_and_the_curve(tmp_path):
@@ -81,8 +81,8 @@ def test_work_traffic_and_hops_in_the_summary_the_table_and_the_curve(tmp_path):
     assert (c["work"], c["bytes"], c["bytes_per_client"], c["hops"]) == (5400, 6e6, 2e6, 1)
     assert metrics.work_curve(chain) == [(0, 0.1), (1800, 0.4), (3600, 0.5), (5400, 0.6)]
     table = metrics.results_table({"fedavg": par, "fedseq": chain})
-    assert "| fedavg | 2 | 60.00 | 60.00 | 55.00 | 5.00 | 5.4 | 4.0 | 2 |" in table
-    assert "| fedseq | 3 hops | 60.00 | 60.00 | 50.00 | 8.16 | 5.4 | 2.0 | 0 |" in table
+    assert "| fedavg | 2 | 60.00 | 60.00 | 55.00 | 5.00 | 5.4 | 4.0 | 0 | 2 |" in table
+    assert "| fedseq | 3 hops | 60.00 | 60.00 | 50.00 | 8.16 | 5.4 | 2.0 | 0 | 0 |" in table
     # a tiny test run's work and traffic keep two digits instead of showing 0
     tiny = [{**r, "trained-examples": 30, "bytes-down": 6e3, "bytes-up": 6e3} for r in par]
     assert "| 0.09 | 0.004 |" in metrics.results_table({"tiny": tiny})
@@ -265,3 +265,27 @@ def test_record_section_puts_details_before_the_date_and_adds_a_missing_section(
     assert text.count("## C") == 1
     metrics.record_section(doc, "## C", "python benchmarks/y.py", "| v |\n")
     assert doc.read_text().count("## C") == 1 and "| u |" not in doc.read_text()
+
+
+def test_refused_replies_are_counted_in_the_run_table_and_over_seeds():
+    """A run whose rounds refused replies says so at the end: the sum of every round's
+    ``clients-rejected`` in the results table, and over seeds the sum of every seed's."""
+    def run(bad: dict[int, int]) -> list[dict]:
+        return [{"round": 0, "accuracy": 0.1}] + [
+            {"round": r, "accuracy": 0.5, "clients-ok": 4 - bad.get(r, 0),
+             "clients-rejected": bad.get(r, 0), "round-time": 1.0} for r in (1, 2, 3)]
+
+    clean, hit = run({}), run({2: 1, 3: 4})
+    assert metrics.summarise(clean)["refused"] == 0 and metrics.summarise(hit)["refused"] == 5
+    cols = metrics.table_columns()
+    assert cols[cols.index("refused replies") + 1] == "time s"
+    table = metrics.results_table({"clean": clean, "hit": hit})
+    assert "| 0 | 3 |" in table.split("| clean |")[1].splitlines()[0]
+    assert "| 5 | 3 |" in table.split("| hit |")[1].splitlines()[0]
+    assert "Refused replies" in metrics.COLUMNS_NOTE
+    over = metrics.seeds_results_table({"hit": {0: hit, 1: clean, 2: hit}, "none": {}})
+    head = over.splitlines()[0]
+    assert head.endswith("| refused replies |") and head.count("|") == len(metrics.seeds_columns()) + 1
+    assert over.split("| hit |")[1].splitlines()[0].endswith("| 10 |")
+    assert "| none | 0 | 0 | - | - | - | - | - |" in over
+    assert metrics.seeds_summary({0: hit, 1: clean})["refused"] == 5
