@@ -153,6 +153,19 @@ class FlwrLocal:
                     "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
                     "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
+    def start_superlink(self, timeout: float = 180.0) -> None:
+        """Start Flower's managed local SuperLink the way ``flwr run`` does, allowing
+        ``timeout`` seconds where flwr 1.41 allows 15 (``LOCAL_SUPERLINK_STARTUP_TIMEOUT``):
+        on 2 cores shared by three test workers its start-up has taken longer, and
+        ``flwr run`` then failed before doing anything.  ``flwr run`` finds it running and
+        uses it, as it would its own."""
+        code = ("import flwr.cli.local_superlink as m\n"
+                f"m.LOCAL_SUPERLINK_STARTUP_TIMEOUT = {timeout}\n"
+                "m._start_local_superlink()\n")
+        proc = subprocess.run([sys.executable, "-c", code], cwd=self.home, env=self.env,
+                              capture_output=True, text=True, timeout=timeout + 30, check=False)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
     def stop(self) -> list[int]:
         """SIGTERM every process started under this home; return their PIDs."""
         from launch.deploy import descendants
@@ -168,9 +181,11 @@ class FlwrLocal:
 
 @pytest.fixture
 def flwr_local(tmp_path: Path) -> Iterator[FlwrLocal]:
-    """:class:`FlwrLocal` for one test; whatever it started is stopped afterwards."""
+    """:class:`FlwrLocal` for one test, its local SuperLink started; whatever it started
+    is stopped afterwards."""
     local = FlwrLocal(tmp_path / "flwr-home")
     try:
+        local.start_superlink()
         yield local
     finally:
         local.stop()
