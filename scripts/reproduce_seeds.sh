@@ -5,7 +5,8 @@
 # seed whose records are there already is skipped.  So the work is carried across sessions two
 # ways: an interrupted seed continues from its checkpoints in runs/ (resume=true), and a
 # finished one is never run again, even on a machine without that runs/ directory.
-# Layout: runs/<group>/<setting>/seed-<k>/<strategy>/, <group> one of
+# Layout: runs/<group>/<setting>/seed-<k>/<strategy>/ (every attempt's output appended to
+# runs/<group>/<setting>/seed-<k>.log), <group> one of
 #   fedcda-regime   FedCDA beside FedAvg in three local-training regimes (scripts/regime_fedcda.sh)
 #   fedcross-seeds  horizon: FedCross alpha 0.99 / 0.9 beside FedAvg, 300 rounds, seeds 0 1;
 #                   dir0.1: FedCross, FedAvg, FedProx, seeds 0 1 2
@@ -32,7 +33,12 @@ unit() {
     echo "reproduce_seeds: $group/$setting seed $seed: archived, skipped"; return 0
   fi
   echo "reproduce_seeds: $group/$setting seed $seed ($(date -u +%H:%M) UTC)"
-  SEEDS=$seed "$@" || { echo "reproduce_seeds: $group/$setting seed $seed failed" >&2; status=1; }
+  # each attempt's output is appended to the seed's own log, which a later run keeps
+  local log="runs/$group/$setting/seed-$seed.log"
+  mkdir -p "$(dirname "$log")"
+  echo "=== $(date -u '+%F %T') UTC, $(git rev-parse --short HEAD 2>/dev/null): $*" >> "$log"
+  SEEDS=$seed "$@" 2>&1 | tee -a "$log" \
+    || { echo "reproduce_seeds: $group/$setting seed $seed failed (log: $log)" >&2; status=1; }
   "$PY" scripts/seeds_report.py "$group" > /dev/null \
     || { echo "reproduce_seeds: seeds_report.py $group failed" >&2; status=1; }
 }
