@@ -23,6 +23,7 @@ def pretrain(cfg: RunConfig) -> Path:
     """Pre-train, reset the head, save; returns the file written."""
     import torch
 
+    from clients.optim import Optimiser
     from fedsys import pretrain as pt
     from fedsys.params import from_torch
     from fedsys.seeding import derive_seed
@@ -37,7 +38,7 @@ def pretrain(cfg: RunConfig) -> Path:
     device = pick_device(cfg.device)
     net.to(device)
     epochs, bs = int(cfg.get("pretrain.epochs")), int(cfg.get("pretrain.batch-size"))
-    opt = torch.optim.Adam(net.parameters(), lr=float(cfg.get("pretrain.lr")))
+    opt = Optimiser(net.parameters(), "adam", float(cfg.get("pretrain.lr")))
     x, y = ds.x_train[torch.from_numpy(idx)], ds.y_train[torch.from_numpy(idx)]
     gen = torch.Generator().manual_seed(derive_seed(cfg.seed, 0x9E7))
     sets = test_sets(cfg)
