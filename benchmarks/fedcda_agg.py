@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Where --record writes: subsections of "## FedCDA server cost" in docs/performance.md.
+DOC, SECTION = ROOT / "docs" / "performance.md", "## FedCDA server cost"
 sys.path.insert(0, str(ROOT))
 
 from fedsys import metrics  # noqa: E402
@@ -278,26 +280,21 @@ def main() -> None:
         cmd = "python benchmarks/fedcda_agg.py " + " ".join(sys.argv[1:])
         stamp = metrics.stamp(cmd)
         if args.part in ("time", "all"):
-            record("### FedCDA aggregation time", stamp + (
+            metrics.write_subsection(DOC, SECTION, "### FedCDA aggregation time", stamp + (
                 "One selection round (cache update, Eq. 8 searches, new global model), median "
                 "of the repeats, N = 2P clients with full caches (RAM), against FedAvg's "
                 "aggregation of the same P updates:\n\n") + "\n".join(rows) + "\n")
         if args.part in ("memory", "all"):
-            record("### FedCDA server memory", stamp + (
+            metrics.write_subsection(DOC, SECTION, "### FedCDA server memory", stamp + (
                 "Peak resident memory of a fresh server process that fills the caches of N "
                 "clients (K = 3 each, 20 per round) and runs selection rounds:\n\n")
                 + "\n".join(mem) + "\n")
         if args.part in ("gram", "all"):
-            record("### FedCDA Gram step, other ways to compute it", stamp + (
+            metrics.write_subsection(
+                DOC, SECTION, "### FedCDA Gram step, other ways to compute it", stamp + (
                 "Candidates are ResNet-18-size float32 vectors (63 = K x P, three batches of "
                 "21); times are the best of the repeats:\n\n") + "\n".join(gram_rows) + "\n")
 
-
-def record(head: str, body: str) -> None:
-    """Set (in place) the subsection ``head`` of "## FedCDA server cost" in docs/performance.md."""
-    doc = ROOT / "docs" / "performance.md"
-    doc.write_text(metrics.replace_subsection(doc.read_text(), "## FedCDA server cost", head, body))
-    print(f"recorded in {doc}")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Where --record writes: subsections of "## FedCross aggregation" in docs/performance.md.
+DOC, SECTION = ROOT / "docs" / "performance.md", "## FedCross aggregation"
 sys.path.insert(0, str(ROOT))
 
 from fedsys import fedcross as maths  # noqa: E402
@@ -110,12 +112,6 @@ def time_case(model: str, k: int, repeats: int) -> dict[str, float]:
         raise AssertionError(f"bytes sent differ: FedCross {sent_cross}, FedAvg {sent_avg}")
     return res
 
-
-def record(head: str, body: str) -> None:
-    """Set (in place) the subsection ``head`` of "## FedCross aggregation" in docs/performance.md."""
-    doc = ROOT / "docs" / "performance.md"
-    doc.write_text(metrics.replace_subsection(doc.read_text(), "## FedCross aggregation", head, body))
-    print(f"recorded in {doc}")
 
 
 def floor(k: int, repeats: int) -> list[str]:
@@ -255,9 +251,9 @@ def main() -> None:
     if args.floor:
         lines = floor(100, args.repeats)
         if args.record:
-            record("### FedCross: the least a round costs on this CPU",
-                   metrics.stamp("python benchmarks/fedcross_agg.py " + " ".join(sys.argv[1:]))
-                   + "\n".join(lines) + "\n")
+            cmd = "python benchmarks/fedcross_agg.py " + " ".join(sys.argv[1:])
+            metrics.write_subsection(DOC, SECTION, "### FedCross: the least a round costs on this CPU",
+                                     metrics.stamp(cmd) + "\n".join(lines) + "\n")
         return
     threads = (f"mixing with {maths.MIX_THREADS} torch thread(s), Gram products with numpy's "
                f"BLAS (OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')})")
@@ -293,7 +289,7 @@ def main() -> None:
             "(FedCross: each node its own slot; FedAvg: the global model), equal by "
             "construction and checked by the script.\n\n" + "\n".join(rows) + "\n\n" + verdict
         )
-        record("### FedCross aggregation time", body)
+        metrics.write_subsection(DOC, SECTION, "### FedCross aggregation time", body)
 
 
 if __name__ == "__main__":

@@ -372,6 +372,13 @@ def stamp(command: str, *details: str) -> str:
     return f"Command: `{command}`  \nMachine: {machine}\n\n"
 
 
+def write_subsection(doc: Path, parent: str, head: str, body: str) -> None:
+    """Set (in place) the subsection ``head`` of the section ``parent`` of the Markdown
+    file ``doc`` to ``body`` (:func:`replace_subsection`) and say where it went."""
+    doc.write_text(replace_subsection(doc.read_text(), parent, head, body))
+    print(f"recorded in {doc}")
+
+
 def record_section(doc: Path, head: str, command: str, text: str, *details: str) -> None:
     """Set the section ``head`` of the Markdown file ``doc`` to a benchmark's result.
 

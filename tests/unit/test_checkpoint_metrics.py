@@ -289,3 +289,12 @@ def test_refused_replies_are_counted_in_the_run_table_and_over_seeds():
     assert over.split("| hit |")[1].splitlines()[0].endswith("| 10 |")
     assert "| none | 0 | 0 | - | - | - | - | - |" in over
     assert metrics.seeds_summary({0: hit, 1: clean})["refused"] == 5
+
+
+def test_write_subsection_replaces_one_subsection_in_place(tmp_path, capsys):
+    doc = tmp_path / "performance.md"
+    doc.write_text("# P\n\n## S\n\n### a\n\nold\n\n### b\n\nkeep\n\n## T\n\nt\n")
+    metrics.write_subsection(doc, "## S", "### a", "new\n")
+    text = doc.read_text()
+    assert "old" not in text and text.index("new") < text.index("### b") < text.index("## T")
+    assert "keep" in text and f"recorded in {doc}" in capsys.readouterr().out
