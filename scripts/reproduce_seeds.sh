@@ -14,7 +14,10 @@
 #   ima-seeds       IMA shards 2 and Dirichlet 0.3 (with their branched baselines), seeds 0 1 2
 # Costs on 2 idle cores, per seed: a regime setting 22-25 minutes measured (E = 2 about twice), the horizon about
 # 75 minutes, a FedCDA headline setting 25, FedCross Dirichlet 0.1 25, an IMA partition 25 (estimated);
-# about 15 hours in all.
+# about 15 hours in all.  Two copies may run side by side (say, one with "headlines"): each
+# seed is run by one of them (lock runs/<group>/<setting>/seed-<k>.lock, the other skips it)
+# and the pages are rewritten by one at a time.  On 2 cores the pair keeps the CPU busier
+# (one run alone leaves it about 17 % idle: straggling clients, the server's evaluation).
 # Usage: nice -n 19 scripts/reproduce_seeds.sh [regime] [horizon] [headlines]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,20 +30,29 @@ status=0
 # records of STRATEGIES finished strategies of that seed are archived; then archive.
 unit() {
   local group=$1 setting=$2 want=$3 seed=$4; shift 4
-  local have
+  # each attempt's output is appended to the seed's own log, which a later run keeps
+  local log="runs/$group/$setting/seed-$seed.log" have lock plock
+  mkdir -p "$(dirname "$log")"
+  exec {lock}>"runs/$group/$setting/seed-$seed.lock"  # held until the seed is archived
+  if ! flock -n "$lock"; then  # a second copy of this script is running this seed
+    exec {lock}>&-; echo "reproduce_seeds: $group/$setting seed $seed: running elsewhere, skipped"
+    return 0
+  fi
   have=$(compgen -G "$DATA/$group-$setting-s$seed-*.jsonl" | wc -l)
   if (( have >= want )); then
-    echo "reproduce_seeds: $group/$setting seed $seed: archived, skipped"; return 0
+    exec {lock}>&-; echo "reproduce_seeds: $group/$setting seed $seed: archived, skipped"
+    return 0
   fi
   echo "reproduce_seeds: $group/$setting seed $seed ($(date -u +%H:%M) UTC)"
-  # each attempt's output is appended to the seed's own log, which a later run keeps
-  local log="runs/$group/$setting/seed-$seed.log"
-  mkdir -p "$(dirname "$log")"
   echo "=== $(date -u '+%F %T') UTC, $(git rev-parse --short HEAD 2>/dev/null): $*" >> "$log"
-  SEEDS=$seed "$@" 2>&1 | tee -a "$log" \
+  SEEDS=$seed "$@" {lock}>&- 2>&1 | tee -a "$log" \
     || { echo "reproduce_seeds: $group/$setting seed $seed failed (log: $log)" >&2; status=1; }
+  # the pages are shared between groups (fedcda.md has two generated sections): one writer
+  exec {plock}>runs/.seeds-report.lock
+  flock "$plock"
   "$PY" scripts/seeds_report.py "$group" > /dev/null \
     || { echo "reproduce_seeds: seeds_report.py $group failed" >&2; status=1; }
+  exec {plock}>&- {lock}>&-
 }
 for p in "${parts[@]}"; do
   case $p in
