@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedsys.metrics import pyplot, save_figure
 from fedsys.seeding import derive_seed
 
 KINDS = ("rotate", "invert", "blur", "contrast")
@@ -84,10 +85,7 @@ def apply(domain: Domain, x: torch.Tensor) -> torch.Tensor:
 
 def plot_samples(x: torch.Tensor, domains: list[Domain], path: Path) -> Path:
     """A row per domain showing the same test images as that client sees them."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     n = x.shape[0]
     fig, axes = plt.subplots(len(domains), n, figsize=(1.1 * n, 1.15 * len(domains)),
@@ -102,11 +100,7 @@ def plot_samples(x: torch.Tensor, domains: list[Domain], path: Path) -> Path:
             ax.set_yticks([])
         axes[r][0].set_ylabel(f"{d.client}: {d.label}", rotation=0, ha="right", va="center",
                               fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
 __all__ = ["KINDS", "Domain", "apply", "domain_of", "plot_samples"]

@@ -9,6 +9,7 @@ import platform
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -233,13 +234,30 @@ def line_style(index: int) -> dict[str, Any]:
     return {"lw": 1.6, "ls": LINE_STYLES[index % len(LINE_STYLES)]}
 
 
-def plot_seed_curves(runs: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]], path: Path,
-                     title: str) -> Path:
-    """Mean test accuracy per round across seeds, with a ±1 std band, per strategy."""
+def pyplot() -> ModuleType:
+    """``matplotlib.pyplot`` on the file-only Agg backend, imported on first use (a run that
+    draws nothing does not pay for matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 110) -> Path:
+    """Lay out ``fig``, write it to ``path`` (parents created) and close it."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return path
+
+
+def plot_seed_curves(runs: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]], path: Path,
+                     title: str) -> Path:
+    """Mean test accuracy per round across seeds, with a ±1 std band, per strategy."""
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, (name, per_seed) in enumerate(runs.items()):
@@ -257,21 +275,14 @@ def plot_seed_curves(runs: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, title: str) -> Path:
     """Test accuracy of each run, overlaid, as a PNG: against client-training work
     (:func:`work_curve`, so a chain's hops and a parallel method's rounds compare on the
     same effort) when every run reports it, else against the round."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     by_work = bool(runs) and all(any("trained-examples" in r for r in recs)
                                  for recs in runs.values() if recs)
@@ -288,11 +299,7 @@ def plot_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, tit
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def replace_section(text: str, head: str, body: str) -> str:

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from fedsys.metrics import pyplot, save_figure
+
 IndexArray = NDArray[np.int64]
 
 PARTITIONERS = ("iid", "dirichlet", "shards", "domain")
@@ -211,10 +213,7 @@ def class_histogram(
 
 def plot_histogram(hist: NDArray[np.int64], path: Path, title: str) -> Path:
     """Save a stacked bar chart of per-client class counts as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     n, c = hist.shape
     fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * n + 2), 4))
@@ -229,8 +228,4 @@ def plot_histogram(hist: NDArray[np.int64], path: Path, title: str) -> Path:
     ax.set_xticks(np.arange(n))
     if c <= 20:
         ax.legend(title="class", bbox_to_anchor=(1.01, 1), loc="upper left", fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

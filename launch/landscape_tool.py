@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from fedsys import config as cfgmod
+from fedsys import metrics
 from fedsys.landscape import (
     contour_levels,
     interpolate,
@@ -97,6 +98,12 @@ def cmd_landscape(args: argparse.Namespace) -> int:
     from fedsys.task import dataset, evaluate, model, pick_device
 
     models, names, cfg, out_dir = _models(args)
+    vecs = [flatten(m) for m in models]
+    if not args.line:  # before the data is read: the three models must span a plane
+        try:
+            plane = plane_basis(*vecs)
+        except ValueError as exc:
+            raise cfgmod.ConfigError(f"{', '.join(names)}: {exc}") from None
     ds = dataset(cfg)
     x, y = (ds.x_test, ds.y_test) if args.split == "test" else (ds.x_train, ds.y_train)
     if args.test_subset:
@@ -110,12 +117,8 @@ def cmd_landscape(args: argparse.Namespace) -> int:
         loss, acc = evaluate(net, ds, x, y, cfg.eval_batch_size, device)
         return loss, 100.0 * (1.0 - acc)
 
-    vecs = [flatten(m) for m in models]
     out = Path(args.out) if args.out else out_dir / ("line.png" if args.line else "landscape.png")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = metrics.pyplot()
     from matplotlib.colors import BoundaryNorm
 
     if args.line:
@@ -137,7 +140,6 @@ def cmd_landscape(args: argparse.Namespace) -> int:
             a.set_title(t)
         data: dict[str, Any] = {"lambda": lams.tolist(), "loss": loss.tolist(), "error": err.tolist()}
     else:
-        plane = plane_basis(*vecs)
         gx, gy = plane_grid(plane, args.grid, args.margin)
         loss = np.zeros((len(gy), len(gx)))
         err = np.zeros_like(loss)
@@ -164,10 +166,7 @@ def cmd_landscape(args: argparse.Namespace) -> int:
             a.legend(loc="lower right", fontsize=7)
         data = {"x": gx.tolist(), "y": gy.tolist(), "loss": loss.tolist(), "error": err.tolist(),
                 "models": dict(zip(names, plane.coords, strict=True)), "average": plane.centroid}
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    metrics.save_figure(fig, out, dpi=120)
     out.with_suffix(".json").write_text(json.dumps(data))
     print(f"landscape: {out} (values in {out.with_suffix('.json')})")
     return 0

@@ -317,10 +317,7 @@ def curves(runs: Runs, setting: str, path: Path, title: str, key: str = "accurac
            ylabel: str = "test accuracy (%)", scale: float = 100.0) -> Path:
     """``key`` (accuracy: after every hop of a chain and after the parallel round) per
     round, mean across seeds with a min-max band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = metrics.pyplot()
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(7.5, 4.4))
@@ -340,10 +337,7 @@ def curves(runs: Runs, setting: str, path: Path, title: str, key: str = "accurac
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return metrics.save_figure(fig, path)
 
 
 def main() -> None:

@@ -81,3 +81,20 @@ def test_landscape_cli_says_what_is_missing(tmp_path, capsys) -> None:
     assert "save-models: global" in capsys.readouterr().err
     assert main(["landscape", "--models", "a.pt"]) == 2
     assert "exactly 3" in capsys.readouterr().err
+
+
+def test_landscape_cli_refuses_models_that_span_no_plane(tmp_path, capsys) -> None:
+    import torch
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("strategy: fedavg\ndataset: synthetic\nmodel: mlp\n")
+    w = {"w": torch.ones(3, 2), "b": torch.zeros(2)}
+    files = []
+    for i, scale in enumerate((1.0, 1.0, 2.0)):
+        files.append(str(tmp_path / f"m{i}.pt"))
+        torch.save({k: scale * v for k, v in w.items()}, files[-1])
+    assert main(["landscape", "--models", *files, "--config", str(cfg)]) == 2
+    assert "m0, m1, m2: the first two models are identical: no plane" in capsys.readouterr().err
+    torch.save({k: 3.0 * v for k, v in w.items()}, files[1])  # m0, m1, m2 on one line
+    assert main(["landscape", "--models", *files, "--config", str(cfg)]) == 2
+    assert "collinear" in capsys.readouterr().err
