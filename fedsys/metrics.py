@@ -22,11 +22,39 @@ def append_jsonl(path: Path, record: Mapping[str, Any]) -> None:
         fh.write(json.dumps(dict(record)) + "\n")
 
 
+class MetricsFileError(ValueError):
+    """A metrics file that cannot be read; the message names the file and the line."""
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Read all records (missing file: empty list)."""
+    """Read all records (missing file: empty list).
+
+    A last line that does not parse and lacks its newline is what a process stopped in the
+    middle of :func:`append_jsonl` leaves: it is dropped (its round has no checkpoint yet,
+    so a resume runs it again).  Any other line that is not a JSON object raises
+    :class:`MetricsFileError`.
+    """
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise MetricsFileError(f"{path} is not a text file of JSON records") from None
+    lines = text.splitlines()
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if i == len(lines) and not text.endswith("\n"):
+                break  # torn by an interrupted append
+            raise MetricsFileError(f"{path} line {i} is not a JSON record ({exc.msg})") from None
+        if not isinstance(rec, dict):
+            raise MetricsFileError(f"{path} line {i} is not a JSON object")
+        out.append(rec)
+    return out
 
 
 def write_jsonl(path: Path, records: Sequence[Mapping[str, Any]]) -> None:

@@ -73,6 +73,11 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
                 raise cfgmod.ConfigError(
                     f"cannot resume {label}: {exc}; this strategy cannot be resumed: start the "
                     f"run again, or remove {ck.parent} to run it afresh") from None
+            try:  # ... and the rounds it logged, kept up to the checkpoint's round
+                metrics.read_jsonl(ck.parent / "metrics.jsonl")
+            except metrics.MetricsFileError as exc:
+                raise cfgmod.ConfigError(f"cannot resume {label}: {exc}; repair or remove "
+                                         "that line (the round it held is lost)") from None
             if note:
                 print(f"fedsys: {label}: {note}", flush=True)
 
@@ -119,7 +124,10 @@ def cmd_run(args: argparse.Namespace, cfg: cfgmod.RunConfig | None = None,
             checked: bool = False) -> int:
     """``fedsys run``: check the config, simulate, print the table."""
     if cfg is None:
-        extra = [f"seeds={args.seeds}"] if getattr(args, "seeds", None) else []
+        given = getattr(args, "seeds", None)
+        if given is not None and not cfgmod.parse_seeds(given):
+            raise cfgmod.ConfigError(f"--seeds {given!r} names no seed; give integers, e.g. 0,1,2")
+        extra = [f"seeds={given}"] if given else []
         cfg = registry.load(Path(args.config) if args.config else None, [*(args.set or []), *extra])
     seeds = cfgmod.parse_seeds(cfg.seeds)
     if seeds:
@@ -332,11 +340,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         plain_when_redirected()
     args = parser().parse_args(argv)
     from fedsys.data import DataError
+    from fedsys.metrics import MetricsFileError
     from fedsys.partition import PartitionError
 
     try:
         rc = int(args.fn(args))
-    except (cfgmod.ConfigError, DataError, PartitionError) as exc:
+    except (cfgmod.ConfigError, DataError, PartitionError, MetricsFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         rc = 2
     except KeyboardInterrupt:

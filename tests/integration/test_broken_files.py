@@ -11,6 +11,8 @@ import sys
 import pytest
 import torch
 
+from fedsys import metrics
+
 pytestmark = pytest.mark.slow
 SETS = {"dataset": "synthetic", "model": "mlp", "partition": "iid", "num-clients": 3,
         "clients-per-round": 2, "local-epochs": 1, "lr": 0.05, "strategy": "fedavg"}
@@ -33,6 +35,9 @@ def test_resume_falls_back_to_the_previous_checkpoint_or_says_it_cannot(tmp_path
     ck = tmp_path / "part" / "fedavg" / "checkpoint.pt"
     data = ck.read_bytes()
     ck.write_bytes(data[:100])                                    # the latest is truncated
+    log = tmp_path / "part" / "fedavg" / "metrics.jsonl"
+    with log.open("a") as fh:                                     # and so is an append
+        fh.write('{"strategy": "fedavg", "round": 4, "accur')
     res = _run(tmp_path, "resume", str(tmp_path / "part"), "--set", "num-server-rounds=4")
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]
@@ -40,6 +45,18 @@ def test_resume_falls_back_to_the_previous_checkpoint_or_says_it_cannot(tmp_path
     a = torch.load(tmp_path / "ref" / "fedavg" / "model.pt")
     b = torch.load(tmp_path / "part" / "fedavg" / "model.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)               # rounds 3-4 redone exactly
+    acc = [(r["round"], r.get("accuracy")) for r in metrics.read_jsonl(log)]
+    ref_log = tmp_path / "ref" / "fedavg" / "metrics.jsonl"
+    assert acc == [(r["round"], r.get("accuracy")) for r in metrics.read_jsonl(ref_log)]
+
+    lines = log.read_text().splitlines(keepends=True)             # a line spoilt in the middle
+    log.write_text("".join([*lines[:2], "{not json\n", *lines[3:]]))
+    res = _run(tmp_path, "resume", str(tmp_path / "part"), "--set", "num-server-rounds=5")
+    err = res.stdout + res.stderr
+    assert res.returncode == 2
+    assert f"cannot resume fedavg: {log} line 3 is not a JSON record" in err
+    assert "Starting" not in err and "ray" not in err.lower()      # no engine started
+    log.write_text("".join(lines))
 
     for f in (ck, ck.with_name("checkpoint.prev.pt")):
         f.write_bytes(b"\x00" * 50)

@@ -298,3 +298,33 @@ def test_write_subsection_replaces_one_subsection_in_place(tmp_path, capsys):
     text = doc.read_text()
     assert "old" not in text and text.index("new") < text.index("### b") < text.index("## T")
     assert "keep" in text and f"recorded in {doc}" in capsys.readouterr().out
+
+
+def test_a_torn_last_record_is_dropped_and_any_other_bad_line_named(tmp_path):
+    f = tmp_path / "m.jsonl"
+    f.write_text('{"round": 1}\n{"round": 2}\n{"round": 3, "acc')      # an append cut short
+    assert metrics.read_jsonl(f) == [{"round": 1}, {"round": 2}]
+    f.write_text('{"round": 1}\n{"round": 2\n{"round": 3}\n')        # line 2 spoilt
+    with pytest.raises(metrics.MetricsFileError, match=r"m\.jsonl line 2 is not a JSON record"):
+        metrics.read_jsonl(f)
+    f.write_text('{"round": 1}\n{"round": 3, "acc\n')                  # torn, then a newline
+    with pytest.raises(metrics.MetricsFileError, match="line 2"):
+        metrics.read_jsonl(f)
+    f.write_text('{"round": 1}\n[1, 2]\n')
+    with pytest.raises(metrics.MetricsFileError, match="line 2 is not a JSON object"):
+        metrics.read_jsonl(f)
+    f.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(metrics.MetricsFileError, match="not a text file"):
+        metrics.read_jsonl(f)
+
+
+def test_compare_names_a_spoilt_metrics_line_and_run_refuses_empty_seeds(tmp_path, capsys):
+    from launch.cli import main
+
+    (tmp_path / "r" / "fedavg").mkdir(parents=True)
+    (tmp_path / "r" / "fedavg" / "metrics.jsonl").write_text('{"round": 0\n{"round": 1}\n')
+    assert main(["compare", str(tmp_path / "r")]) == 2
+    assert "metrics.jsonl line 1 is not a JSON record" in capsys.readouterr().err
+    for given in ("", ",", " , "):
+        assert main(["run", "configs/default.yaml", "--seeds", given]) == 2
+        assert "names no seed" in capsys.readouterr().err
