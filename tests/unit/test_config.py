@@ -327,6 +327,18 @@ def test_empty_yaml_file_gives_defaults(tmp_path):
     assert config.load(path) == config.build()
 
 
+def test_a_config_file_that_is_not_a_yaml_mapping_is_refused_by_name(tmp_path):
+    cases = {"list.yaml": "- 1\n- 2\n", "broken.yaml": "a: [1,\n"}
+    for name, text in cases.items():
+        with pytest.raises(ConfigError, match=name):
+            config.load(_write(tmp_path / name, text))
+    (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ConfigError, match=r"binary\.yaml cannot be read \(UnicodeDecodeError\)"):
+        config.load(tmp_path / "binary.yaml")
+    with pytest.raises(ConfigError, match="cannot be read"):
+        config.load(tmp_path)                                       # a directory
+
+
 def test_clients_per_round_above_num_clients_rejected():
     with pytest.raises(ConfigError, match="clients-per-round"):
         config.build({"num-clients": 4, "clients-per-round": 5})
