@@ -51,6 +51,11 @@ class DeployError(ConfigError):
     """A deployment could not be started, found or used (printed as ``error: ...``)."""
 
 
+class RunNotStartedError(RuntimeError):
+    """``flwr run`` ended before the SuperLink started a run (unreachable, refused, bad
+    certificate): nothing ran, so there is nothing to resume."""
+
+
 def free_port() -> int:
     """Return an unused TCP port on 127.0.0.1."""
     with socket.socket() as s:
@@ -465,11 +470,12 @@ class LocalDeployment:
                                        f"output in {log}")
                 time.sleep(0.2)
         out = log.read_text(errors="replace")
-        if proc.returncode != 0:
-            raise RuntimeError(f"flwr run failed (exit {proc.returncode}):\n{out[-3000:]}")
         run_id = started_run(out)
         if run_id is None:
-            raise RuntimeError(f"flwr run exited 0 but started no run:\n{out[-3000:]}")
+            raise RunNotStartedError(f"flwr run exited {proc.returncode} before a run started "
+                                     f"(output in {log}):\n{out[-3000:]}")
+        if proc.returncode != 0:
+            raise RuntimeError(f"flwr run failed (exit {proc.returncode}):\n{out[-3000:]}")
         status = self.run_status(run_id)
         if status != "finished:completed":  # flwr run --stream exits 0 however the run ended
             raise RuntimeError(f"run {run_id} ended {status} (flwr ls); its log:\n{out[-3000:]}")

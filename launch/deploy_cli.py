@@ -23,6 +23,7 @@ from launch.deploy import (
     SUPERLINK,
     DeployError,
     LocalDeployment,
+    RunNotStartedError,
     run_config_toml,
 )
 
@@ -144,6 +145,16 @@ def _remote(args: argparse.Namespace) -> LocalDeployment:
     host, _, port = args.superlink.rpartition(":")
     if not host or not port.isdigit():
         raise DeployError(f"--superlink must be HOST:PORT, got {args.superlink!r}")
+    if args.root_certificates:
+        ca = Path(args.root_certificates)
+        try:
+            pem = ca.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DeployError(f"--root-certificates {ca}: cannot be read "
+                              f"({exc.strerror if isinstance(exc, OSError) else 'not text'})") from None
+        if "-----BEGIN CERTIFICATE-----" not in pem:
+            raise DeployError(f"--root-certificates {ca}: not a PEM certificate "
+                              "(the CA that signed the SuperLink's certificate, e.g. deploy/certs/ca.crt)")
     dep = LocalDeployment(Path(args.dir) / "remote", port=int(port))
     cli = dep.cli_home
     cli.mkdir(parents=True, exist_ok=True)
@@ -183,6 +194,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"fedsys deploy: submitting {cfg.strategies} to {where} -> {cfg.run_dir}", flush=True)
     try:
         dep.flwr_run(app, cfg.to_dict(), timeout=args.timeout, echo=True)
+    except RunNotStartedError as exc:
+        print(f"error: {str(exc).splitlines()[0]}: nothing ran (see above)", file=sys.stderr)
+        return 1
     except RuntimeError as exc:
         print(f"error: {str(exc).splitlines()[0]}\n  checkpoints are in {cfg.run_dir}; submit "
               f"again with --set resume=true to continue", file=sys.stderr)

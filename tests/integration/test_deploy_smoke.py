@@ -2,7 +2,7 @@
 127.0.0.1: a SuperNode comes online over plain HTTP, the flwr CLI reaches the Control
 API, a second `up` is refused, a run that fails on the server side makes `fedsys deploy
 run` fail (``flwr run --stream`` itself exits 0 however the run ended), and `down` leaves
-nothing running.
+nothing running; a SuperLink nobody listens on fails `deploy run` without a resume hint.
 
 Runs (`fedsys deploy run`, Fashion-MNIST, the results table, `status` after them) are
 proven over TLS with node authentication in tests/integration/test_deploy_tls.py, on one
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pytest
 import yaml
 
-from launch.deploy import LocalDeployment, _alive
+from launch.deploy import LocalDeployment, _alive, free_port
 
 if TYPE_CHECKING:
     from conftest import FedsysCLI
@@ -61,3 +61,15 @@ def test_deploy_cli_up_status_down_without_tls(tmp_path: Path,
         down = fedsys_cli.run("deploy", "down", "--dir", d)
     assert down.returncode == 0 and "nothing of" in down.stdout, down.stdout + down.stderr
     assert not [p for p in pids if _alive(p)], "processes left running after down"
+
+
+def test_deploy_run_to_an_unreachable_superlink_says_nothing_ran(tmp_path: Path,
+                                                                 fedsys_cli: FedsysCLI) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"name": "nowhere", "output-dir": str(tmp_path / "runs"),
+                                   "dataset": "synthetic", "model": "mlp", "num-server-rounds": 1}))
+    res = fedsys_cli.run("deploy", "run", str(cfg), "--superlink", f"127.0.0.1:{free_port()}",
+                         "--insecure", "--dir", str(tmp_path / "d"), "--timeout", "120")
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "before a run started" in res.stderr and "nothing ran" in res.stderr, res.stderr
+    assert "resume" not in res.stderr and "results:" not in res.stdout

@@ -157,6 +157,11 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert cli.main(["deploy", "run", str(cfg), "--superlink", "127.0.0.1:1",
                      "--dir", str(tmp_path)]) == 2
     assert "--root-certificates" in capsys.readouterr().err
+    remote = ["deploy", "run", str(cfg), "--superlink", "127.0.0.1:1", "--dir", str(tmp_path)]
+    assert cli.main([*remote, "--root-certificates", str(tmp_path / "none.crt")]) == 2
+    assert "none.crt: cannot be read (No such file or directory)" in capsys.readouterr().err
+    assert cli.main([*remote, "--root-certificates", str(cfg)]) == 2
+    assert "c.yaml: not a PEM certificate" in capsys.readouterr().err
     assert cli.main(["deploy", "run", str(cfg), "--dir", str(tmp_path)]) == 2
     assert "no deployment in" in capsys.readouterr().err
     assert cli.main(["deploy", "run", str(cfg), "--set", "nope=1", "--dir", str(tmp_path)]) == 2
