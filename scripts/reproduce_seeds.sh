@@ -16,8 +16,9 @@
 # 75 minutes, a FedCDA headline setting 25, FedCross Dirichlet 0.1 25, an IMA partition 25 (estimated);
 # about 15 hours in all.  Two copies may run side by side (say, one with "headlines"): each
 # seed is run by one of them (lock runs/<group>/<setting>/seed-<k>.lock, the other skips it)
-# and the pages are rewritten by one at a time.  On 2 cores the pair keeps the CPU busier
-# (one run alone leaves it about 17 % idle: straggling clients, the server's evaluation).
+# and the pages are rewritten by one at a time.  That is for a machine with cores to spare:
+# on 2 cores a pair is no faster (measured 2026-11-26: a Dirichlet 0.3, E = 1 FedAvg round
+# took 13.6 s alone and 28-30 s beside a second copy, which took as long), so run one.
 # Usage: nice -n 19 scripts/reproduce_seeds.sh [regime] [horizon] [headlines]
 set -uo pipefail
 cd "$(dirname "$0")/.."
