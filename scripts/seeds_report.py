@@ -8,7 +8,9 @@ is not kept between machines; a run whose directory is gone is read back from th
 and writes the section "Measured (generated)" of docs/results/<method>.md: per setting,
 every strategy's accuracy as mean ± std across seeds (and each seed's) at the method's
 reported points (FedELMY: the final model; LSS: after round 1 and round 3), and the
-curves (mean across seeds, min-max band).
+curves (mean across seeds, min-max band).  Where a method lists the paper's claims
+(FedCDA, FedCross, IMA), each is judged on the seeds: "holds", "holds within noise" or
+"does not hold here" (:func:`claims_table`).
 
 Usage::
 
@@ -40,6 +42,13 @@ def across_seeds(doc: str, section: str, settings: dict[str, str], names: dict[s
     section ``section`` of docs/results/``doc``.md."""
     return {"points": ["final", "last10"], "doc": doc, "section": section,
             "settings": settings, "names": names, "xlabel": "round", **extra}
+
+
+def fedcda_claims(setting: str) -> list[tuple[str, str, str, str, str, str, str]]:
+    """FedCDA's two claims of Table 1 in ``setting``: above FedAvg, and steadier."""
+    return [("FedCDA above FedAvg (Table 1)", setting, "fedcda", setting, "fedavg", "last10", ">"),
+            ("FedCDA steadier than FedAvg (Table 1's std)", setting, "fedcda", setting, "fedavg",
+             "last10-std", "<")]
 
 
 METHODS: dict[str, dict[str, Any]] = {
@@ -118,17 +127,34 @@ METHODS: dict[str, dict[str, Any]] = {
         means={"fedcda-fresh-fraction": "share of the mean trained this round",
                "global-step": "global model's step (L2)"},
         means_from=31, paired="fedavg",
+        claims=[c for a in ("0.5", "0.3") for r in ("m1e-4-e1", "m0.9-e1", "m0.9-e2")
+                for c in fedcda_claims(f"dir{a}-{r}")],
         config="configs/fedcda-dir0.5.yaml + scripts/regime_fedcda.sh"),
     "fedcda-seeds": across_seeds(
         "fedcda", "## Across seeds (generated)",
         {"dir0.1": "Dirichlet 0.1", "shards2": "2 label shards per client"},
-        {"fedavg": "FedAvg", "fedcda": "FedCDA"}, paired="fedavg"),
+        {"fedavg": "FedAvg", "fedcda": "FedCDA"}, paired="fedavg",
+        claims=[*fedcda_claims("dir0.1"), *fedcda_claims("shards2")]),
     "fedcross-seeds": across_seeds(
         "fedcross", "## Across seeds (generated)",
         {"dir0.1": "Dirichlet 0.1, 100 rounds", "horizon": "Dirichlet 0.5, 300 rounds (the horizon)"},
         {"fedavg": "FedAvg", "fedprox": "FedProx", "fedcross": "FedCross (alpha 0.99)",
          "fedcross-alpha-0.9": "FedCross (alpha 0.9)"},
         means={"fedcross-slot-spread": "slot spread"}, means_from=1, paired="fedavg",
+        claims=[
+            *[(f"FedCross above {b} (Table II)", "dir0.1", "fedcross", "dir0.1", f, "last10", ">")
+              for f, b in (("fedavg", "FedAvg"), ("fedprox", "FedProx"))],
+            ("FedCross fluctuates less (Fig. 5)", "dir0.1", "fedcross", "dir0.1", "fedavg",
+             "last10-std", "<"),
+            ("vanilla FedCross is slow early (Fig. 5)", "dir0.1", "fedcross", "dir0.1", "fedavg",
+             "rounds:1-30", "<"),
+            *[(f"FedCross (alpha {a}) above FedAvg after 300 rounds", "horizon", f, "horizon",
+               "fedavg", "last10", ">") for f, a in (("fedcross", "0.99"),
+                                                     ("fedcross-alpha-0.9", "0.9"))],
+            ("FedCross fluctuates less (Fig. 5), 300 rounds", "horizon", "fedcross", "horizon",
+             "fedavg", "last10-std", "<"),
+            ("alpha 0.99 above alpha 0.9 (Fig. 8), 300 rounds", "horizon", "fedcross",
+             "horizon", "fedcross-alpha-0.9", "last10", ">")],
         config="configs/fedcross-fmnist.yaml + scripts/reproduce_fedcross.sh"),
     "ima-seeds": across_seeds(
         "ima", "## Across seeds (generated)",
@@ -147,6 +173,16 @@ METHODS: dict[str, dict[str, Any]] = {
                    ("ima-base-fedavg", "fedavg", "-lr-decay-0.99"),
                    ("ima-base-fedavg", "fedavg", ""),
                    ("ima-base-fedprox", "fedprox", "-lr-decay-0.99"))],
+        claims=[c for part in ("shards2", "dir0.3") for c in (
+            ("IMA lifts FedAvg (Table I)", part, "ima-base-fedavg", f"{part}-fedavg",
+             "ima-base-fedavg-average-false-lr-decay-0.99", "last10", ">"),
+            ("IMA lifts FedProx (Table I)", part, "ima-base-fedprox", f"{part}-fedprox",
+             "ima-base-fedprox-average-false-lr-decay-0.99", "last10", ">"),
+            ("the averaging, not its lr decay, lifts it (Table III; our control)", part,
+             "ima-base-fedavg", f"{part}-fedavg", "ima-base-fedavg-average-false", "last10",
+             ">"),
+            ("IMA steadies the late rounds (Fig. 1)", part, "ima-base-fedavg", f"{part}-fedavg",
+             "ima-base-fedavg-average-false-lr-decay-0.99", "last10-std", "<"))],
         config="configs/ima-fmnist.yaml + scripts/reproduce_ima.sh"),
 }
 HEADS = {"final": "final", "last10": "last-10 mean"}
@@ -283,6 +319,60 @@ def paired_table(runs: Runs, points: list[int | str],
     return "\n".join(rows) + "\n"
 
 
+#: a claim's statistic of one run's accuracy, in points: "final", "last10" (see :func:`at`),
+#: "last10-std" (the std of the last 10 evaluated rounds: how much the curve still swings),
+#: "rounds:A-B" (the mean over rounds A to B: how fast it starts)
+STATISTICS = {"final": "final accuracy", "last10": "last-10 mean",
+              "last10-std": "last-10 std (swing)"}
+
+
+def measure(recs: list[dict[str, Any]], statistic: str) -> float | None:
+    """``statistic`` (one of :data:`STATISTICS` or ``"rounds:A-B"``) of a run's accuracy, in %."""
+    if statistic in ("final", "last10"):
+        return at(recs, statistic)
+    vals = [(int(r["round"]), 100 * float(r["accuracy"])) for r in recs
+            if "accuracy" in r and r["round"] > 0]
+    if statistic == "last10-std":
+        return statistics.stdev(v for _, v in vals[-10:]) if len(vals) >= 10 else None
+    m = re.fullmatch(r"rounds:(\d+)-(\d+)", statistic)
+    if not m:
+        raise ValueError(f"unknown statistic {statistic!r}")
+    lo, hi = int(m.group(1)), int(m.group(2))
+    span = [v for rnd, v in vals if lo <= rnd <= hi]
+    return statistics.mean(span) if span and vals[-1][0] >= hi else None
+
+
+def claims_table(runs: Runs, claims: list[tuple[str, str, str, str, str, str, str]]) -> str:
+    """The paper's claims, each judged on the seeds: (claim, setting, method, baseline's
+    setting, baseline, statistic, ``">"`` or ``"<"``: the method's statistic claimed above or
+    below the baseline's).  Each row gives both sides (mean ± std across seeds), their
+    per-seed difference, and :func:`fedsys.metrics.verdict` on that difference taken in the
+    claimed direction."""
+    rows = ["### The paper's claims, judged on the seeds\n",
+            "Each claim compares a method with a baseline on the same seeds (same partition, "
+            "start and draws). The verdict is a paired one-sided t-test at 95 % each way on "
+            "the per-seed difference taken in the claimed direction "
+            "(`fedsys.metrics.verdict`): \"holds\" when the seeds separate the claimed "
+            "difference from 0, \"does not hold here\" when they separate the opposite, "
+            "\"holds within noise\" when neither.\n",
+            "| the paper's claim | setting | statistic | method | baseline | "
+            "method − baseline, per seed | verdict |",
+            "|---|---|---|---:|---:|---:|---|"]
+    for claim, setting, strategy, base_setting, base, statistic, sign in claims:
+        seeds = runs.get(setting, {}).get(strategy, {})
+        ref = runs.get(base_setting, {}).get(base, {})
+        mine = {k: v for k, r in seeds.items() if (v := measure(r, statistic)) is not None}
+        theirs = {k: v for k, r in ref.items() if (v := measure(r, statistic)) is not None}
+        d = [mine[k] - theirs[k] for k in sorted(mine) if k in theirs]
+        judged = metrics.verdict([x if sign == ">" else -x for x in d]) if d else "(not run)"
+        label = STATISTICS.get(statistic) or "mean of rounds " + statistic.split(":", 1)[1]
+        rows.append(f"| {claim} | {setting} | {label}, claimed {sign} | "
+                    f"{NAMES.get(strategy, strategy)}: {stat(list(mine.values()), empty='-')} | "
+                    f"{NAMES.get(base, base)}: {stat(list(theirs.values()), empty='-')} | "
+                    f"{stat(d, empty='-')} | {judged} |")
+    return "\n".join(rows) + "\n"
+
+
 def mean_from(recs: list[dict[str, Any]], key: str, first: int) -> float | None:
     """``key`` averaged over rounds ``first`` onwards (None: the run never logged it)."""
     vals = [float(r[key]) for r in recs if r["round"] >= first and key in r]
@@ -392,6 +482,8 @@ def main() -> None:
         parts.append(paired_table(runs, spec["points"], spec["pairs"]))
     if "paired" in spec:  # against the baseline of the same setting and seed
         parts.append(paired(runs, spec["points"], spec["paired"], {s: (s,) for s in SETTINGS if s in runs}))
+    if "claims" in spec:
+        parts.append(claims_table(runs, spec["claims"]))
     body = "\n".join(parts) or "(no runs yet)\n"
     doc = out / f"{spec.get('doc', args.method)}.md"
     text = doc.read_text() if doc.exists() else f"# {args.method}\n"

@@ -48,3 +48,30 @@ def test_refused_rounds_are_named_per_strategy_seed_and_round(report: ModuleType
 def test_no_refusal_no_flag(report: ModuleType) -> None:
     assert report.refusals({"dir0.5": {"fedavg": {0: _recs([0.5] * 3)}}}, "dir0.5") == ""
     assert report.refusals({}, "dir0.5") == ""
+
+
+def test_claim_statistics(report: ModuleType) -> None:
+    recs = _recs([0.5, 0.7] * 10)                                   # swings 50 <-> 70
+    assert report.measure(recs, "last10-std") == pytest.approx(10.5409, abs=1e-3)
+    assert report.measure(recs, "rounds:1-4") == pytest.approx(60.0)
+    assert report.measure(recs, "rounds:1-30") is None                # the run stopped at 20
+    assert report.measure(_recs([0.5] * 9), "last10-std") is None
+    with pytest.raises(ValueError, match="unknown statistic"):
+        report.measure(recs, "median")
+
+
+def test_claims_are_judged_in_their_claimed_direction(report: ModuleType) -> None:
+    swing, steady = [0.5, 0.7] * 10, [0.6] * 20
+    runs = {"s": {"fedavg": {k: _recs([a + 0.01 * k for a in swing]) for k in range(3)},
+                  "fedcda": {k: _recs([a + 0.01 * k + 0.001 * k * k for a in steady])
+                             for k in range(3)}}}
+    claims = [("steadier", "s", "fedcda", "s", "fedavg", "last10-std", "<"),
+              ("swings more", "s", "fedcda", "s", "fedavg", "last10-std", ">"),
+              ("above", "s", "fedcda", "s", "fedavg", "last10", ">"),
+              ("above, not run", "s", "fedcross", "s", "fedavg", "last10", ">")]
+    rows = {r.split(" | ")[0].lstrip("| "): r for r in
+            report.claims_table(runs, claims).splitlines() if r.startswith("| ")}
+    assert rows["steadier"].endswith("| holds |")
+    assert rows["swings more"].endswith("| does not hold here |")
+    assert rows["above"].endswith("| holds within noise |")            # 0.00, 0.10, 0.40 points
+    assert rows["above, not run"].endswith("| (not run) |")
