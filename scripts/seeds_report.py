@@ -141,6 +141,9 @@ METHODS: dict[str, dict[str, Any]] = {
         {"fedavg": "FedAvg", "fedprox": "FedProx", "fedcross": "FedCross (alpha 0.99)",
          "fedcross-alpha-0.9": "FedCross (alpha 0.9)"},
         means={"fedcross-slot-spread": "slot spread"}, means_from=1, paired="fedavg",
+        # the horizon's question: does the gap close once the slots' spread settles?
+        windows={"horizon": [(1, 50), (51, 100), (101, 150), (151, 200), (201, 250),
+                             (251, 300)]},
         claims=[
             *[(f"FedCross above {b} (Table II)", "dir0.1", "fedcross", "dir0.1", f, "last10", ">")
               for f, b in (("fedavg", "FedAvg"), ("fedprox", "FedProx"))],
@@ -373,6 +376,42 @@ def claims_table(runs: Runs, claims: list[tuple[str, str, str, str, str, str, st
     return "\n".join(rows) + "\n"
 
 
+def window_mean(recs: list[dict[str, Any]], key: str, lo: int, hi: int,
+                scale: float = 1.0) -> float | None:
+    """``key`` averaged over rounds ``lo`` to ``hi`` (None: the run did not reach ``hi``
+    or never logged ``key`` there)."""
+    vals = [scale * float(r[key]) for r in recs if lo <= r["round"] <= hi and key in r]
+    return statistics.mean(vals) if vals and recs[-1]["round"] >= hi else None
+
+
+def windows_table(runs: Runs, setting: str, windows: list[tuple[int, int]], base: str,
+                  keys: dict[str, str]) -> str:
+    """Per window of rounds, each strategy's mean accuracy minus ``base``'s on the same
+    seed, and the round metrics ``keys`` averaged over the window (mean ± std across seeds):
+    whether a gap closes as, say, FedCross's slots settle."""
+    others = [s for s in runs.get(setting, {}) if s != base]
+    ref = runs.get(setting, {}).get(base, {})
+    heads = [f"{NAMES.get(s, s)} − {NAMES.get(base, base)}, accuracy points" for s in others]
+    logged = [(k, s) for k in keys for s in others
+              if any(k in r for recs in runs[setting][s].values() for r in recs)]
+    heads += [f"{keys[k]}, {NAMES.get(s, s)}" for k, s in logged]
+    rows = ["| rounds | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
+    for lo, hi in windows:
+        cells = []
+        for s in others:
+            d = [v - b for k, recs in runs[setting][s].items() if k in ref
+                 and (v := window_mean(recs, "accuracy", lo, hi, 100)) is not None
+                 and (b := window_mean(ref[k], "accuracy", lo, hi, 100)) is not None]
+            cells.append(stat(d, empty="-"))
+        for k, s in logged:
+            cells.append(stat([v for recs in runs[setting][s].values()
+                               if (v := window_mean(recs, k, lo, hi)) is not None],
+                              ".4g", ".2g", "-"))
+        rows.append(f"| {lo}-{hi} | " + " | ".join(cells) + " |")
+    return ("Mean over each window of rounds, per seed, then mean ± std across seeds "
+            "(differences paired by seed):\n\n" + "\n".join(rows) + "\n")
+
+
 def mean_from(recs: list[dict[str, Any]], key: str, first: int) -> float | None:
     """``key`` averaged over rounds ``first`` onwards (None: the run never logged it)."""
     vals = [float(r[key]) for r in recs if r["round"] >= first and key in r]
@@ -456,6 +495,9 @@ def main() -> None:
             parts.append(flagged)
         if "means" in spec:
             parts.append(means(runs, setting, spec["means"], spec["means_from"], spec.get("paired")) + "\n")
+        if setting in spec.get("windows", {}):
+            parts.append(windows_table(runs, setting, spec["windows"][setting], spec["paired"],
+                                       spec["means"]))
             for k, label in spec["means"].items():
                 if any(k in r for seeds in runs[setting].values() for recs in seeds.values()
                        for r in recs):

@@ -75,3 +75,22 @@ def test_claims_are_judged_in_their_claimed_direction(report: ModuleType) -> Non
     assert rows["swings more"].endswith("| does not hold here |")
     assert rows["above"].endswith("| holds within noise |")            # 0.00, 0.10, 0.40 points
     assert rows["above, not run"].endswith("| (not run) |")
+
+
+def test_windows_show_a_gap_closing_as_the_spread_settles(report: ModuleType) -> None:
+    def run(accs: list[float], spread: list[float] | None = None) -> list[dict]:
+        recs = _recs(accs)
+        for r, v in zip(recs[1:], spread or [], strict=False):
+            r["fedcross-slot-spread"] = v
+        return recs
+
+    runs = {"horizon": {
+        "fedavg": {k: run([0.8 + 0.01 * k] * 20) for k in range(2)},
+        "fedcross": {k: run([0.7 + 0.01 * k] * 10 + [0.8 + 0.01 * k] * 10, [1.0] * 10 + [0.2] * 10)
+                     for k in range(2)},
+        "short": {k: run([0.8] * 15) for k in range(2)}}}        # never reached round 20
+    text = report.windows_table(runs, "horizon", [(1, 10), (11, 20)], "fedavg",
+                                {"fedcross-slot-spread": "slot spread"})
+    rows = [r for r in text.splitlines() if r.startswith("| 1")]
+    assert rows[0].startswith("| 1-10 | -10.00 ± 0.00 (n=2) | -0.50 ± 0.71 (n=2) | 1 ± 0 (n=2) |")
+    assert rows[1].startswith("| 11-20 | 0.00 ± 0.00 (n=2) | - | 0.2 ± 0 (n=2) |")
