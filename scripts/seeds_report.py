@@ -184,7 +184,7 @@ METHODS: dict[str, dict[str, Any]] = {
             ("the averaging, not its lr decay, lifts it (Table III; our control)", part,
              "ima-base-fedavg", f"{part}-fedavg", "ima-base-fedavg-average-false", "last10",
              ">"),
-            ("IMA steadies the late rounds (Fig. 1)", part, "ima-base-fedavg", f"{part}-fedavg",
+            ("IMA steadies training (Fig. 7(b))", part, "ima-base-fedavg", f"{part}-fedavg",
              "ima-base-fedavg-average-false-lr-decay-0.99", "last10-std", "<"))],
         config="configs/ima-fmnist.yaml + scripts/reproduce_ima.sh"),
 }
