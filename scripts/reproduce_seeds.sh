@@ -19,7 +19,9 @@
 # and the pages are rewritten by one at a time.  That is for a machine with cores to spare:
 # on 2 cores a pair is no faster (measured 2026-11-26: a Dirichlet 0.3, E = 1 FedAvg round
 # took 13.6 s alone and 28-30 s beside a second copy, which took as long), so run one.
-# Usage: nice -n 19 scripts/reproduce_seeds.sh [regime] [horizon] [headlines]
+# Usage: nice -n 10 scripts/reproduce_seeds.sh [regime] [horizon] [headlines]
+# (not 19: beside a busy process at 0 a round then gets about 1 % of the CPU and can pass the
+# 600 s round-timeout; a run with refused replies is not archived but run again, see unit)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -44,16 +46,25 @@ unit() {
     exec {lock}>&-; echo "reproduce_seeds: $group/$setting seed $seed: archived, skipped"
     return 0
   fi
-  echo "reproduce_seeds: $group/$setting seed $seed ($(date -u +%H:%M) UTC)"
-  echo "=== $(date -u '+%F %T') UTC, $(git rev-parse --short HEAD 2>/dev/null): $*" >> "$log"
-  SEEDS=$seed "$@" {lock}>&- 2>&1 | tee -a "$log" \
-    || { echo "reproduce_seeds: $group/$setting seed $seed failed (log: $log)" >&2; status=1; }
-  # the pages are shared between groups (fedcda.md has two generated sections): one writer
-  exec {plock}>runs/.seeds-report.lock
-  flock "$plock"
-  "$PY" scripts/seeds_report.py "$group" > /dev/null \
-    || { echo "reproduce_seeds: seeds_report.py $group failed" >&2; status=1; }
-  exec {plock}>&- {lock}>&-
+  # seeds_report.py archives the finished runs; one with refused replies (the machine stalled
+  # it past round-timeout) it moves aside instead, and the seed is run again
+  local attempt
+  for attempt in 1 2 3; do
+    echo "reproduce_seeds: $group/$setting seed $seed, attempt $attempt ($(date -u +%H:%M) UTC)"
+    echo "=== $(date -u '+%F %T') UTC, $(git rev-parse --short HEAD 2>/dev/null): $*" >> "$log"
+    SEEDS=$seed "$@" {lock}>&- 2>&1 | tee -a "$log" \
+      || { echo "reproduce_seeds: $group/$setting seed $seed failed (log: $log)" >&2; status=1; }
+    # the pages are shared between groups (fedcda.md has two generated sections): one writer
+    exec {plock}>runs/.seeds-report.lock
+    flock "$plock"
+    "$PY" scripts/seeds_report.py "$group" > /dev/null \
+      || { echo "reproduce_seeds: seeds_report.py $group failed" >&2; status=1; }
+    exec {plock}>&-
+    have=$(compgen -G "$DATA/$group-$setting-s$seed-*.jsonl" | wc -l)
+    (( have >= want )) && break
+  done
+  (( have >= want )) || { echo "reproduce_seeds: $group/$setting seed $seed not archived" >&2; status=1; }
+  exec {lock}>&-
 }
 for p in "${parts[@]}"; do
   case $p in

@@ -196,14 +196,35 @@ METHOD: list[str] = [""]
 Runs = dict[str, dict[str, dict[int, list[dict[str, Any]]]]]  # setting -> strategy -> seed -> recs
 
 
+def refused_rounds(recs: list[dict[str, Any]]) -> list[int]:
+    """The rounds in which replies were refused or missing (``clients-rejected`` > 0)."""
+    return [int(r["round"]) for r in recs if float(r.get("clients-rejected", 0)) > 0]
+
+
 def collect(runs: Path, data: Path) -> Runs:
-    """Every run's records, from ``runs`` (copied to ``data``) or from ``data``."""
+    """Every run's records, from ``runs`` (copied to ``data``) or from ``data``.
+
+    A finished run with refused or missing replies is not the experiment as configured
+    (every client replies in a simulation unless the machine stalls it past
+    ``round-timeout``): it is not archived but moved aside to ``<strategy>.refused-<n>``,
+    so that running the seed again redoes it from the start.
+    """
     out: Runs = {}
     for f in sorted(runs.glob("*/seed-*/*/metrics.jsonl")):
         setting, seed, strategy = f.parts[-4], int(f.parts[-3].split("-")[1]), f.parts[-2]
+        if ".refused-" in strategy:  # set aside before
+            continue
         recs = metrics.read_jsonl(f)
-        if recs and (f.parent / "model.pt").exists():  # finished runs only
-            metrics.write_jsonl(data / f"{METHOD[0]}-{setting}-s{seed}-{strategy}.jsonl", recs)
+        if not recs or not (f.parent / "model.pt").exists():  # finished runs only
+            continue
+        if bad := refused_rounds(recs):
+            n = len(list(f.parent.parent.glob(f"{strategy}.refused-*")))
+            aside = f.parent.with_name(f"{strategy}.refused-{n + 1}")
+            f.parent.rename(aside)
+            print(f"seeds_report: {f.parent} refused replies in rounds {bad}: not archived, "
+                  f"moved to {aside.name}; run the seed again", file=sys.stderr)
+            continue
+        metrics.write_jsonl(data / f"{METHOD[0]}-{setting}-s{seed}-{strategy}.jsonl", recs)
     for f in sorted(data.glob(f"{METHOD[0]}-*-s*-*.jsonl")):
         m = re.fullmatch(rf"{METHOD[0]}-(.+?)-s(\d+)-(.+)\.jsonl", f.name)
         if m and m.group(1) in SETTINGS:
@@ -495,15 +516,15 @@ def main() -> None:
             parts.append(flagged)
         if "means" in spec:
             parts.append(means(runs, setting, spec["means"], spec["means_from"], spec.get("paired")) + "\n")
-        if setting in spec.get("windows", {}):
-            parts.append(windows_table(runs, setting, spec["windows"][setting], spec["paired"],
-                                       spec["means"]))
             for k, label in spec["means"].items():
                 if any(k in r for seeds in runs[setting].values() for recs in seeds.values()
                        for r in recs):
                     png = curves(runs, setting, out / f"{args.method}-{setting}-{k}.png",
                                  f"{title}: {label}", key=k, ylabel=label, scale=1.0)
                     parts.append(f"![{title}: {label}]({png.name})\n")
+        if setting in spec.get("windows", {}):
+            parts.append(windows_table(runs, setting, spec["windows"][setting], spec["paired"],
+                                       spec["means"]))
         doms = sorted({k for seeds in runs[setting].values() for recs in seeds.values()
                        for k in recs[-1] if k.startswith("accuracy-domain-")})
         if doms:

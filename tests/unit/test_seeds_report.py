@@ -94,3 +94,54 @@ def test_windows_show_a_gap_closing_as_the_spread_settles(report: ModuleType) ->
     rows = [r for r in text.splitlines() if r.startswith("| 1")]
     assert rows[0].startswith("| 1-10 | -10.00 ± 0.00 (n=2) | -0.50 ± 0.71 (n=2) | 1 ± 0 (n=2) |")
     assert rows[1].startswith("| 11-20 | 0.00 ± 0.00 (n=2) | - | 0.2 ± 0 (n=2) |")
+
+
+def test_a_run_with_refused_replies_is_set_aside_not_archived(report: ModuleType, tmp_path,
+                                                             capsys, monkeypatch) -> None:
+    from fedsys import metrics
+
+    runs, data = tmp_path / "runs", tmp_path / "data"
+    data.mkdir()
+    for strategy, recs in (("fedavg", _recs([0.5] * 4)), ("fedcda", _recs([0.5] * 4, {3: 1}))):
+        d = runs / "dir0.3" / "seed-0" / strategy
+        d.mkdir(parents=True)
+        metrics.write_jsonl(d / "metrics.jsonl", recs)
+        (d / "model.pt").write_bytes(b"")
+    monkeypatch.setattr(report, "METHOD", ["g"])
+    monkeypatch.setitem(report.SETTINGS, "dir0.3", "Dirichlet 0.3")
+    got = report.collect(runs, data)
+    assert list(got["dir0.3"]) == ["fedavg"]
+    assert sorted(p.name for p in data.iterdir()) == ["g-dir0.3-s0-fedavg.jsonl"]
+    assert (runs / "dir0.3" / "seed-0" / "fedcda.refused-1" / "metrics.jsonl").exists()
+    assert not (runs / "dir0.3" / "seed-0" / "fedcda").exists()     # the seed runs it again
+    assert "refused replies in rounds [3]: not archived" in capsys.readouterr().err
+    report.collect(runs, data)                                     # set aside once only
+    assert not list((runs / "dir0.3" / "seed-0").glob("*.refused-1.refused-*"))
+
+
+def test_the_generated_section_has_every_part(report: ModuleType, tmp_path, monkeypatch) -> None:
+    from fedsys import metrics
+
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    for strategy in ("fedavg", "fedcda"):
+        d = runs / "dir0.5-m0.9-e1" / "seed-0" / strategy
+        d.mkdir(parents=True)
+        recs = _recs([0.5 + 0.01 * i for i in range(40)])
+        for r in recs[1:]:
+            r["global-step"] = 1.0 if strategy == "fedavg" else 0.1
+            if strategy == "fedcda":
+                r["fedcda-fresh-fraction"] = 0.2
+        metrics.write_jsonl(d / "metrics.jsonl", recs)
+        (d / "model.pt").write_bytes(b"")
+    monkeypatch.setattr("sys.argv", ["seeds_report.py", "fedcda-regime", "--runs", str(runs),
+                                     "--out", str(out)])
+    report.main()
+    text = (out / "fedcda.md").read_text()
+    for part in ("### Dirichlet 0.5, momentum 0.9, E = 1", "| FedCDA | ",
+                 "(fedcda-regime-dir0.5-m0.9-e1-accuracy.png)",
+                 "(fedcda-regime-dir0.5-m0.9-e1-fedcda-fresh-fraction.png)",
+                 "(fedcda-regime-dir0.5-m0.9-e1-global-step.png)",
+                 "### Paired differences against FedAvg",
+                 "### The paper's claims, judged on the seeds"):
+        assert part in text, part
+    assert (out / "fedcda-regime-dir0.5-m0.9-e1-global-step.png").stat().st_size > 0
