@@ -31,17 +31,27 @@ parts=("$@")
 status=0
 # unit GROUP SETTING STRATEGIES SEED COMMAND...: run COMMAND with SEEDS=SEED unless the
 # records of STRATEGIES finished strategies of that seed are archived; then archive.
+# SETTING may join several with "+" (one command writing three settings, IMA's): their
+# records are counted together, the first names the log and the lock.
+archived() {  # GROUP SETTING SEED: how many records of that seed are archived
+  local n=0 part
+  for part in ${2//+/ }; do
+    n=$(( n + $(compgen -G "$DATA/$1-$part-s$3-*.jsonl" | wc -l) ))
+  done
+  echo "$n"
+}
 unit() {
   local group=$1 setting=$2 want=$3 seed=$4; shift 4
   # each attempt's output is appended to the seed's own log, which a later run keeps
-  local log="runs/$group/$setting/seed-$seed.log" have lock plock
+  local first=${setting%%+*}
+  local log="runs/$group/$first/seed-$seed.log" have lock plock
   mkdir -p "$(dirname "$log")"
-  exec {lock}>"runs/$group/$setting/seed-$seed.lock"  # held until the seed is archived
+  exec {lock}>"runs/$group/$first/seed-$seed.lock"  # held until the seed is archived
   if ! flock -n "$lock"; then  # a second copy of this script is running this seed
     exec {lock}>&-; echo "reproduce_seeds: $group/$setting seed $seed: running elsewhere, skipped"
     return 0
   fi
-  have=$(compgen -G "$DATA/$group-$setting-s$seed-*.jsonl" | wc -l)
+  have=$(archived "$group" "$setting" "$seed")
   if (( have >= want )); then
     exec {lock}>&-; echo "reproduce_seeds: $group/$setting seed $seed: archived, skipped"
     return 0
@@ -60,7 +70,7 @@ unit() {
     "$PY" scripts/seeds_report.py "$group" > /dev/null \
       || { echo "reproduce_seeds: seeds_report.py $group failed" >&2; status=1; }
     exec {plock}>&-
-    have=$(compgen -G "$DATA/$group-$setting-s$seed-*.jsonl" | wc -l)
+    have=$(archived "$group" "$setting" "$seed")
     (( have >= want )) && break
   done
   (( have >= want )) || { echo "reproduce_seeds: $group/$setting seed $seed not archived" >&2; status=1; }
@@ -85,8 +95,10 @@ for p in "${parts[@]}"; do
         for k in 0 1 2; do unit fedcda-seeds "$s" 2 $k scripts/reproduce_fedcda.sh "$s"; done
       done
       for k in 0 1 2; do unit fedcross-seeds dir0.1 3 $k scripts/reproduce_fedcross.sh dir0.1; done
-      for s in shards2 dir0.3; do  # the branched FedProx run is the last of a seed's three
-        for k in 0 1 2; do unit ima-seeds "$s-fedprox" 1 $k scripts/reproduce_ima.sh "$s"; done
+      for s in shards2 dir0.3; do  # 2 IMA runs, FedAvg and the control, FedProx: 5 records
+        for k in 0 1 2; do
+          unit ima-seeds "$s+$s-fedavg+$s-fedprox" 5 $k scripts/reproduce_ima.sh "$s"
+        done
       done ;;
     *) echo "usage: $0 [regime] [horizon] [headlines]" >&2; exit 2 ;;
   esac
