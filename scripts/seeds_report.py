@@ -196,9 +196,9 @@ METHOD: list[str] = [""]
 Runs = dict[str, dict[str, dict[int, list[dict[str, Any]]]]]  # setting -> strategy -> seed -> recs
 
 
-def refused_rounds(recs: list[dict[str, Any]]) -> list[int]:
-    """The rounds in which replies were refused or missing (``clients-rejected`` > 0)."""
-    return [int(r["round"]) for r in recs if float(r.get("clients-rejected", 0)) > 0]
+def refused(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rounds' records in which replies were refused or missing (``clients-rejected`` > 0)."""
+    return [r for r in recs if float(r.get("clients-rejected", 0)) > 0]
 
 
 def collect(runs: Path, data: Path) -> Runs:
@@ -217,7 +217,7 @@ def collect(runs: Path, data: Path) -> Runs:
         recs = metrics.read_jsonl(f)
         if not recs or not (f.parent / "model.pt").exists():  # finished runs only
             continue
-        if bad := refused_rounds(recs):
+        if bad := [int(r["round"]) for r in refused(recs)]:
             n = len(list(f.parent.parent.glob(f"{strategy}.refused-*")))
             aside = f.parent.with_name(f"{strategy}.refused-{n + 1}")
             f.parent.rename(aside)
@@ -287,7 +287,7 @@ def refusals(runs: Runs, setting: str) -> str:
         for seed, recs in sorted(seeds.items()):
             bad = [f"round {int(r['round'])} ({int(r['clients-rejected'])} of "
                    f"{int(r['clients-rejected'] + r.get('clients-ok', 0))})"
-                   for r in recs if float(r.get("clients-rejected", 0)) > 0]
+                   for r in refused(recs)]
             if bad:
                 hits.append(f"{NAMES.get(strategy, strategy)} s{seed}: {', '.join(bad)}")
     if not hits:
@@ -354,16 +354,12 @@ def measure(recs: list[dict[str, Any]], statistic: str) -> float | None:
     """``statistic`` (one of :data:`STATISTICS` or ``"rounds:A-B"``) of a run's accuracy, in %."""
     if statistic in ("final", "last10"):
         return at(recs, statistic)
-    vals = [(int(r["round"]), 100 * float(r["accuracy"])) for r in recs
-            if "accuracy" in r and r["round"] > 0]
+    if m := re.fullmatch(r"rounds:(\d+)-(\d+)", statistic):
+        return window_mean(recs, "accuracy", int(m.group(1)), int(m.group(2)), 100)
     if statistic == "last10-std":
-        return statistics.stdev(v for _, v in vals[-10:]) if len(vals) >= 10 else None
-    m = re.fullmatch(r"rounds:(\d+)-(\d+)", statistic)
-    if not m:
-        raise ValueError(f"unknown statistic {statistic!r}")
-    lo, hi = int(m.group(1)), int(m.group(2))
-    span = [v for rnd, v in vals if lo <= rnd <= hi]
-    return statistics.mean(span) if span and vals[-1][0] >= hi else None
+        vals = [100 * float(r["accuracy"]) for r in recs if "accuracy" in r and r["round"] > 0]
+        return statistics.stdev(vals[-10:]) if len(vals) >= 10 else None
+    raise ValueError(f"unknown statistic {statistic!r}")
 
 
 def claims_table(runs: Runs, claims: list[tuple[str, str, str, str, str, str, str]]) -> str:
@@ -435,8 +431,7 @@ def windows_table(runs: Runs, setting: str, windows: list[tuple[int, int]], base
 
 def mean_from(recs: list[dict[str, Any]], key: str, first: int) -> float | None:
     """``key`` averaged over rounds ``first`` onwards (None: the run never logged it)."""
-    vals = [float(r[key]) for r in recs if r["round"] >= first and key in r]
-    return statistics.mean(vals) if vals else None
+    return window_mean(recs, key, first, int(recs[-1]["round"])) if recs else None
 
 
 def means(runs: Runs, setting: str, keys: dict[str, str], first: int,
