@@ -4,7 +4,8 @@ local-training regimes, the headline rows of FedCDA, FedCross and IMA, FedCross'
 
 Reads ``runs/<method>/<setting>/seed-<k>/<strategy>/metrics.jsonl`` of finished runs,
 copies each to ``docs/results/data/<method>-<setting>-s<k>-<strategy>.jsonl`` (``runs/``
-is not kept between machines; a run whose directory is gone is read back from there),
+is not kept between machines; a run whose directory is gone is read back from there; a run
+with refused replies is not copied but moved aside, to be run again: see :func:`collect`),
 and writes the section "Measured (generated)" of docs/results/<method>.md: per setting,
 every strategy's accuracy as mean ± std across seeds (and each seed's) at the method's
 reported points (FedELMY: the final model; LSS: after round 1 and round 3), and the
