@@ -127,7 +127,7 @@ METHODS: dict[str, dict[str, Any]] = {
         # the mechanism (issue 17): over rounds 31-60, after every regime's warmup
         means={"fedcda-fresh-fraction": "share of the mean trained this round",
                "global-step": "global model's step (L2)"},
-        means_from=31, paired="fedavg",
+        means_from=31, paired="fedavg", regime=("fedcda", "fedcda-warmup"),
         claims=[c for a in ("0.5", "0.3") for r in ("m1e-4-e1", "m0.9-e1", "m0.9-e2")
                 for c in fedcda_claims(f"dir{a}-{r}")],
         config="configs/fedcda-dir0.5.yaml + scripts/regime_fedcda.sh"),
@@ -459,6 +459,57 @@ def means(runs: Runs, setting: str, keys: dict[str, str], first: int,
     return "\n".join(rows)
 
 
+def warmup_end(recs: list[dict[str, Any]], key: str) -> int | None:
+    """The last round whose record marks it as warmup (``key`` true), None if none does."""
+    marked = [int(r["round"]) for r in recs if r.get(key)]
+    return max(marked) if marked else None
+
+
+def regime_table(runs: Runs, method: str, base: str, warmup_key: str, keys: dict[str, str],
+                 first: int) -> str:
+    """One row per setting: where ``method``'s gain over ``base`` holds and why.
+
+    The paired last-10 difference and its verdict; the accuracy when ``method``'s warmup
+    (read from the records: the last round with ``warmup_key`` true) ends, and how much each
+    strategy gains after it (last-10 mean minus that accuracy, per seed); and the round
+    metrics ``keys`` averaged over rounds ``first`` onwards: the base's ratio where the base
+    logs the metric too, else ``method``'s own mean.  All mean ± std across seeds."""
+    m, b = NAMES.get(method, method), NAMES.get(base, base)
+    ratio = {k: any(mean_from(r, k, first) is not None
+                    for s in runs.values() for r in s.get(base, {}).values()) for k in keys}
+    heads = [f"{m} − {b}, last-10 mean (paired)", "verdict",
+             "accuracy when the warmup ends (round)", f"{b}'s gain after the warmup",
+             f"{m}'s gain after the warmup"]
+    heads += [f"{keys[k]}, {m} / {b}" if ratio[k] else f"{keys[k]}, {m}" for k in keys]
+    rows = ["| setting | " + " | ".join(heads) + " |", "|---|---:|---|" + "---:|" * (len(heads) - 2)]
+    for setting in [s for s in SETTINGS if s in runs] or list(runs):
+        mine, ref = runs[setting].get(method, {}), runs[setting].get(base, {})
+        seeds = sorted(k for k in mine if k in ref)
+        if not seeds:
+            continue
+        d = [v - w for k in seeds
+             if (v := at(mine[k], "last10")) is not None and (w := at(ref[k], "last10")) is not None]
+        ends = {k: w for k in seeds if (w := warmup_end(mine[k], warmup_key)) is not None}
+        start = {k: v for k, w in ends.items() if (v := at(mine[k], w)) is not None}
+        gains = [stat([v - start[k] for k in start if (v := at(runs_k[k], "last10")) is not None])
+                 for runs_k in (ref, mine)]
+        rounds = "/".join(str(w) for w in sorted(set(ends.values()))) or "-"
+        cells = [stat(d, empty="-"), metrics.verdict(d) if d else "-",
+                 f"{stat(list(start.values()), empty='-')} (round {rounds})", *gains]
+        for k in keys:
+            if ratio[k]:
+                per = [v / w for s in seeds if (v := mean_from(mine[s], k, first)) is not None
+                       and (w := mean_from(ref[s], k, first))]
+            else:
+                per = [v for s in seeds if (v := mean_from(mine[s], k, first)) is not None]
+            cells.append(stat(per, ".3g", ".2g", "-"))
+        rows.append(f"| {setting} | " + " | ".join(cells) + " |")
+    return (f"### Where the gain holds, and why (rounds {first}+ for the round metrics)\n\n"
+            f"Per seed, then mean ± std across seeds; differences and ratios paired by seed. "
+            f"{m}'s warmup runs {b}, so both start from the same model when it ends; the gains "
+            f"are each strategy's last-10 mean minus that accuracy.\n\n" + "\n".join(rows) + "\n")
+
+
 def curves(runs: Runs, setting: str, path: Path, title: str, key: str = "accuracy",
            ylabel: str = "test accuracy (%)", scale: float = 100.0) -> Path:
     """``key`` (accuracy: after every hop of a chain and after the parallel round) per
@@ -541,6 +592,10 @@ def main() -> None:
         parts.append(paired_table(runs, spec["points"], spec["pairs"]))
     if "paired" in spec:  # against the baseline of the same setting and seed
         parts.append(paired(runs, spec["points"], spec["paired"], {s: (s,) for s in SETTINGS if s in runs}))
+    if "regime" in spec:  # one row per setting: where the gain holds, and the mechanism
+        method, warmup_key = spec["regime"]
+        parts.append(regime_table(runs, method, spec["paired"], warmup_key, spec["means"],
+                                  spec["means_from"]))
     if "claims" in spec:
         parts.append(claims_table(runs, spec["claims"]))
     body = "\n".join(parts) or "(no runs yet)\n"

@@ -142,6 +142,38 @@ def test_the_generated_section_has_every_part(report: ModuleType, tmp_path, monk
                  "(fedcda-regime-dir0.5-m0.9-e1-fedcda-fresh-fraction.png)",
                  "(fedcda-regime-dir0.5-m0.9-e1-global-step.png)",
                  "### Paired differences against FedAvg",
+                 "### Where the gain holds, and why", "| dir0.5-m0.9-e1 | ",
                  "### The paper's claims, judged on the seeds"):
         assert part in text, part
     assert (out / "fedcda-regime-dir0.5-m0.9-e1-global-step.png").stat().st_size > 0
+
+
+def test_the_regime_row_reads_the_warmup_from_the_records(report: ModuleType,
+                                                          monkeypatch) -> None:
+    monkeypatch.setattr(report, "NAMES", {"fedavg": "FedAvg", "fedcda": "FedCDA"})
+    monkeypatch.setattr(report, "SETTINGS", {"dir0.3-x": "", "dir0.5-x": ""})
+    def run(accs: list[float], warmup: int, step: float, fresh: float | None = None) -> list[dict]:
+        recs = _recs(accs)
+        for r in recs[1:]:
+            r["fedcda-warmup"] = 1.0 if r["round"] <= warmup else 0.0
+            r["global-step"] = step
+            if fresh is not None:
+                r["fedcda-fresh-fraction"] = fresh
+        for r in recs[1:]:
+            if fresh is None:
+                del r["fedcda-warmup"]                        # FedAvg logs no warmup
+        return recs
+
+    # the same 3 warmup rounds (60 %), then FedAvg reaches 80 %, FedCDA 70 % / 72 %
+    runs = {"dir0.5-x": {
+        "fedavg": {k: run([0.5, 0.55, 0.6] + [0.8] * 12, 0, 1.0) for k in range(2)},
+        "fedcda": {k: run([0.5, 0.55, 0.6] + [0.7 + 0.02 * k] * 12, 3, 0.1 * (k + 1), 0.2)
+                   for k in range(2)}},
+        "dir0.3-x": {"fedavg": {0: run([0.5] * 15, 0, 1.0)}}}   # FedCDA not run: no row
+    text = report.regime_table(runs, "fedcda", "fedavg", "fedcda-warmup",
+                               {"fedcda-fresh-fraction": "fresh", "global-step": "step"}, 4)
+    rows = [r for r in text.splitlines() if r.startswith("| dir")]
+    assert rows == ["| dir0.5-x | -9.00 ± 1.41 (n=2) | does not hold here | 60.00 ± 0.00 (n=2) "
+                    "(round 3) | 20.00 ± 0.00 (n=2) | 11.00 ± 1.41 (n=2) | 0.2 ± 0 (n=2) | "
+                    "0.15 ± 0.071 (n=2) |"], text
+    assert "fresh, FedCDA |" in text and "step, FedCDA / FedAvg |" in text
