@@ -56,6 +56,9 @@ def test_claim_statistics(report: ModuleType) -> None:
     assert report.measure(recs, "rounds:1-4") == pytest.approx(60.0)
     assert report.measure(recs, "rounds:1-30") is None                # the run stopped at 20
     assert report.measure(_recs([0.5] * 9), "last10-std") is None
+    assert report.measure(recs, "rounds-to:70") == 2.0                # first at 70 %
+    assert report.measure(recs, "rounds-to:50") == 1.0
+    assert report.measure(recs, "rounds-to:71") == 21.0               # never: last round + 1
     with pytest.raises(ValueError, match="unknown statistic"):
         report.measure(recs, "median")
 
