@@ -11,17 +11,23 @@ from fedsys import metrics
 from launch.registry import schema
 
 
-def table(runs: dict[str, list[dict[str, Any]]], title: str) -> None:
-    """Print the results table of ``runs`` (:func:`fedsys.metrics.results_table`'s columns)."""
+def show(title: str, columns: list[str], rows: dict[str, list[str]]) -> None:
+    """Print a table on the terminal: the first column (the strategy) left, the rest right."""
     from rich.console import Console
     from rich.table import Table
 
     t = Table(title=title)
-    for col in metrics.table_columns():
-        t.add_column(col, justify="left" if col == "strategy" else "right")
-    for name, recs in runs.items():
-        t.add_row(name, *metrics.summary_cells(metrics.summarise(recs)))
+    for col in columns:
+        t.add_column(col, justify="left" if col == columns[0] else "right")
+    for name, cells in rows.items():
+        t.add_row(name, *cells)
     Console(width=max(Console().width, 120)).print(t)
+
+
+def table(runs: dict[str, list[dict[str, Any]]], title: str) -> None:
+    """Print the results table of ``runs`` (:func:`fedsys.metrics.results_table`'s columns)."""
+    show(title, metrics.table_columns(),
+         {name: metrics.summary_cells(metrics.summarise(recs)) for name, recs in runs.items()})
 
 
 def load_runs(run_dir: Path, prefix: str = "") -> dict[str, list[dict[str, Any]]]:
@@ -66,15 +72,8 @@ def load_seeded(run_dir: Path, prefix: str = "") -> dict[str, dict[int, list[dic
 
 def seeds_table(runs: dict[str, dict[int, list[dict[str, Any]]]], title: str) -> None:
     """Print the results table over seeds (mean ± std across seeds)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=title)
-    for col in metrics.seeds_columns():
-        t.add_column(col, justify="left" if col == "strategy" else "right")
-    for name, per_seed in runs.items():
-        t.add_row(name, *metrics.seeds_cells(metrics.seeds_summary(per_seed)))
-    Console(width=max(Console().width, 120)).print(t)
+    show(title, metrics.seeds_columns(),
+         {name: metrics.seeds_cells(metrics.seeds_summary(per)) for name, per in runs.items()})
 
 
 def write_seeded(run_dir: Path, title: str) -> dict[str, dict[int, list[dict[str, Any]]]]:
