@@ -497,7 +497,7 @@ def regime_table(runs: Runs, method: str, base: str, warmup_key: str, keys: dict
     m, b = NAMES.get(method, method), NAMES.get(base, base)
     ratio = {k: any(mean_from(r, k, first) is not None
                     for s in runs.values() for r in s.get(base, {}).values()) for k in keys}
-    heads = [f"{m} − {b}, last-10 mean (paired)", "verdict",
+    heads = [f"{m} − {b}, last-10 mean (paired): per seed", "verdict",
              "accuracy when the warmup ends (round)", f"{b}'s gain after the warmup",
              f"{m}'s gain after the warmup"]
     heads += [f"{keys[k]}, {m} / {b}" if ratio[k] else f"{keys[k]}, {m}" for k in keys]
@@ -514,7 +514,8 @@ def regime_table(runs: Runs, method: str, base: str, warmup_key: str, keys: dict
         gains = [stat([v - start[k] for k in start if (v := at(runs_k[k], "last10")) is not None])
                  for runs_k in (ref, mine)]
         rounds = "/".join(str(w) for w in sorted(set(ends.values()))) or "-"
-        cells = [stat(d, empty="-"), metrics.verdict(d) if d else "-",
+        per_seed = ", ".join(f"{x:+.2f}" for x in d)
+        cells = [f"{stat(d, empty='-')}: {per_seed}" if d else "-", metrics.verdict(d) if d else "-",
                  f"{stat(list(start.values()), empty='-')} (round {rounds})", *gains]
         for k in keys:
             if ratio[k]:

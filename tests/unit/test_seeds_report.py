@@ -176,7 +176,7 @@ def test_the_regime_row_reads_the_warmup_from_the_records(report: ModuleType,
     text = report.regime_table(runs, "fedcda", "fedavg", "fedcda-warmup",
                                {"fedcda-fresh-fraction": "fresh", "global-step": "step"}, 4)
     rows = [r for r in text.splitlines() if r.startswith("| dir")]
-    assert rows == ["| dir0.5-x | -9.00 ± 1.41 (n=2) | does not hold here | 60.00 ± 0.00 (n=2) "
+    assert rows == ["| dir0.5-x | -9.00 ± 1.41 (n=2): -10.00, -8.00 | does not hold here | 60.00 ± 0.00 (n=2) "
                     "(round 3) | 20.00 ± 0.00 (n=2) | 11.00 ± 1.41 (n=2) | 0.2 ± 0 (n=2) | "
                     "0.15 ± 0.071 (n=2) |"], text
     assert "fresh, FedCDA |" in text and "step, FedCDA / FedAvg |" in text
