@@ -126,7 +126,8 @@ METHODS: dict[str, dict[str, Any]] = {
         {"fedavg": "FedAvg", "fedcda": "FedCDA"},
         # the mechanism (issue 17): over rounds 31-60, after every regime's warmup
         means={"fedcda-fresh-fraction": "share of the mean trained this round",
-               "global-step": "global model's step (L2)"},
+               "global-step": "global model's step (L2)",
+               "train-loss": "clients' training loss"},
         means_from=31, paired="fedavg", regime=("fedcda", "fedcda-warmup"),
         claims=[c for a in ("0.5", "0.3") for r in ("m1e-4-e1", "m0.9-e1", "m0.9-e2")
                 for c in fedcda_claims(f"dir{a}-{r}")],
@@ -492,15 +493,17 @@ def regime_table(runs: Runs, method: str, base: str, warmup_key: str, keys: dict
     The paired last-10 difference and its verdict; the accuracy when ``method``'s warmup
     (read from the records: the last round with ``warmup_key`` true) ends, and how much each
     strategy gains after it (last-10 mean minus that accuracy, per seed); and the round
-    metrics ``keys`` averaged over rounds ``first`` onwards: the base's ratio where the base
-    logs the metric too, else ``method``'s own mean.  All mean ± std across seeds."""
+    metrics ``keys`` averaged over rounds ``first`` onwards (``method``'s, and its ratio to the
+    base's where the base logs the metric too); and how much less ``method`` swings (the base's
+    last-10 std over ``method``'s).  All mean ± std across seeds."""
     m, b = NAMES.get(method, method), NAMES.get(base, base)
     ratio = {k: any(mean_from(r, k, first) is not None
                     for s in runs.values() for r in s.get(base, {}).values()) for k in keys}
     heads = [f"{m} − {b}, last-10 mean (paired): per seed", "verdict",
              "accuracy when the warmup ends (round)", f"{b}'s gain after the warmup",
              f"{m}'s gain after the warmup"]
-    heads += [f"{keys[k]}, {m} / {b}" if ratio[k] else f"{keys[k]}, {m}" for k in keys]
+    heads += [f"{keys[k]}, {m} (× {b}'s)" if ratio[k] else f"{keys[k]}, {m}" for k in keys]
+    heads.append(f"last-10 std, {b}'s / {m}'s")
     rows = ["| setting | " + " | ".join(heads) + " |", "|---|---:|---|" + "---:|" * (len(heads) - 2)]
     for setting in [s for s in SETTINGS if s in runs] or list(runs):
         mine, ref = runs[setting].get(method, {}), runs[setting].get(base, {})
@@ -518,12 +521,14 @@ def regime_table(runs: Runs, method: str, base: str, warmup_key: str, keys: dict
         cells = [f"{stat(d, empty='-')}: {per_seed}" if d else "-", metrics.verdict(d) if d else "-",
                  f"{stat(list(start.values()), empty='-')} (round {rounds})", *gains]
         for k in keys:
-            if ratio[k]:
-                per = [v / w for s in seeds if (v := mean_from(mine[s], k, first)) is not None
-                       and (w := mean_from(ref[s], k, first))]
-            else:
-                per = [v for s in seeds if (v := mean_from(mine[s], k, first)) is not None]
-            cells.append(stat(per, ".3g", ".2g", "-"))
+            own = stat([v for s in seeds if (v := mean_from(mine[s], k, first)) is not None],
+                       ".3g", ".2g", "-")
+            times = [v / w for s in seeds if (v := mean_from(mine[s], k, first)) is not None
+                     and (w := mean_from(ref[s], k, first))]
+            cells.append(f"{own} (× {stat(times, '.3g', '.2g')})" if ratio[k] else own)
+        swing = [w / v for s in seeds if (v := measure(mine[s], "last10-std"))
+                 and (w := measure(ref[s], "last10-std")) is not None]
+        cells.append(stat(swing, ".3g", ".2g", "-"))
         rows.append(f"| {setting} | " + " | ".join(cells) + " |")
     return (f"### Where the gain holds, and why (rounds {first}+ for the round metrics)\n\n"
             f"Per seed, then mean ± std across seeds; differences and ratios paired by seed. "
