@@ -158,13 +158,10 @@ def test_the_regime_row_reads_the_warmup_from_the_records(report: ModuleType,
     def run(accs: list[float], warmup: int, step: float, fresh: float | None = None) -> list[dict]:
         recs = _recs(accs)
         for r in recs[1:]:
-            r["fedcda-warmup"] = 1.0 if r["round"] <= warmup else 0.0
             r["global-step"] = step
-            if fresh is not None:
+            if fresh is not None:                             # FedCDA's keys; FedAvg logs neither
+                r["fedcda-warmup"] = 1.0 if r["round"] <= warmup else 0.0
                 r["fedcda-fresh-fraction"] = fresh
-        for r in recs[1:]:
-            if fresh is None:
-                del r["fedcda-warmup"]                        # FedAvg logs no warmup
         return recs
 
     # the same 3 warmup rounds (60 %), then FedAvg swings 78-82 %, FedCDA 69.5-70.5 % / 71.5-72.5 %
