@@ -136,7 +136,8 @@ METHODS: dict[str, dict[str, Any]] = {
         "fedcda", "## Across seeds (generated)",
         {"dir0.1": "Dirichlet 0.1", "shards2": "2 label shards per client"},
         {"fedavg": "FedAvg", "fedcda": "FedCDA"}, paired="fedavg",
-        claims=[*fedcda_claims("dir0.1"), *fedcda_claims("shards2")]),
+        claims=[*fedcda_claims("dir0.1"), *fedcda_claims("shards2")],
+        config="configs/fedcda-{setting}.yaml + scripts/reproduce_fedcda.sh"),
     "fedcross-seeds": across_seeds(
         "fedcross", "## Across seeds (generated)",
         {"dir0.1": "Dirichlet 0.1, 100 rounds", "horizon": "Dirichlet 0.5, 300 rounds (the horizon)"},
@@ -582,7 +583,7 @@ def main() -> None:
     for setting, title in SETTINGS.items():
         if setting not in runs:
             continue
-        source = spec.get("config", f"configs/{args.method}-{setting}.yaml")
+        source = spec.get("config", f"configs/{args.method}-{{setting}}.yaml").format(setting=setting)
         parts.append(f"### {title} (`{source}`)\n\n"
                      f"{table(runs, setting, spec['points'])}\n")
         if flagged := refusals(runs, setting):
