@@ -283,23 +283,36 @@ def save_figure(fig: Any, path: Path, dpi: int = 110) -> Path:
 
 
 def plot_seed_curves(runs: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]], path: Path,
-                     title: str) -> Path:
-    """Mean test accuracy per round across seeds, with a ±1 std band, per strategy."""
+                     title: str, key: str = "accuracy", scale: float = 100.0,
+                     ylabel: str = "test accuracy (%)", xlabel: str = "round") -> Path:
+    """A per-round metric's mean across seeds, with a ±1 std band, per strategy.
+
+    Parameters
+    ----------
+    runs
+        Strategy label -> seed -> that seed's per-round records.
+    path, title
+        Where the PNG goes, and its title.
+    key, scale, ylabel, xlabel
+        The record key drawn (rounds without it are left out; only the rounds every seed
+        reports are drawn), the factor it is drawn at, and the axes' labels.
+    """
     plt = pyplot()
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
     for i, (name, per_seed) in enumerate(runs.items()):
-        series = [{int(r["round"]): 100 * float(r["accuracy"]) for r in recs if "accuracy" in r}
+        series = [{int(r["round"]): scale * float(r[key]) for r in recs if key in r}
                   for recs in per_seed.values()]
         rounds = sorted(set.intersection(*(set(s) for s in series))) if series else []
         if not rounds:
             continue
         arr = np.asarray([[s[r] for r in rounds] for s in series])
         mean, sd = arr.mean(0), (arr.std(0, ddof=1) if len(arr) > 1 else np.zeros(len(rounds)))
-        line = ax.plot(rounds, mean, label=f"{name} ({len(series)} seeds)", **line_style(i))[0]
+        line = ax.plot(rounds, mean, label=f"{name} ({len(series)} seeds)",
+                       marker="o" if len(rounds) <= 3 else None, **line_style(i))[0]
         ax.fill_between(rounds, mean - sd, mean + sd, color=line.get_color(), alpha=0.18)
-    ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy (%), mean ± std over seeds")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(f"{ylabel}, mean ± std over seeds")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

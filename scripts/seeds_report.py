@@ -9,7 +9,7 @@ with refused replies is not copied but moved aside, to be run again: see :func:`
 and writes the section "Measured (generated)" of docs/results/<method>.md: per setting,
 every strategy's accuracy as mean ± std across seeds (and each seed's) at the method's
 reported points (FedELMY: the final model; LSS: after round 1 and round 3), and the
-curves (mean across seeds, min-max band).  Where a method lists the paper's claims
+curves (mean across seeds, ±1 std band).  Where a method lists the paper's claims
 (FedCDA, FedCross, IMA), each is judged on the seeds: "holds", "holds within noise" or
 "does not hold here" (:func:`claims_table`).
 
@@ -131,7 +131,7 @@ METHODS: dict[str, dict[str, Any]] = {
         means_from=31, paired="fedavg", regime=("fedcda", "fedcda-warmup"),
         claims=[c for a in ("0.5", "0.3") for r in ("m1e-4-e1", "m0.9-e1", "m0.9-e2")
                 for c in fedcda_claims(f"dir{a}-{r}")],
-        config="configs/fedcda-dir0.5.yaml + scripts/regime_fedcda.sh"),
+        config="SEEDS=0,1,2 scripts/regime_fedcda.sh {setting}"),
     "fedcda-seeds": across_seeds(
         "fedcda", "## Across seeds (generated)",
         {"dir0.1": "Dirichlet 0.1", "shards2": "2 label shards per client"},
@@ -540,28 +540,11 @@ def regime_table(runs: Runs, method: str, base: str, warmup_key: str, keys: dict
 def curves(runs: Runs, setting: str, path: Path, title: str, key: str = "accuracy",
            ylabel: str = "test accuracy (%)", scale: float = 100.0) -> Path:
     """``key`` (accuracy: after every hop of a chain and after the parallel round) per
-    round, mean across seeds with a min-max band."""
-    plt = metrics.pyplot()
-    import numpy as np
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.4))
-    for i, (strategy, seeds) in enumerate(runs.get(setting, {}).items()):
-        series = [[scale * float(r[key]) for r in recs if key in r] for recs in seeds.values()]
-        n = min(len(s) for s in series)
-        if n < 2:
-            continue
-        arr = np.array([s[:n] for s in series])
-        xs = np.arange(n)
-        line = ax.plot(xs, arr.mean(0), label=f"{NAMES.get(strategy, strategy)} "
-                       f"({len(series)} seeds)", marker="o" if n <= 3 else None,
-                       **metrics.line_style(i))[0]
-        ax.fill_between(xs, arr.min(0), arr.max(0), color=line.get_color(), alpha=0.15)
-    ax.set_xlabel(METHODS[METHOD[0]]["xlabel"])
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return metrics.save_figure(fig, path)
+    round of ``setting``, mean across seeds with a ±1 std band (:func:`metrics.plot_seed_curves`)."""
+    named = {NAMES.get(strategy, strategy): seeds
+             for strategy, seeds in runs.get(setting, {}).items()}
+    return metrics.plot_seed_curves(named, path, title, key=key, scale=scale, ylabel=ylabel,
+                                    xlabel=METHODS[METHOD[0]]["xlabel"])
 
 
 def main() -> None:
