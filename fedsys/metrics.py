@@ -258,8 +258,10 @@ LINE_STYLES = ("-", "--", "-.", ":")
 def line_style(index: int) -> dict[str, Any]:
     """Matplotlib line keywords for the ``index``-th curve of a figure: the dash pattern
     cycles with the colour, so two methods with the same numbers (FedProx at a small mu
-    and FedAvg) still show both curves instead of the later hiding the earlier."""
-    return {"lw": 1.6, "ls": LINE_STYLES[index % len(LINE_STYLES)]}
+    and FedAvg) still show both curves instead of the later hiding the earlier.  The colour
+    is the ``index``-th of matplotlib's cycle, so a method keeps its colour in every figure
+    of a setting, also in one where an earlier method draws nothing."""
+    return {"lw": 1.6, "ls": LINE_STYLES[index % len(LINE_STYLES)], "color": f"C{index % 10}"}
 
 
 def pyplot() -> ModuleType:
@@ -308,7 +310,7 @@ def plot_seed_curves(runs: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]
             continue
         arr = np.asarray([[s[r] for r in rounds] for s in series])
         mean, sd = arr.mean(0), (arr.std(0, ddof=1) if len(arr) > 1 else np.zeros(len(rounds)))
-        line = ax.plot(rounds, mean, label=f"{name} ({len(series)} seeds)",
+        line = ax.plot(rounds, mean, label=f"{name} ({len(series)} seed{'' if len(series) == 1 else 's'})",
                        marker="o" if len(rounds) <= 3 else None, **line_style(i))[0]
         ax.fill_between(rounds, mean - sd, mean + sd, color=line.get_color(), alpha=0.18)
     ax.set_xlabel(xlabel)

@@ -137,7 +137,7 @@ METHODS: dict[str, dict[str, Any]] = {
         {"dir0.1": "Dirichlet 0.1", "shards2": "2 label shards per client"},
         {"fedavg": "FedAvg", "fedcda": "FedCDA"}, paired="fedavg",
         claims=[*fedcda_claims("dir0.1"), *fedcda_claims("shards2")],
-        config="configs/fedcda-{setting}.yaml + scripts/reproduce_fedcda.sh"),
+        config="SEEDS=0,1,2 scripts/reproduce_fedcda.sh {setting}"),
     "fedcross-seeds": across_seeds(
         "fedcross", "## Across seeds (generated)",
         {"dir0.1": "Dirichlet 0.1, 100 rounds", "horizon": "Dirichlet 0.5, 300 rounds (the horizon)"},
@@ -161,7 +161,8 @@ METHODS: dict[str, dict[str, Any]] = {
              "fedavg", "last10-std", "<"),
             ("alpha 0.99 above alpha 0.9 (Fig. 8), 300 rounds", "horizon", "fedcross",
              "horizon", "fedcross-alpha-0.9", "last10", ">")],
-        config="configs/fedcross-fmnist.yaml + scripts/reproduce_fedcross.sh"),
+        config={"dir0.1": "SEEDS=0,1,2 scripts/reproduce_fedcross.sh dir0.1",
+                "horizon": "SEEDS=0,1 scripts/reproduce_fedcross.sh horizon"}),
     "ima-seeds": across_seeds(
         "ima", "## Across seeds (generated)",
         {f"{part}{run}": f"{title}, {what}" for part, title in (
@@ -193,7 +194,8 @@ METHODS: dict[str, dict[str, Any]] = {
             ("IMA reaches the target sooner (Table II)", part, "ima-base-fedavg",
              f"{part}-fedavg", "ima-base-fedavg-average-false-lr-decay-0.99",
              f"rounds-to:{target}", "<"))],
-        config="configs/ima-fmnist.yaml + scripts/reproduce_ima.sh"),
+        config={f"{part}{run}": f"SEEDS=0,1,2 scripts/reproduce_ima.sh {part}"
+                for part in ("shards2", "dir0.3") for run in ("", "-fedavg", "-fedprox")}),
 }
 HEADS = {"final": "final", "last10": "last-10 mean"}
 SETTINGS: dict[str, str] = {}
@@ -566,7 +568,8 @@ def main() -> None:
     for setting, title in SETTINGS.items():
         if setting not in runs:
             continue
-        source = spec.get("config", f"configs/{args.method}-{{setting}}.yaml").format(setting=setting)
+        source = spec.get("config", f"configs/{args.method}-{{setting}}.yaml")
+        source = (source[setting] if isinstance(source, dict) else source).format(setting=setting)
         parts.append(f"### {title} (`{source}`)\n\n"
                      f"{table(runs, setting, spec['points'])}\n")
         if flagged := refusals(runs, setting):

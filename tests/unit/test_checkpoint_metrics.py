@@ -235,16 +235,17 @@ def test_two_methods_with_the_same_numbers_both_show_in_the_figures(tmp_path):
 
 def test_seed_curves_draw_the_named_key_and_leave_out_strategies_without_it(tmp_path):
     # the seeded pages plot the FedCDA mechanism (train-loss, global-step) the same way as
-    # accuracy: a strategy that never reports the key draws nothing (and takes no colour),
-    # the others do; drawing accuracy instead would put both in the figure
+    # accuracy: a strategy that never reports the key draws nothing, the others do, each in
+    # its own colour (the one it has in the setting's accuracy figure); drawing accuracy
+    # instead would put both in the figure
     loss = [{"round": r, "accuracy": 0.5, "train-loss": 1.0 / (r + 1)} for r in range(1, 31)]
     no_loss = [{"round": r, "accuracy": 0.5} for r in range(1, 31)]
     first, second = "#1f77b4", "#ff7f0e"
     png = metrics.plot_seed_curves({"a": {0: no_loss, 1: no_loss}, "b": {0: loss, 1: loss}},
                                    tmp_path / "l.png", "t", key="train-loss", scale=1.0,
                                    ylabel="training loss")
-    assert _pixels(png, first) > 200
-    assert _pixels(png, second) == 0
+    assert _pixels(png, first) == 0
+    assert _pixels(png, second) > 200
 
 
 def test_record_section_stamps_command_and_machine_and_keeps_the_order(tmp_path):
