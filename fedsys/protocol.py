@@ -12,13 +12,17 @@ from Flower's quickstart speaks it:
   strings and bools as they are; further models (anchors, a pool) travel as extra
   ArrayRecords ``"model.<name>"``;
 * a **train reply** holds the trained model in ``"arrays"`` and one MetricRecord
-  ``"metrics"`` with ``num-examples`` (required, as Flower's FedAvg requires it) and,
-  optionally, ``train-loss``, ``local-steps``, ``partition-id`` and any other numbers;
-  extra models (a pool, ingredients) as ``"model.<name>"`` ArrayRecords;
+  ``"metrics"`` with ``num-examples`` (required, as Flower's FedAvg requires it; a
+  strategy's ``weighted_by_key`` names it) and, optionally, ``train-loss``,
+  ``local-steps``, ``partition-id`` and any other numbers (Flower's app template:
+  ``train_loss``, which a strategy's ``train_loss_key`` names); extra models (a pool,
+  ingredients) as ``"model.<name>"`` ArrayRecords;
 * an **evaluate instruction / reply**: ``"arrays"`` + ``"config"``, and ``"metrics"``
   with ``num-examples``, ``eval-loss``, ``eval-acc``;
-* a **query** asks a node which partition it holds (``partition-id``,
-  ``num-partitions``); a node without a query handler is keyed by its node id.
+* a **query**, sent only where the server asks for it (``query_partitions``), asks a
+  node which partition it holds (``partition-id``, ``num-partitions``); otherwise a
+  node's partition is the ``partition-id`` its first train reply reports, and a node
+  that reports none is keyed by its node id.
 
 Each message gets its own :class:`~flwr.app.RecordDict`, so per-node payloads need
 nothing special.  Replies are turned into :class:`ClientUpdate` objects, or
@@ -28,7 +32,7 @@ nothing special.  Replies are turned into :class:`ClientUpdate` objects, or
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from logging import WARNING
@@ -78,6 +82,9 @@ NUM_EXAMPLES = "num-examples"
 PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
 TRAIN_LOSS = "train-loss"
+#: the training loss as Flower's app template reports it and Flower's ``QFedAvg`` reads
+#: it (``train_loss_key``): a strategy's default, fedsys's own ClientApp says ``train-loss``
+FLOWER_TRAIN_LOSS = "train_loss"
 #: examples the local training went through (every epoch, every model a trainer trains):
 #: the client-training work the results compare methods on
 TRAINED_EXAMPLES = "trained-examples"
@@ -401,23 +408,40 @@ class Rejection:
     reason: str
 
 
+def lacks(key: str) -> str:
+    """The refusal of a reply without the metric ``key``."""
+    return f"reply metrics lack '{key}'"
+
+
 def parse_train_reply(
     reply: Message,
     sent: Mapping[str, Message],
     expected_pid: Mapping[int, int],
     reference: Params | None,
+    reported: Mapping[int, int] | None = None,
+    weighted_by_key: str = NUM_EXAMPLES,
+    read: Collection[str] | None = None,
 ) -> ClientUpdate | Rejection:
     """Validate one train reply against the model the node was sent.
 
-    ``expected_pid`` maps node ids to the partition-ids (or node ids, for nodes that
-    declare none) sampled this round; a reply that echoes another ``partition-id``
-    is refused, one that echoes none is keyed by the expected id.  ``reference`` is
-    the model whose keys, shapes and dtypes the update must match (the
-    instruction's own arrays when ``None``).
+    ``expected_pid`` maps node ids to the keys they were sampled under this round
+    (partition-ids, or node ids for nodes that reported none).  ``reported`` maps
+    node ids to the partition-id each reported first (``None``: ``expected_pid``
+    holds them): a reply echoing another ``partition-id`` than its node's first, or
+    one that another node reported, is refused; a node's first report is its key; a
+    reply echoing none is keyed as sampled.  ``reference`` is the model whose keys,
+    shapes and dtypes the update must match (the instruction's own arrays when
+    ``None``).  ``weighted_by_key`` names the example count (Flower's keyword).
+    ``read`` lists the metrics the strategy reads: a value of one of them that is
+    not a finite number refuses the reply; any other metric that is not a finite
+    number is left out of :attr:`ClientUpdate.metrics` (``None``: every metric is
+    read).
     """
     instr = sent.get(reply.metadata.reply_to_message_id)
     node = instr.metadata.dst_node_id if instr is not None else reply.metadata.src_node_id
     pid = expected_pid.get(node, -1)
+    if reported is None:
+        reported = {n: p for n, p in expected_pid.items() if n == node}
     if instr is None and sent:
         return Rejection(node, pid, "reply to a message this round did not send")
     if reply.has_error():
@@ -434,23 +458,38 @@ def parse_train_reply(
     if odd:
         return Rejection(node, pid, f"reply holds unexpected record(s) {odd} (expected one "
                          f"MetricRecord '{METRICS}')")
+    def is_read(k: str) -> bool:
+        return read is None or k in read
+
     if METRICS in content.metric_records:
         typed = [k for k, v in content.metric_records[METRICS].items()
-                 if not isinstance(v, int | float) or isinstance(v, bool)]
+                 if is_read(k) and (not isinstance(v, int | float) or isinstance(v, bool))]
         if typed:
             return Rejection(node, pid, f"metric(s) {typed} are not numbers")
-    metrics = metrics_of(content)
-    if NUM_EXAMPLES not in metrics:
-        return Rejection(node, pid, f"reply metrics lack '{NUM_EXAMPLES}'")
-    n = metrics[NUM_EXAMPLES]
+    metrics = {k: v for k, v in metrics_of(content).items() if is_read(k) or np.isfinite(v)}
+    w = weighted_by_key
+    if w not in metrics:
+        return Rejection(node, pid, lacks(w))
+    n = metrics[w]
     if np.isfinite(n) and n != int(n):
-        return Rejection(node, pid, f"{NUM_EXAMPLES} is {n:g}, not a whole number")
-    if PARTITION_ID in metrics and int(metrics[PARTITION_ID]) != pid:
-        return Rejection(
-            node, pid, f"reply echoes {PARTITION_ID} {int(metrics[PARTITION_ID])}, expected {pid}"
-        )
-    if not np.isfinite(metrics[NUM_EXAMPLES]) or metrics[NUM_EXAMPLES] <= 0:
-        return Rejection(node, pid, f"{NUM_EXAMPLES} is {metrics[NUM_EXAMPLES]}")
+        return Rejection(node, pid, f"{w} is {n:g}, not a whole number")
+    if PARTITION_ID in metrics:
+        claim = metrics[PARTITION_ID]
+        if not np.isfinite(claim) or claim != int(claim):
+            return Rejection(node, pid, f"{PARTITION_ID} is {claim:g}, not a whole number")
+        first = reported.get(node)
+        if first is not None and int(claim) != first:
+            return Rejection(node, pid, f"reply echoes {PARTITION_ID} {int(claim)}, expected "
+                             f"{first} (the node's first report; a partition does not change)")
+        holder = next((m for m, p in reported.items() if p == int(claim) and m != node), None)
+        if holder is not None:
+            return Rejection(node, pid, f"reply echoes {PARTITION_ID} {int(claim)}, which node "
+                             f"{holder} reported")
+        pid = int(claim)
+    elif node in reported:
+        pid = reported[node]
+    if not np.isfinite(metrics[w]) or metrics[w] <= 0:
+        return Rejection(node, pid, f"{w} is {metrics[w]}")
     try:
         params = from_record(content.array_records[ARRAYS])
         models = extra_models(content)
@@ -468,7 +507,7 @@ def parse_train_reply(
         return Rejection(node, pid, f"metric(s) {bad} are NaN or Inf")
     if metrics.get(TRAINED_EXAMPLES, 0) < 0:  # the work the results compare methods on
         return Rejection(node, pid, f"{TRAINED_EXAMPLES} is {metrics[TRAINED_EXAMPLES]:g}")
-    return ClientUpdate(node, pid, params, int(metrics[NUM_EXAMPLES]), metrics, models)
+    return ClientUpdate(node, pid, params, int(metrics[w]), metrics, models)
 
 
 def missing_nodes(sent: Mapping[str, Message], replies: Iterable[Message]) -> list[int]:
@@ -489,6 +528,7 @@ __all__ = [
     "CONFIG",
     "EVAL_ACC",
     "EVAL_LOSS",
+    "FLOWER_TRAIN_LOSS",
     "LOCAL_EPOCHS",
     "LOCAL_STEPS",
     "LR",
@@ -513,6 +553,7 @@ __all__ = [
     "evaluate_reply",
     "extra_models",
     "from_record",
+    "lacks",
     "lost_in_transport",
     "message",
     "metric_record",

@@ -243,16 +243,21 @@ class KnownNodes:
 
     partition_ids: dict[int, int] = field(default_factory=dict)
     num_examples: dict[int, int] = field(default_factory=dict)
+    #: Nodes asked already, whether they answered or not (a ClientApp without a query
+    #: handler is not asked again by the next strategy).
+    asked: set[int] = field(default_factory=set)
 
     def give(self, strategy: FedsysStrategy) -> None:
         """Start ``strategy`` from what is known."""
         strategy.node_pid.update(self.partition_ids)
         strategy.node_examples.update(self.num_examples)
+        strategy.asked.update(self.asked)
 
     def learn(self, strategy: FedsysStrategy) -> None:
         """Keep what ``strategy`` learned (it dropped the nodes that left)."""
         self.partition_ids = dict(strategy.node_pid)
         self.num_examples = dict(strategy.node_examples)
+        self.asked = set(strategy.asked)
 
 
 def run_strategy(grid: Grid, cfg: RunConfig, name: str, position: str = "",

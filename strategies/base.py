@@ -24,9 +24,16 @@ What every fedsys strategy gets from :class:`FedsysStrategy`:
   the clients unchanged) that calls :meth:`run_round`; a strategy with a different
   loop (a chain of single-node hops) overrides :meth:`run_round` and keeps
   checkpoints, metrics and evaluation;
-* node sampling with its own seeded generator, by the partition-id a node declares
-  (node ids are random and change when a node restarts; a node that declares none is
+* node sampling with its own seeded generator, by the partition-id a node reports
+  (node ids are random and change when a node restarts; a node that reports none is
   keyed by its node id), and waiting for nodes with a timeout;
+* only the messages Flower's documentation teaches a ClientApp to answer, train and
+  evaluate: a node's partition is the ``partition-id`` its first train reply reports
+  (a later change is refused); one QUERY per node asks for it before sampling only
+  when the caller passes ``query_partitions=True`` (fedsys's own ServerApp does);
+* the reply metrics it reads named by keywords, as Flower's strategies name them
+  (``weighted_by_key="num-examples"``, ``train_loss_key="train_loss"``); other
+  numeric metrics are welcome and never a reason to refuse a reply;
 * validation of every reply (error replies, missing keys, shape or dtype mismatch,
   NaN or Inf, metrics the method needs): rejected replies are logged and the round
   goes on; a round without a usable update is an error in the log;
@@ -169,6 +176,23 @@ class FedsysStrategy(Strategy):
     transport_retries : int, default 1
         Times a round sends its instruction again to a node whose reply was lost on
         the way (an error reply with Flower's code 3, 4 or 5), within the round.
+    query_partitions : bool, default False
+        Before sampling, send every node not seen before one QUERY message asking for
+        its ``partition-id`` and its partition's size (the most ``num-examples`` its
+        replies may then claim); a node that does not answer is keyed by its node id.
+        Off (Flower's way): only train and evaluate messages are sent, and a node's
+        partition is the ``partition-id`` its first train reply reports, if any.
+        Sampling by partition-id from round 1, the same for a seed whatever node ids
+        Flower assigned, needs it on; fedsys's own ServerApp turns it on (its ClientApp
+        answers queries, :mod:`launch.client_app`).
+    train_loss_key : str, default "train_loss"
+        The train-reply metric holding the client's training loss (the name Flower's
+        app template reports and Flower's ``QFedAvg`` reads; fedsys's own ClientApp
+        reports ``train-loss``); the round's example-weighted mean is reported under
+        the same name.
+    weighted_by_key : str, default "num-examples"
+        The train-reply metric holding the number of examples an update is weighted by
+        (Flower's ``weighted_by_key``); a reply without it is refused.
     **options
         The method's own options (the fields of :attr:`Options`).
     """
@@ -179,7 +203,8 @@ class FedsysStrategy(Strategy):
     Options: ClassVar[type] = NoOptions
     #: Config-key prefix of :attr:`Options` (empty: the strategy's ``name``).
     option_prefix: ClassVar[str] = ""
-    #: Reply metrics the method cannot work without (besides ``num-examples``).
+    #: Reply metrics the method cannot work without (besides ``weighted_by_key``): the
+    #: keyword naming each (``"train_loss_key"``) and why the method needs it.
     required_metrics: ClassVar[dict[str, str]] = {}
     #: Write a checkpoint after every round whatever ``checkpoint-every`` says (a chain's hops).
     checkpoint_each_round: ClassVar[bool] = False
@@ -200,6 +225,9 @@ class FedsysStrategy(Strategy):
         num_partitions: int | None = None,
         max_examples_ratio: float = 100.0,
         transport_retries: int = 1,
+        query_partitions: bool = False,
+        train_loss_key: str = proto.FLOWER_TRAIN_LOSS,
+        weighted_by_key: str = proto.NUM_EXAMPLES,
         **options: Any,
     ) -> None:
         self.options = self.parse_options(options)
@@ -218,7 +246,14 @@ class FedsysStrategy(Strategy):
         self.round_timeout = 3600.0
         self.round = 0
         self.params: Params | None = None
+        self.query_partitions = bool(query_partitions)
+        self.train_loss_key = str(train_loss_key)
+        self.weighted_by_key = str(weighted_by_key)
+        #: The partition-id each node reported first (its query answer or its first
+        #: train reply); a node not in here is keyed by its node id (:meth:`key_of`).
         self.node_pid: dict[int, int] = {}
+        #: Nodes sent a QUERY already (answered or not): none is asked twice.
+        self.asked: set[int] = set()
         #: The training size each node declared for its partition (its query answer).
         self.node_examples: dict[int, int] = {}
         self.max_examples_ratio = float(max_examples_ratio)
@@ -285,6 +320,10 @@ class FedsysStrategy(Strategy):
             "num_partitions": cfg.num_clients,
             "max_examples_ratio": cfg.max_examples_ratio,
             "transport_retries": cfg.transport_retries,
+            # fedsys's own ClientApp answers the query and reports fedsys's metric names
+            "query_partitions": True,
+            "train_loss_key": proto.TRAIN_LOSS,
+            "weighted_by_key": proto.NUM_EXAMPLES,
             **opts,
         }
 
@@ -346,16 +385,25 @@ class FedsysStrategy(Strategy):
             time.sleep(0.2)
         return ids
 
-    def refresh_partition_map(self, grid: Grid, node_ids: Iterable[int]) -> dict[int, int]:
-        """Learn the partition-id of nodes not seen before through one QUERY round.
+    def key_of(self, node_id: int) -> int:
+        """The key a node is known by: the partition-id it reported first, else its
+        node id."""
+        return self.node_pid.get(node_id, node_id)
 
-        A node that does not answer the query (a plain Flower ClientApp has no query
-        handler) is keyed by its node id.
+    def refresh_partition_map(self, grid: Grid, node_ids: Iterable[int]) -> dict[int, int]:
+        """``{node_id: key}`` of the nodes ``node_ids`` (:meth:`key_of`).
+
+        Forgets the nodes that left (a restarted node comes back with a new id and
+        reports its partition again).  With ``query_partitions`` it first asks every
+        node not asked before for its partition-id through one QUERY round; a node
+        that does not answer it (a ClientApp written from Flower's documentation has no
+        query handler) is keyed by its node id until a train reply reports one.
         """
         live = set(node_ids)
         self.node_pid = {n: p for n, p in self.node_pid.items() if n in live}
-        new = sorted(live - set(self.node_pid))
+        new = sorted(live - set(self.node_pid) - self.asked) if self.query_partitions else []
         if new:
+            self.asked.update(new)
             msgs = [proto.query_message(n) for n in new]
             replies, sent = proto.send_and_receive(grid, msgs, self.round_timeout, self.poll_interval)
             for r in replies:
@@ -376,11 +424,11 @@ class FedsysStrategy(Strategy):
                         self.num_partitions)
             anon = [n for n in new if n not in self.node_pid]
             if anon:
-                self.tell_once("anonymous", INFO, "[%s] %d node(s) did not declare a partition-id "
-                               "(no query handler, or no '%s' in the reply); they are keyed by "
-                               "their node ids", self.label, len(anon), proto.PARTITION_ID)
-                self.node_pid.update({n: n for n in anon})
-        return dict(self.node_pid)
+                self.tell_once("anonymous", INFO, "[%s] %d node(s) did not answer the partition-id "
+                               "query (no query handler, or no '%s' in the answer); they are keyed "
+                               "by their node ids until a train reply reports one", self.label,
+                               len(anon), proto.PARTITION_ID)
+        return {n: self.key_of(n) for n in sorted(live)}
 
     def tell_once(self, key: str, level: int, msg: str, *args: Any) -> None:
         """Log ``msg`` the first time ``key`` is told in this strategy's life."""
@@ -393,8 +441,10 @@ class FedsysStrategy(Strategy):
 
         ``k=None`` takes Flower's rule: ``max(int(fraction_train * connected),
         min_train_nodes)`` once ``min_available_nodes`` are connected.  The draw is over
-        sorted partition-ids with ``default_rng(seed, round)``, so the same seed picks
-        the same clients whatever node ids Flower assigned.
+        the nodes' sorted keys (:meth:`key_of`: partition-ids where known) with
+        ``default_rng(seed, round)``, so where every partition-id is known (the query,
+        or replies of earlier rounds) the same seed picks the same clients whatever
+        node ids Flower assigned.
         """
         if k is None:
             connected = len(self.wait_for_nodes(grid, self.min_available_nodes))
@@ -462,32 +512,55 @@ class FedsysStrategy(Strategy):
         return list(self._outbox)
 
     def check_reply(self, update: ClientUpdate) -> str | None:
-        """Why a well-formed update cannot be used by this method (``None``: it can)."""
-        for key, why in self.required_metrics.items():
+        """Why a well-formed update cannot be used by this method (``None``: it can):
+        it lacks a metric of :attr:`required_metrics` (said once, as an ERROR naming
+        the key and the keyword that names it)."""
+        for keyword, why in self.required_metrics.items():
+            key = str(getattr(self, keyword))
             if key not in update.metrics:
                 self.tell_once(f"needs-{key}", ERROR, "[%s] %s needs the metric '%s' in every "
-                               "train reply (%s); replies without it are refused", self.label,
-                               self.name, key, why)
+                               "train reply (%s; keyword %s=%r names it); replies without it "
+                               "are refused", self.label, self.name, key, why, keyword, key)
                 return f"reply metrics lack '{key}', which {self.name} needs"
         return None
 
+    def read_keys(self) -> set[str]:
+        """The reply metrics this strategy reads: a reply whose value for one of them is
+        not a finite number is refused; any other metric is the client's own affair."""
+        return {self.weighted_by_key, self.train_loss_key, proto.PARTITION_ID,
+                proto.TRAINED_EXAMPLES, *(str(getattr(self, k)) for k in self.required_metrics)}
+
     def validate(self, replies: Iterable[Message]) -> tuple[list[ClientUpdate], list[Rejection]]:
-        """Split replies into usable updates and logged rejections."""
+        """Split replies into usable updates and logged rejections.
+
+        A reply's ``partition-id``, where it reports one, is the node's partition from
+        then on (:attr:`node_pid`); a reply reporting another than the node's first, or
+        one another connected node holds, is refused.
+        """
         replies = list(replies)
         sent = {m.metadata.message_id: m for m in self._outbox if m.metadata.message_id}
         ok: list[ClientUpdate] = []
         bad: list[Rejection] = []
         seen: set[int] = set()
+        read = self.read_keys()
         for r in replies:
             res = proto.parse_train_reply(
                 r, sent, self._expected,
                 self._payloads.get(sent[r.metadata.reply_to_message_id].metadata.dst_node_id)
                 if r.metadata.reply_to_message_id in sent else None,
+                reported=self.node_pid, weighted_by_key=self.weighted_by_key, read=read,
             )
+            if isinstance(res, ClientUpdate) and proto.PARTITION_ID in res.metrics:
+                self.node_pid.setdefault(res.node_id, res.partition_id)  # its first report
             if isinstance(res, ClientUpdate) and res.node_id in seen:
                 res = Rejection(res.node_id, res.partition_id, "duplicate reply")
             if isinstance(res, ClientUpdate) and (why := self.check_reply(res)) is not None:
                 res = Rejection(res.node_id, res.partition_id, why)
+            if isinstance(res, Rejection) and res.reason == proto.lacks(self.weighted_by_key):
+                self.tell_once(f"needs-{self.weighted_by_key}", ERROR, "[%s] train replies "
+                               "lack the metric '%s' that updates are weighted by (keyword "
+                               "weighted_by_key=%r names it); replies without it are refused",
+                               self.label, self.weighted_by_key, self.weighted_by_key)
             (ok if isinstance(res, ClientUpdate) else bad).append(res)  # type: ignore[arg-type]
             seen.add(res.node_id)
         refused = proto.weight_refusals({u.node_id: float(u.num_examples) for u in ok},
@@ -512,14 +585,17 @@ class FedsysStrategy(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate replies, aggregate the good ones, report train metrics.
 
-        ``train-loss`` is the example-weighted mean over the updates that report one.
+        The training loss (``train_loss_key``) is the example-weighted mean over the
+        updates that report one.  A round without a usable update is an ERROR saying
+        why (the refusals' reasons).
         """
         updates, rejected = self.validate(replies)
         self.round_metrics = {}
         new = self.aggregate(server_round, updates) if updates else None
         if new is None:
-            log(ERROR, "[%s] round %d: no usable update (%d replies refused or missing); "
-                "model unchanged", self.label, server_round, len(rejected))
+            log(ERROR, "[%s] round %d: no usable update (%d replies refused or missing: %s); "
+                "model unchanged", self.label, server_round, len(rejected),
+                why_refused(rejected))
         else:
             if self.params is not None:  # how far the broadcast model moved this round
                 self.round_metrics["global-step"] = distance(new, self.params)
@@ -530,11 +606,11 @@ class FedsysStrategy(Strategy):
                 self.round_metrics.update(self.estimator_fn(server_round, updates, new))
         self.last_updates = updates
         metrics: dict[str, float | int] = {"clients-ok": len(updates), "clients-rejected": len(rejected)}
-        with_loss = [u for u in updates if proto.TRAIN_LOSS in u.metrics]
+        key = self.train_loss_key
+        with_loss = [u for u in updates if key in u.metrics]
         n = sum(u.num_examples for u in with_loss)
         if with_loss and n > 0:
-            metrics[proto.TRAIN_LOSS] = sum(u.metrics[proto.TRAIN_LOSS] * u.num_examples
-                                            for u in with_loss) / n
+            metrics[key] = sum(u.metrics[key] * u.num_examples for u in with_loss) / n
         if any(proto.TRAINED_EXAMPLES in u.metrics for u in updates):
             metrics[proto.TRAINED_EXAMPLES] = sum(u.metrics.get(proto.TRAINED_EXAMPLES, 0)
                                                   for u in updates)
@@ -554,17 +630,19 @@ class FedsysStrategy(Strategy):
         return [proto.message(nd, MessageType.EVALUATE, arrays, cfg) for nd in chosen]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Example-weighted mean of the clients' evaluation metrics."""
+        """Mean of the clients' evaluation metrics weighted by ``weighted_by_key``, as
+        Flower's FedAvg: every finite metric all usable replies report (fedsys's
+        ClientApp: ``eval-loss``, ``eval-acc``), but the weight and ``partition-id``."""
+        w = self.weighted_by_key
         good = [r for r in replies if not r.has_error() and r.content.metric_records]
-        if not good:
+        rows = [m for m in (proto.metrics_of(r.content) for r in good)
+                if math.isfinite(m.get(w, math.nan)) and m[w] >= 0]
+        n = sum(r[w] for r in rows)
+        if not rows or n <= 0:
             return None
-        rows = [proto.metrics_of(r.content) for r in good]
-        n = sum(r.get(proto.NUM_EXAMPLES, 0.0) for r in rows)
-        if n <= 0:
-            return None
-        keys = [k for k in (proto.EVAL_LOSS, proto.EVAL_ACC) if all(k in r for r in rows)]
-        return proto.metric_record({k: sum(r[k] * r[proto.NUM_EXAMPLES] for r in rows) / n
-                                    for k in keys})
+        keys = [k for k in rows[0] if k not in (w, proto.PARTITION_ID)
+                and all(math.isfinite(r.get(k, math.nan)) for r in rows)]
+        return proto.metric_record({k: sum(r[k] * r[w] for r in rows) / n for k in keys})
 
     def summary(self) -> None:
         """Log the strategy's settings."""
@@ -708,6 +786,10 @@ class FedsysStrategy(Strategy):
             self.round = rnd
             record["round-time"] = time.monotonic() - t0
             self._emit(record)
+        if self.usable_rounds == 0 and self.round > 0:
+            log(ERROR, "[%s] no round of the run used a reply: %d rounds, every train reply "
+                "refused or missing (the last round's: %s); the model is the one it started "
+                "from", self.label, self.round, why_refused(self.last_rejections))
         result.arrays = proto.to_record(self.params)
         return result
 
@@ -797,6 +879,19 @@ class FedsysStrategy(Strategy):
             w.load_state_dict((wrapped or {})[w.name])
 
 
+def why_refused(rejections: Iterable[Rejection]) -> str:
+    """The distinct reasons of ``rejections``, most frequent first, with their counts
+    (``"3x reply metrics lack 'train_loss', which fedcda needs"``)."""
+    counts: dict[str, int] = {}
+    for rj in rejections:
+        counts[rj.reason] = counts.get(rj.reason, 0) + 1
+    if not counts:
+        return "no node was sent an instruction"
+    top = sorted(counts.items(), key=lambda kv: -kv[1])
+    text = "; ".join(f"{n}x {why}" for why, n in top[:3])
+    return text + (f"; {len(top) - 3} other reasons" if len(top) > 3 else "")
+
+
 __all__ = ["EVAL_TAG", "SAMPLE_TAG", "TRAFFIC_KEYS", "Builder", "ConfigError", "EvaluateFn", "FedsysStrategy",
            "NoOptions", "NoUsableUpdateError", "NodesUnavailableError", "RoundHook",
-           "StrategyWrapper"]
+           "StrategyWrapper", "why_refused"]

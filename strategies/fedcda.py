@@ -20,7 +20,6 @@ import numpy as np
 from flwr.supercore import log
 
 from fedsys import fedcda as maths
-from fedsys import protocol as proto
 from fedsys.fedcda import Layout
 from fedsys.model_cache import ModelCache
 from fedsys.options import ConfigError, option
@@ -71,9 +70,10 @@ class FedCDAOptions:
 class FedCDAStrategy(FedsysStrategy):
     r"""Cross-round divergence-aware aggregation.
 
-    Per client, keyed by the partition-id it echoes, the server caches its K most
-    recent local models with the last-epoch mean training loss it reported
-    (Alg. 1 line 8).  Rounds ``1..fedcda.warmup`` are FedAvg (the cache fills
+    Per client, keyed by the partition-id it reported first (its node id where it
+    reports none), the server caches its K most recent local models with the
+    last-epoch mean training loss it reported (Alg. 1 line 8; the metric
+    ``train_loss_key`` names, Flower's ``train_loss`` by default).  Rounds ``1..fedcda.warmup`` are FedAvg (the cache fills
     meanwhile; ``fedcda.warmup-mode=newest-all`` instead averages the newest model of
     every client seen, as the public prototype does).  Afterwards every accepted
     participant's model is chosen from its cache by ``fedcda.selection``:
@@ -99,8 +99,7 @@ class FedCDAStrategy(FedsysStrategy):
     default_trainer = "sgd"
     Options = FedCDAOptions
     required_metrics: ClassVar[dict[str, str]] = {
-        proto.TRAIN_LOSS: "the mean training loss of the last local epoch, "
-                        "Alg. 1 line 8"}
+        "train_loss_key": "the mean training loss of the last local epoch, Alg. 1 line 8"}
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -197,7 +196,7 @@ class FedCDAStrategy(FedsysStrategy):
                 self.sel_sum -= cache.vector(n, self.selected[n])
         for u in updates:
             vec, ints = layout.pack(u.params)
-            loss = float(u.metrics[proto.TRAIN_LOSS])
+            loss = float(u.metrics[self.train_loss_key])
             cache.add(u.partition_id, server_round, vec, loss, maths.sq_norm(vec[: layout.d_obj]),
                       ints, owned=True)
         warm = server_round <= self.warmup

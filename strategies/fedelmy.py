@@ -107,6 +107,11 @@ class FedElmyStrategy(FedsysStrategy):
             if outside:
                 raise ConfigError(f"config key 'chain.order-list': partitions {outside} do not "
                                   f"exist (num-clients {n}: 0..{n - 1})")
+            if not self.query_partitions:
+                raise ConfigError("chain.order 'list' names partition-ids, which the chain "
+                                  "must know before its first hop: pass query_partitions=True "
+                                  "(the nodes' ClientApp must answer fedsys's query, as "
+                                  "launch.client_app does)")
         self.pids: list[int] = []
         self.orders: list[list[int]] = []
         self.warmed = False
@@ -149,23 +154,26 @@ class FedElmyStrategy(FedsysStrategy):
 
     # ------------------------------------------------------------------ nodes
 
-    def node_of(self, grid: Grid, pid: int) -> int | None:
-        """The connected node holding partition ``pid`` (the map is refreshed when that
-        node is gone: a restarted node has a new id)."""
+    def node_of(self, grid: Grid, key: int) -> int | None:
+        """The connected node the plan's ``key`` names: the node that reported
+        partition ``key``, or the node whose id is ``key`` (a node the chain knew by its
+        node id when it drew its order); the map is refreshed when that node is gone
+        (a restarted node has a new id)."""
         live = set(grid.get_node_ids())
-        node = next((n for n, p in self.node_pid.items() if p == pid and n in live), None)
+        node = next((n for n in sorted(live) if self.key_of(n) == key or n == key), None)
         if node is None:
-            self.refresh_partition_map(grid, live)
-            node = next((n for n, p in self.node_pid.items() if p == pid), None)
+            keys = self.refresh_partition_map(grid, live)
+            node = next((n for n, k in keys.items() if k == key), None)
         return node
 
     def discover(self, grid: Grid) -> None:
-        """Learn the partitions the chain visits (first start only; kept on resume)."""
+        """Learn the partitions the chain visits (first start only; kept on resume): the
+        connected nodes' keys (:meth:`key_of`: partition-ids with ``query_partitions``,
+        else node ids, since no node has replied yet)."""
         if self.pids:
             return
         ids = self.wait_for_nodes(grid, self.num_partitions or self.min_available_nodes)
-        self.refresh_partition_map(grid, ids)
-        self.pids = sorted(set(self.node_pid.values()))
+        self.pids = sorted(set(self.refresh_partition_map(grid, ids).values()))
         self.num_rounds = self.plan_length(len(self.pids))
 
     # ------------------------------------------------------------------ steps
@@ -301,9 +309,9 @@ class ParallelStrategy(FedElmyStrategy):
             return record
         self.params = self.finish(rnd, {0: self.combine(ok)})[0]
         n = sum(u.num_examples for u in ok)
-        if all(proto.TRAIN_LOSS in u.metrics for u in ok) and n > 0:
-            record[proto.TRAIN_LOSS] = sum(u.metrics[proto.TRAIN_LOSS] * u.num_examples
-                                           for u in ok) / n
+        key = self.train_loss_key
+        if all(key in u.metrics for u in ok) and n > 0:
+            record[key] = sum(u.metrics[key] * u.num_examples for u in ok) / n
         record[proto.TRAINED_EXAMPLES] = sum(u.metrics.get(proto.TRAINED_EXAMPLES, 0) for u in ok)
         return record
 

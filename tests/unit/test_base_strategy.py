@@ -242,7 +242,8 @@ def test_fedprox_sends_its_trainer_and_mu(reply_grid):
 
 def plain_client(sent: list[Message], loss: bool = False):
     """Answers like a ClientApp from Flower's quickstart: no query handler, a train reply
-    with ``arrays`` (the received model + 1) and ``num-examples`` only."""
+    with ``arrays`` (the received model + 1) and ``num-examples`` (and, with ``loss``,
+    ``train_loss``, as Flower's app template names it) only."""
 
     def answer(m: Message) -> Message:
         sent.append(m)
@@ -251,7 +252,7 @@ def plain_client(sent: list[Message], loss: bool = False):
                            reply_to=m)
         got = protocol.from_record(m.content["arrays"])
         new = {k: (v + 1).astype(v.dtype) for k, v in got.items()}
-        met = {"num-examples": 10, **({"train-loss": 0.5} if loss else {})}
+        met = {"num-examples": 10, **({"train_loss": 0.5} if loss else {})}  # Flower's names
         return Message(RecordDict({"arrays": protocol.to_record(new),
                                    "metrics": MetricRecord(met)}), reply_to=m)
 
@@ -303,9 +304,11 @@ def test_start_as_flower_documents_it_num_rounds_sets_imas_start_and_the_lr(repl
         c = m.content["config"]
         rnd = int(c["server-round"])
         assert c["note"] == "mine" and c["lr"] == ima.client_lr(rnd - 1, 0.5, 1.0, 3, 0.5)
-    # plain clients declare no partition-id: keyed by node id, every reply accepted
+    # plain clients report no partition-id: keyed by node id, every reply accepted, and
+    # only train messages were sent (no query, which such a client cannot answer)
     assert all(h["clients-ok"] == 2 for h in s.history)
-    assert set(s.node_pid.items()) == {(n, n) for n in NODES}
+    assert s.node_pid == {} and all(s.key_of(n) == n for n in NODES)
+    assert {m.metadata.message_type for m in sent} == {MessageType.TRAIN, MessageType.EVALUATE}
 
 
 def test_fedcda_warmup_as_a_fraction_follows_num_rounds(reply_grid):
@@ -481,3 +484,121 @@ def test_the_next_strategy_of_a_run_starts_from_the_nodes_answers(reply_grid):
     known.learn(third)
     assert grid.queries == {**{n: 1 for n in NODES}, 999: 1}
     assert 101 not in known.partition_ids and known.partition_ids[999] == 0
+
+
+# ---------------------------------------------------------------- a Flower user's client
+
+
+def flower_client(sent: list[Message], pid_of: dict[int, int] | None = None,
+                  extra: dict[str, Any] | None = None, loss_key: str = "train_loss"):
+    """A client written from Flower's documentation: no query handler; its train reply
+    holds ``arrays`` and Flower's metric names, ``partition-id`` (where ``pid_of`` gives
+    one for the node) and whatever ``extra`` metrics it likes."""
+
+    def answer(m: Message) -> Message:
+        sent.append(m)
+        if m.metadata.message_type == MessageType.QUERY:
+            return Message(Error(code=ErrorCode.UNKNOWN, reason="No query function registered"),
+                           reply_to=m)
+        node = m.metadata.dst_node_id
+        if m.metadata.message_type == MessageType.EVALUATE:
+            met = {"num-examples": 10, "eval_loss": 1.0, "eval_acc": 0.5}
+            return Message(RecordDict({"metrics": MetricRecord(met)}), reply_to=m)
+        got = protocol.from_record(m.content["arrays"])
+        met = {"num-examples": 10, loss_key: 0.5, **(extra or {})}
+        if pid_of is not None and node in pid_of:
+            met["partition-id"] = pid_of[node]
+        return Message(RecordDict({"arrays": protocol.to_record({k: (v + 1).astype(v.dtype)
+                                                                  for k, v in got.items()}),
+                                   "metrics": MetricRecord(met)}), reply_to=m)
+
+    return answer
+
+
+def test_only_train_and_evaluate_messages_unless_the_caller_asks_for_the_query(reply_grid):
+    sent: list[Message] = []
+    s = FedAvgStrategy(clients_per_round=2, min_available_nodes=2, fraction_evaluate=0.5)
+    s.start(reply_grid(NODES, flower_client(sent)), protocol.to_record(model(0.0)), num_rounds=2)
+    assert {m.metadata.message_type for m in sent} == {MessageType.TRAIN, MessageType.EVALUATE}
+    assert s.history[-1]["fed-eval_acc"] == 0.5  # Flower's evaluate metrics, averaged
+    asked: list[Message] = []
+    q = FedAvgStrategy(clients_per_round=2, min_available_nodes=2, fraction_evaluate=0.0,
+                       query_partitions=True)
+    q.start(reply_grid(NODES, flower_client(asked)), protocol.to_record(model(0.0)), num_rounds=2)
+    queries = [m.metadata.dst_node_id for m in asked if m.metadata.message_type == MessageType.QUERY]
+    assert sorted(queries) == sorted(NODES)  # once per node, never again
+
+
+def test_a_nodes_first_partition_id_is_its_key_and_a_later_change_is_refused(reply_grid, caplog):
+    pid_of = dict(NODES)
+    sent: list[Message] = []
+    s = FedAvgStrategy(clients_per_round=4, min_available_nodes=4, fraction_evaluate=0.0)
+    grid = reply_grid(NODES, flower_client(sent, pid_of))
+    s.params = model(0.0)
+    assert s.run_round(grid, 1, ConfigRecord())["clients-ok"] == 4
+    assert s.node_pid == NODES and [u.partition_id for u in s.last_updates] == [0, 1, 2, 3]
+    assert {s.key_of(n) for n in NODES} == set(NODES.values())  # sampled by partition-id now
+    pid_of[101] = 7         # a node changes its partition-id: refused
+    pid_of[205] = 2         # one claims another node's: refused (333 reported 2 first)
+    del pid_of[478]         # one stops reporting: still keyed by what it reported first
+    got = s.run_round(grid, 2, ConfigRecord())
+    assert got["clients-ok"] == 2 and got["clients-rejected"] == 2
+    reasons = {rj.node_id: rj.reason for rj in s.last_rejections}
+    assert "echoes partition-id 7, expected 0" in reasons[101]
+    assert "echoes partition-id 2, expected 1" in reasons[205]
+    assert sorted(u.partition_id for u in s.last_updates) == [2, 3]
+    assert s.node_pid == NODES
+
+
+def test_a_new_node_may_not_take_a_partition_another_node_reported(reply_grid):
+    s = FedAvgStrategy(clients_per_round=2, min_available_nodes=2, fraction_evaluate=0.0)
+    s.params = model(0.0)
+    grid = reply_grid({1: 0, 2: 1}, flower_client([], {1: 5, 2: 5}))
+    got = s.run_round(grid, 1, ConfigRecord())
+    (first,) = s.node_pid  # whichever reply came first holds partition 5
+    (rj,) = s.last_rejections
+    assert got["clients-ok"] == 1 and s.node_pid == {first: 5}
+    assert rj.node_id != first and f"which node {first} reported" in rj.reason
+
+
+@pytest.mark.parametrize("extra", [{"accuracy": 0.9, "partition-id": 2}, {"val_loss": float("nan")},
+                                   {"per_class": [0.1, 0.2]}, {"steps": 10**9}])
+def test_extra_numeric_metrics_are_never_a_reason_to_refuse(reply_grid, extra):
+    s = FedAvgStrategy(clients_per_round=1, min_available_nodes=1, fraction_evaluate=0.0)
+    s.params = model(0.0)
+    assert s.run_round(reply_grid({9: 0}, flower_client([], extra=extra)), 1,
+                       ConfigRecord())["clients-ok"] == 1
+    assert all(np.isfinite(v) for v in s.last_updates[0].metrics.values())
+
+
+def test_the_metric_keys_are_flowers_keywords_and_a_missing_one_is_one_error(reply_grid, caplog):
+    from strategies.fedcda import FedCDAStrategy
+
+    # Flower's names by default: FedCDA reads train_loss
+    s = FedCDAStrategy(clients_per_round=2, min_available_nodes=2, fraction_evaluate=0.0,
+                       memory=2, warmup=1, batches=1)
+    s.start(reply_grid(NODES, flower_client([])), protocol.to_record(model(0.0)), num_rounds=3)
+    assert all(h["clients-ok"] == 2 for h in s.history) and s.history[-1]["train_loss"] == 0.5
+    # another name, given by keyword
+    t = FedCDAStrategy(clients_per_round=2, min_available_nodes=2, fraction_evaluate=0.0,
+                       memory=2, warmup=1, batches=1, train_loss_key="loss",
+                       weighted_by_key="n")
+    client = flower_client([], loss_key="loss", extra={"n": 5})
+    t.start(reply_grid(NODES, client), protocol.to_record(model(0.0)), num_rounds=2)
+    assert all(h["clients-ok"] == 2 for h in t.history)
+    # a key the replies lack: one ERROR naming it and its keyword, each round an ERROR, and
+    # the run's end an ERROR summary
+    caplog.clear()
+    u = FedCDAStrategy(clients_per_round=2, min_available_nodes=2, fraction_evaluate=0.0,
+                       train_loss_key="train-loss")
+    u.start(reply_grid(NODES, flower_client([])), protocol.to_record(model(0.0)), num_rounds=2)
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len([e for e in errors if "train_loss_key='train-loss'" in e]) == 1
+    assert len([e for e in errors if "no usable update" in e and "lack 'train-loss'" in e]) == 2
+    assert any("no round of the run used a reply" in e for e in errors)
+    v = FedAvgStrategy(clients_per_round=2, min_available_nodes=2, fraction_evaluate=0.0,
+                       weighted_by_key="num_examples")
+    caplog.clear()
+    v.start(reply_grid(NODES, flower_client([])), protocol.to_record(model(0.0)), num_rounds=2)
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len([e for e in errors if "weighted_by_key='num_examples'" in e]) == 1
