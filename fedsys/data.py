@@ -113,24 +113,33 @@ def _find_idx(directory: Path) -> dict[str, Path] | None:
 
 
 def fmnist_search_path(data_dir: str = "") -> list[Path]:
-    """Directories searched for Fashion-MNIST, in order."""
-    out = []
+    """Directories searched for Fashion-MNIST, in order: ``data_dir`` alone where one
+    is given (a run told where its data is never reads another copy), else
+    ``$FEDSYS_DATA`` and the Debian package's directory."""
     if data_dir:
-        out.append(Path(data_dir).expanduser())
+        return [Path(data_dir).expanduser()]
+    out = []
     if os.environ.get("FEDSYS_DATA"):
         out.append(Path(os.environ["FEDSYS_DATA"]).expanduser())
     out.append(DEBIAN_FMNIST)
     return out
 
 
-FMNIST_HELP = (
-    "Fashion-MNIST not found. Searched: {searched}. Get it with one of:\n"
+FMNIST_IN_DATA_DIR = (
+    "Fashion-MNIST not found in data-dir {searched}: no complete set of the four IDX files "
+    "(train-images-idx3-ubyte[.gz], ...) there or in its fashion-mnist/, FashionMNIST/raw/ "
+    "or fashion_mnist/; a run given a data-dir reads no other copy (leave data-dir empty to "
+    "search $FEDSYS_DATA and " + str(DEBIAN_FMNIST) + ")."
+)
+FMNIST_HOW = (
+    "Get it with one of:\n"
     "  * fedsys data fetch fashion-mnist      (installs the Debian package as root,\n"
     "                                          else downloads through torchvision)\n"
     f"  * sudo apt-get install {DEBIAN_PACKAGE}  (IDX files in {DEBIAN_FMNIST})\n"
     "  * copy the four IDX files (train-images-idx3-ubyte.gz, ...) into a directory\n"
     "    and set data-dir=<dir> or FEDSYS_DATA=<dir>"
 )
+FMNIST_HELP = "Fashion-MNIST not found. Searched: {searched}. " + FMNIST_HOW
 
 
 def load_fashion_mnist(data_dir: str = "") -> Dataset:
@@ -139,7 +148,8 @@ def load_fashion_mnist(data_dir: str = "") -> Dataset:
     Raises
     ------
     DataError
-        When no directory holds the four IDX files.
+        When no directory holds the four IDX files (a given ``data_dir`` is named: only
+        an empty one searches the defaults).
     """
     searched = fmnist_search_path(data_dir)
     for d in searched:
@@ -161,7 +171,14 @@ def load_fashion_mnist(data_dir: str = "") -> Dataset:
             (0.3530,),
             source=str(files["train-images"].parent),
         )
-    raise DataError(FMNIST_HELP.format(searched=", ".join(map(str, searched))))
+    raise DataError(_not_found(data_dir))
+
+
+def _not_found(data_dir: str) -> str:
+    """Why Fashion-MNIST was not found, and how to get it."""
+    if data_dir:
+        return FMNIST_IN_DATA_DIR.format(searched=Path(data_dir).expanduser()) + " " + FMNIST_HOW
+    return FMNIST_HELP.format(searched=", ".join(map(str, fmnist_search_path(data_dir))))
 
 
 def fetch_fashion_mnist(data_dir: str = "", allow_apt: bool = True) -> Path:
@@ -174,7 +191,8 @@ def fetch_fashion_mnist(data_dir: str = "", allow_apt: bool = True) -> Path:
         if _find_idx(d) is not None:
             return d
     log: list[str] = []
-    if allow_apt and shutil.which("apt-get") and os.geteuid() == 0:
+    # the Debian package lands in its own directory: not where a given data-dir points
+    if not data_dir and allow_apt and shutil.which("apt-get") and os.geteuid() == 0:
         for cmd in (["apt-get", "install", "-y", "-q", DEBIAN_PACKAGE],
                     ["sh", "-c", f"apt-get update -q && apt-get install -y -q {DEBIAN_PACKAGE}"]):
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -191,10 +209,7 @@ def fetch_fashion_mnist(data_dir: str = "", allow_apt: bool = True) -> Path:
             return target
     except Exception as exc:
         log.append(f"torchvision download into {target} failed: {exc}")
-    raise DataError(
-        FMNIST_HELP.format(searched=", ".join(map(str, fmnist_search_path(data_dir))))
-        + ("\nTried: " + "; ".join(log) if log else "")
-    )
+    raise DataError(_not_found(data_dir) + ("\nTried: " + "; ".join(log) if log else ""))
 
 
 # --------------------------------------------------------------------------- CIFAR

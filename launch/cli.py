@@ -302,9 +302,10 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("data", help="dataset tools")
     dsub = d.add_subparsers(dest="data_cmd", required=True, metavar="ACTION")
     f = dsub.add_parser("fetch", help="make a dataset available locally",
-                        description="Fashion-MNIST: search data-dir, $FEDSYS_DATA and "
-                        "/usr/share/datasets/fashion-mnist; as root install the Debian package "
-                        "dataset-fashion-mnist; else download through torchvision.")
+                        description="Fashion-MNIST: look in --data-dir (only there when given), else "
+                        "in $FEDSYS_DATA and /usr/share/datasets/fashion-mnist; without "
+                        "--data-dir, as root, install the Debian package dataset-fashion-mnist; "
+                        "else download through torchvision (into --data-dir when given).")
     f.add_argument("dataset", choices=cfgmod.DATASETS)
     f.add_argument("--data-dir", default="", help="data root to search and download into")
     f.add_argument("--no-apt", action="store_true", help="never call apt-get")

@@ -325,8 +325,16 @@ def run_strategy(grid: Grid, cfg: RunConfig, name: str, position: str = "",
     return records
 
 
-def run_experiment(grid: Grid, cfg: RunConfig) -> dict[str, list[dict[str, Any]]]:
-    """Run every strategy of ``cfg`` on identical partitions and seeds, then compare."""
+#: Whether :func:`main` logs the results table at the end of a run: the only table
+#: ``flwr run`` shows; ``fedsys run`` (:func:`launch.simulation.simulate`) turns it off
+#: and prints the table itself, once.
+LOG_TABLE = True
+
+
+def run_experiment(grid: Grid, cfg: RunConfig, log_table: bool = True
+                   ) -> dict[str, list[dict[str, Any]]]:
+    """Run every strategy of ``cfg`` on identical partitions and seeds, then compare
+    (the table into ``results.md``, and into the log with ``log_table``)."""
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.save(run_dir / "config.yaml")
@@ -351,8 +359,11 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> dict[str, list[dict[str, Any]]
     metrics.plot_curves(results, run_dir / "accuracy.png", cfg.name)
     table = metrics.results_table(results)
     (run_dir / "results.md").write_text(metrics.results_page(cfg.name, cfg.about, table))
-    for line in table.splitlines():
-        log(INFO, "%s", line)
+    if log_table:
+        for line in table.splitlines():
+            log(INFO, "%s", line)
+    else:
+        log(INFO, "fedsys run '%s' finished: results in %s/results.md", cfg.name, run_dir)
     return results
 
 
@@ -362,4 +373,4 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Read the run config from Flower and run the experiment."""
-    run_experiment(grid, from_run_config(context.run_config))
+    run_experiment(grid, from_run_config(context.run_config), log_table=LOG_TABLE)

@@ -107,7 +107,9 @@ def ray_address_problem(environ: Mapping[str, str], timeout: float = 5.0) -> str
 def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = None) -> None:
     """Run ``cfg`` with ``num-clients`` simulated SuperNodes (Ray backend).
 
-    ``client_app`` replaces the fedsys ClientApp (tests use it to inject faults).
+    ``client_app`` replaces the fedsys ClientApp (tests use it to inject faults).  The
+    ServerApp does not log the results table (``launch.server_app.LOG_TABLE``): the
+    caller prints it, so a run shows one.
     """
     os.environ.update({k: os.environ.get(k, v) for k, v in FLWR_ENV.items()})
     # Ray's notice that a later Ray will stop hiding GPUs from actors that asked for none:
@@ -118,6 +120,7 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
     from flwr.simulation.run_simulation import _run_simulation
     from flwr.supercore.telemetry import EventType
 
+    from launch import server_app as server_module
     from launch.client_app import app as fedsys_client_app
     from launch.server_app import app as server_app
 
@@ -130,6 +133,8 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
         "client_resources": {"num_cpus": cfg.client_num_cpus, "num_gpus": cfg.client_num_gpus},
         "init_args": init_args,
     }
+    # the caller (fedsys run) prints the results table: the log does not repeat it
+    server_module.LOG_TABLE = False
     with tempfile.TemporaryDirectory(prefix="fedsys-app-") as tmp:
         app_dir = write_app_dir(cfg, Path(tmp))
         context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),

@@ -298,3 +298,14 @@ def test_truncated_idx_header_or_stream_raises_data_error(tmp_path, monkeypatch,
     monkeypatch.setattr(fdata, "DEBIAN_FMNIST", tmp_path / "no-such-dir")
     with pytest.raises(fdata.DataError):
         fdata.load_fashion_mnist(str(tmp_path))
+
+
+def test_a_data_dir_without_the_data_is_an_error_naming_it(tmp_path, monkeypatch):
+    """Issue 41: only an empty data-dir searches the defaults; a given one is the data."""
+    _write_fmnist(tmp_path / "elsewhere", n_train=6)
+    monkeypatch.setenv("FEDSYS_DATA", str(tmp_path / "elsewhere"))
+    (tmp_path / "empty").mkdir()
+    for given in (tmp_path / "empty", tmp_path / "nonexistent"):
+        with pytest.raises(fdata.DataError, match=f"not found in data-dir {given}:"):
+            fdata.load_fashion_mnist(str(given))
+    assert fdata.load_fashion_mnist("").x_train.shape[0] == 6
