@@ -3,8 +3,10 @@
 FedELMY (Wang et al., ACM MM 2024, Alg. 1 lines 8-19; spec ``fedelmy.md`` §2.4): the
 pool starts with the received model :math:`m_0`; ``fedelmy.pool-size`` (S) more
 models each start at the pool's uniform mean (Eq. 6) and train ``local-epochs``
-epochs on Eq. 9 with a fresh Adam (coupled weight decay, as the paper's code); each
-keeps its best-validation epoch (a seeded ``val-fraction`` local split, App. A);
+epochs on Eq. 9, d1 and d2 divided by App. A's magnitude factor (one decade below
+the loss; ``fedelmy.scaling: false`` for the unscaled ablation), with a fresh Adam
+(coupled weight decay, as the paper's code); each keeps its best-validation epoch (a
+seeded ``val-fraction`` local split, App. A);
 the reply is the uniform mean of the S + 1 pool models, BatchNorm buffers included
 (Eq. 5).  The maths is :mod:`fedsys.fedelmy` and :mod:`fedsys.pool`.
 
@@ -61,9 +63,10 @@ class FedElmyOptions(FedSeqOptions):
     form: str = option("paper", "paper: L2 norms, pairwise d1 (Eqs. 7-8); code: the official "
                        "code's squared L2 with the start as extra anchor, closed-form "
                        "gradient (spec §2.2).", choices=("paper", "code"))
-    scaling: str = option("auto", "Order-of-magnitude factor dividing d1 and d2 (spec §2.2): "
-                          "auto = on for form code, off for paper.",
-                          choices=("auto", "on", "off"))
+    scaling: bool = option(True, "App. A's logarithmic magnitude scaling: d1 and d2 divided by "
+                           "s = SCALE(loss, d2), one decade below the loss (spec §2.2; part of "
+                           "the paper's method, both forms); false: the unscaled Eq. 9, an "
+                           "ablation.")
 
 
 @dataclass
@@ -243,7 +246,6 @@ class FedElmyTrainer(Trainer):
 
         o = job.options
         data, fits = _prepare(job, o)
-        scaling = o.scaling == "on" or (o.scaling == "auto" and o.form == "code")
         device = job.config.device
         m0 = pool_ops.trainable_vector(job.net).to(device)
         pool = RunningMean()
@@ -252,7 +254,8 @@ class FedElmyTrainer(Trainer):
         for j in range(1, int(o.pool_size) + 1):
             job.net.load_state_dict(to_torch(pool.mean()))  # Eq. 6
             start = pool_ops.trainable_vector(job.net).to(device)
-            reg = Regulariser(o.form, scaling, float(o.alpha), float(o.beta), m0, start, anchors)
+            reg = Regulariser(o.form, bool(o.scaling), float(o.alpha), float(o.beta), m0,
+                              start, anchors)
             fit = train_one(job.net, job, data, job.config.epochs,
                             derive_seed(job.config.seed, j), bool(o.select_best), reg)
             pool.add(fit.state)

@@ -128,7 +128,9 @@ def coerce_value(opt: Option, value: Any) -> Scalar:
     """Convert and validate ``value`` for ``opt``; raise :class:`ConfigError`.
 
     Booleans accept ``true/false/1/0/yes/no/on/off``; an int refuses a float with a
-    fraction; a float refuses NaN and infinities; a string refuses other types.
+    fraction; a float refuses NaN and infinities; a string refuses other types, and
+    takes a boolean (how YAML reads ``yes``/``on``/``true``...) only where its choices
+    spell a switch (:func:`_switch_word`).
     """
     key = opt.key
     try:
@@ -152,10 +154,14 @@ def coerce_value(opt: Option, value: Any) -> Scalar:
             out = float(value)
             if out != out or out in (float("inf"), float("-inf")):
                 raise ValueError
+        elif isinstance(value, bool):
+            out = _switch_word(opt, value)
         else:
-            if not isinstance(value, str | int | float) or isinstance(value, bool):
+            if not isinstance(value, str | int | float):
                 raise ValueError
             out = str(value)
+    except ConfigError:
+        raise
     except (TypeError, ValueError):
         raise ConfigError(
             f"config key '{key}' expects {opt.type.__name__}"
@@ -168,6 +174,23 @@ def coerce_value(opt: Option, value: Any) -> Scalar:
     if opt.check is not None and not opt.check(out):
         raise ConfigError(f"config key '{key}' must be {opt.rule}, got {out!r}")
     return out
+
+
+#: The spellings of a switch that YAML reads as booleans, as (true, false) pairs.
+SWITCH_WORDS = (("yes", "no"), ("on", "off"), ("true", "false"))
+
+
+def _switch_word(opt: Option, value: bool) -> str:
+    """A YAML boolean given to a string option: the option's own word for it when its
+    choices spell a switch (``lss.include-anchor: yes`` in YAML, ``--set`` or a variant
+    reads as ``True``), else :class:`ConfigError` saying how YAML read it."""
+    for pair in SWITCH_WORDS:
+        if opt.choices is not None and set(pair) <= set(opt.choices):
+            return pair[0] if value else pair[1]
+    allowed = f"one of {', '.join(opt.choices)}" if opt.choices else "a string"
+    raise ConfigError(
+        f"config key '{opt.key}' expects {allowed}, got the boolean {value} (YAML reads "
+        "yes/no/on/off/true/false as booleans; quote the value if you meant the word)")
 
 
 def parse_group(options_cls: type, prefix: str, values: Mapping[str, Any]) -> Any:
@@ -192,5 +215,5 @@ def group_values(options: Any, prefix: str) -> dict[str, Scalar]:
     return {o.key: getattr(options, o.field) for o in declared(prefix, type(options))}
 
 
-__all__ = ["REGISTERED_STRATEGIES", "ConfigError", "Option", "Scalar", "bounds_check",
-           "coerce_value", "declared", "group_values", "option", "parse_group", "suggest"]
+__all__ = ["REGISTERED_STRATEGIES", "SWITCH_WORDS", "ConfigError", "Option", "Scalar",
+           "bounds_check", "coerce_value", "declared", "group_values", "option", "parse_group", "suggest"]
