@@ -1,5 +1,6 @@
 """A ClientApp as in Flower's quickstart: train and evaluate handlers, nothing else
-(no query handler, no partition-id in the replies)."""
+(no query handler, no partition-id in the replies), and Flower's metric names
+(``train_loss``, ``eval_loss``, ``eval_acc``, ``num-examples``)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def train_handler(msg: Message, context: Context) -> Message:
     net, x, y = received(msg, context)
     loss = train(net, x, y, int(context.run_config["local-epochs"]),
                  float(msg.content["config"]["lr"]))
-    metrics = MetricRecord({"train-loss": loss, "num-examples": len(y)})
+    metrics = MetricRecord({"train_loss": loss, "num-examples": len(y)})
     return Message(RecordDict({"arrays": ArrayRecord(net.state_dict()), "metrics": metrics}),
                    reply_to=msg)
 
@@ -36,5 +37,5 @@ def evaluate_handler(msg: Message, context: Context) -> Message:
     """Evaluate the received model on this node's data."""
     net, x, y = received(msg, context)
     loss, acc = test(net, x, y)
-    metrics = MetricRecord({"eval-loss": loss, "eval-acc": acc, "num-examples": len(y)})
+    metrics = MetricRecord({"eval_loss": loss, "eval_acc": acc, "num-examples": len(y)})
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
