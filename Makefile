@@ -7,29 +7,39 @@ export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 export FLWR_DISABLE_UPDATE_CHECK := 1
 
-.PHONY: run test test-fast lint data clean help
+.PHONY: run test test-fast test-flwr-oldest lint data clean help
 
 help:
 	@echo "make run   - set up .venv, get Fashion-MNIST, run configs/default.yaml, print the table"
 	@echo "make test  - set up .venv with the dev extra, lint, and run the whole test suite"
 	@echo "make lint  - ruff and mypy"
+	@echo "make test-flwr-oldest - unit tests, a simulation and Flower's template under flwr $(FLWR_OLDEST)"
 
-# pip installs uv (the range flwr 1.41 requires, so flwr keeps it), and uv installs the rest:
+# fedsys supports flwr >=1.41,<1.43 (pyproject.toml); `make` installs the newest, FLWR_DEFAULT,
+# and `make test-flwr-oldest` tests the oldest, FLWR_OLDEST, in a venv of its own (.ci/run
+# runs both).  Each flwr release requires its own uv range, disjoint ones: 1.41 uv
+# >=0.12.20,<0.13, 1.42 uv >=0.13.5,<0.14.
+FLWR_DEFAULT := 1.42.0
+FLWR_OLDEST  := 1.41.0
+# pip installs uv (the range FLWR_DEFAULT requires, so flwr keeps it), and uv installs the rest:
 # the same packages as pip, in less time (docs/performance.md "Setting up").
 # uv honours pip's configured constraint file (on this machine it caps torch) and uses the
 # system's certificates; it reads no other pip setting.  It compiles the bytecode as pip
 # does: without it, three test workers starting Ray at once compiled Ray's modules side
 # by side and Ray's start-up timed out.
-UV_REQ := uv>=0.12.20,<0.13
+UV_REQ := uv>=0.13.5,<0.14
+UV_REQ_OLDEST := uv>=0.12.20,<0.13
 PIP_CONSTRAINTS = $(shell $(PYTHON) -m pip config list 2>/dev/null \
                     | sed -n "s/^[^.]*\.constraint='\(.*\)'$$/\1/p" | tail -1)
 UV_PIP = UV_NATIVE_TLS=1 $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) \
          $(foreach c,$(PIP_CONSTRAINTS),-c $(c))
+VENV_OLDEST := .venv-flwr$(FLWR_OLDEST)
+TEMPLATE_TEST := tests/integration/test_flower_template.py::test_flowers_template_trains_under_every_fedsys_strategy
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q '$(UV_REQ)'
-	$(UV_PIP) -e .
+	$(UV_PIP) -e . 'flwr[simulation]==$(FLWR_DEFAULT)'
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
@@ -54,9 +64,25 @@ test: $(VENV)/.installed-dev data lint
 test-fast: $(VENV)/.installed-dev
 	$(PY) -m pytest -q -m "not slow and not deploy"
 
+# the oldest supported flwr: its own venv (uv's cache makes it quick after .venv), the unit
+# tests, one simulation and Flower's app template under three strategies (about 4 minutes)
+$(VENV_OLDEST)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV_OLDEST)
+	$(VENV_OLDEST)/bin/python -m pip install -q '$(UV_REQ_OLDEST)'
+	UV_NATIVE_TLS=1 $(VENV_OLDEST)/bin/uv pip install -q --compile-bytecode \
+	    --python $(VENV_OLDEST)/bin/python $(foreach c,$(PIP_CONSTRAINTS),-c $(c)) \
+	    -e '.[dev]' 'flwr[simulation]==$(FLWR_OLDEST)'
+	touch $@
+
+test-flwr-oldest: $(VENV_OLDEST)/.installed data
+	$(VENV_OLDEST)/bin/python -c 'import flwr; assert flwr.__version__ == "$(FLWR_OLDEST)", flwr.__version__'
+	$(VENV_OLDEST)/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests/unit \
+	    tests/integration/test_simulation.py::test_three_nodes_two_rounds_two_strategies \
+	    $(foreach s,fedcda+ima fedcross fedelmy,"$(TEMPLATE_TEST)[$(s)-client_app_pid]")
+
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_OLDEST) runs .pytest_cache .mypy_cache .ruff_cache
