@@ -15,7 +15,7 @@ curves (mean across seeds, ±1 std band).  Where a method lists the paper's clai
 
 Usage::
 
-    python scripts/seeds_report.py fedelmy|lss|fedcda-regime|fedcda-seeds|fedcross-seeds|ima-seeds
+    python scripts/seeds_report.py fedelmy|fedelmy-cpu|lss|fedcda-regime|fedcda-seeds|fedcross-seeds|ima-seeds
                                    [--runs runs/<method>] [--out docs/results]
 
 A method's section goes to ``docs/results/<doc>.md`` under ``<section>`` (default: the
@@ -52,35 +52,103 @@ def fedcda_claims(setting: str) -> list[tuple[str, str, str, str, str, str, str]
              "last10-std", "<")]
 
 
+FEDELMY_NAMES = {
+    "fedelmy": "FedELMY (S = 5)",
+    "fedelmy-scaling-false": "FedELMY, paper form without App. A scaling",
+    "fedseq": "FedSeq, epoch-matched (E = 1)",
+    "fedseq-local-epochs-5": "FedSeq, compute-matched (E = 5)",
+    "fedseq-local-epochs-3": "FedSeq, epoch-matched (E = 3)",
+    "fedseq-local-epochs-15": "FedSeq, compute-matched (E = 15)",
+    "oneshot-fedavg": "one-shot parallel FedAvg",
+    "fedelmy-parallel": "parallel FedELMY (Alg. 3)",
+    "fedelmy-form-code": "FedELMY, official code's form",
+    "fedelmy-pool-size-1": "FedELMY S = 1",
+    "fedelmy-pool-size-3": "FedELMY S = 3",
+    "fedelmy-pool-size-8": "FedELMY S = 8",
+    "fedelmy-alpha-0.0-beta-0.0": "pool only (alpha = beta = 0)",
+    "fedelmy-alpha-0.0": "pool + d2 (alpha = 0)",
+    "fedelmy-beta-0.0": "pool + d1 (beta = 0)",
+    "fedelmy-passes-3": "FedELMY, T = 3",
+    "fedseq-passes-3": "FedSeq, T = 3",
+}
+
+
+def fedelmy_claims() -> list[tuple[str, str, str, str, str, str, str]]:
+    """FedELMY's claims (Tables 1-3, 7-9, Figs. 6, 11, 12) on the final model, per regime."""
+    seq = {"dir0.5": ("fedseq", "fedseq-local-epochs-5"), "dir0.3": ("fedseq",
+           "fedseq-local-epochs-5"), "dir0.1": ("fedseq", "fedseq-local-epochs-5"),
+           "domain": ("fedseq", "fedseq-local-epochs-5"),
+           "e3": ("fedseq-local-epochs-3", "fedseq-local-epochs-15")}
+    out: list[tuple[str, str, str, str, str, str, str]] = []
+    for setting, (epoch, compute) in seq.items():
+        out += [("above FedSeq, epoch-matched (Tables 1, 7, 8)", setting, "fedelmy", setting,
+                 epoch, "final", ">"),
+                ("above FedSeq, compute-matched (Figs. 6, 12)", setting, "fedelmy", setting, compute,
+                 "final", ">"),
+                ("far above one-shot parallel FedAvg (Table 1)", setting, "fedelmy", setting,
+                 "oneshot-fedavg", "final", ">")]
+    for setting in ("dir0.5", "e3"):
+        out += [("the sequential chain far above parallel FedELMY (Alg. 3, Table 9)", setting,
+                 "fedelmy", setting, "fedelmy-parallel", "final", ">"),
+                ("App. A's scaling is part of the method (ours)", setting, "fedelmy", setting,
+                 "fedelmy-scaling-false", "final", ">")]
+    out += [("d1 and d2 together above the pool alone (Table 3)", "e3", "fedelmy", "e3",
+             "fedelmy-alpha-0.0-beta-0.0", "final", ">")]
+    out += [(f"{what} (Table 3)", "dir0.5", "fedelmy", "ablation", base, "final", ">")
+            for what, base in (("d1 and d2 together above the pool alone",
+                                "fedelmy-alpha-0.0-beta-0.0"),
+                               ("d1 helps: full above pool + d2", "fedelmy-alpha-0.0"),
+                               ("d2 helps: full above pool + d1", "fedelmy-beta-0.0"))]
+    out += [("accuracy rises with S: S = 3 above S = 1 (Fig. 11)", "pool",
+             "fedelmy-pool-size-3", "pool", "fedelmy-pool-size-1", "final", ">"),
+            ("accuracy rises with S: S = 5 above S = 3 (Fig. 11)", "dir0.5", "fedelmy", "pool",
+             "fedelmy-pool-size-3", "final", ">"),
+            ("... and saturates: S = 8 above S = 5 (Fig. 11; within noise = saturated)", "pool",
+             "fedelmy-pool-size-8", "dir0.5", "fedelmy", "final", ">"),
+            ("few-shot improves FedELMY: T = 3 above T = 1 (Table 2)", "fewshot",
+             "fedelmy-passes-3", "dir0.5", "fedelmy", "final", ">"),
+            ("FedELMY above FedSeq at T = 3 (Table 2)", "fewshot", "fedelmy-passes-3",
+             "fewshot", "fedseq-passes-3", "final", ">")]
+    return out
+
+
+FEDELMY_CLAIMS = fedelmy_claims()
+
 METHODS: dict[str, dict[str, Any]] = {
     "fedelmy": {
         "points": ["final"],
         "settings": {
-            "dir0.5": "Dirichlet 0.5, 10 clients",
-            "dir0.3": "Dirichlet 0.3, 10 clients",
-            "dir0.1": "Dirichlet 0.1, 10 clients",
-            "domain": "domain shift (4 transforms), 4 clients",
-            "pool": "pool size, Dirichlet 0.5",
-            "ablation": "d1/d2 ablation, Dirichlet 0.5",
-            "fewshot": "few-shot T = 3, Dirichlet 0.5",
+            "e3": "E_local = 3, E_w = 3, Dirichlet 0.5, 10 clients (H200 GPU)",
+            "dir0.5": "Dirichlet 0.5, 10 clients (H200 GPU)",
+            "dir0.3": "Dirichlet 0.3, 10 clients (H200 GPU)",
+            "dir0.1": "Dirichlet 0.1, 10 clients (H200 GPU)",
+            "domain": "domain shift (4 transforms), 4 clients (2 CPU cores)",
+            "pool": "pool size, Dirichlet 0.5 (H200 GPU)",
+            "ablation": "d1/d2 ablation, Dirichlet 0.5 (H200 GPU)",
+            "fewshot": "few-shot T = 3, Dirichlet 0.5 (H200 GPU)",
         },
-        "names": {
-            "fedelmy": "FedELMY (S = 5)",
-            "fedseq": "FedSeq, epoch-matched (E = 1)",
-            "fedseq-local-epochs-5": "FedSeq, compute-matched (E = 5)",
-            "oneshot-fedavg": "one-shot parallel FedAvg",
-            "fedelmy-parallel": "parallel FedELMY (Alg. 3)",
-            "fedelmy-form-code": "FedELMY, official code's form",
-            "fedelmy-pool-size-1": "FedELMY S = 1",
-            "fedelmy-pool-size-3": "FedELMY S = 3",
-            "fedelmy-pool-size-8": "FedELMY S = 8",
-            "fedelmy-alpha-0.0-beta-0.0": "pool only (alpha = beta = 0)",
-            "fedelmy-alpha-0.0": "pool + d2 (alpha = 0)",
-            "fedelmy-beta-0.0": "pool + d1 (beta = 0)",
-            "fedelmy-passes-3": "FedELMY, T = 3",
-            "fedseq-passes-3": "FedSeq, T = 3",
-        },
+        "names": FEDELMY_NAMES,
         "xlabel": "step (chains: hop; one-shot FedAvg: warm-up, parallel round)",
+        "config": "SEEDS=\"0 1 2\" scripts/gpu_units.sh fedelmy {setting}",
+        "claims": FEDELMY_CLAIMS,
+    },
+    # the runs before issue 39 (2026-11, 2 CPU cores): FedELMY without App. A's scaling
+    "fedelmy-cpu": {
+        "points": ["final"],
+        "doc": "fedelmy", "section": "## Earlier runs: the paper form without App. A scaling "
+                                     "(generated)",
+        "settings": {s: f"{t}, 2 CPU cores" for s, t in (
+            ("dir0.5", "Dirichlet 0.5, 10 clients"), ("dir0.3", "Dirichlet 0.3, 10 clients"),
+            ("dir0.1", "Dirichlet 0.1, 10 clients"),
+            ("domain", "domain shift (4 transforms), 4 clients"),
+            ("pool", "pool size, Dirichlet 0.5"), ("ablation", "d1/d2 ablation, Dirichlet 0.5"),
+            ("fewshot", "few-shot T = 3, Dirichlet 0.5"))},
+        "names": {**FEDELMY_NAMES, **{k: v + ", without App. A scaling" for k, v in
+                                      FEDELMY_NAMES.items()
+                                      if k.startswith("fedelmy") and "alpha-0.0-beta" not in k
+                                      and k != "fedelmy-form-code"}},
+        "xlabel": "step (chains: hop; one-shot FedAvg: warm-up, parallel round)",
+        "config": "scripts/reproduce_fedelmy.sh {setting} (before issue 39)",
     },
     "lss": {
         "points": [1, 3],

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# A method's presets, every strategy of every seed as its own run, many at once on one GPU box
+# (the reproductions of docs/results/<method>.md where 2 CPU cores would take hours): each unit
+# is `fedsys run configs/<method>-<setting>.yaml --set seed=<k> --set strategy=<entry>
+# --set device=cuda --set client-num-gpus=0.1`, and its records land where
+# scripts/reproduce_<method>.sh puts them, runs/<method>/<setting>/seed-<k>/<label>/, so that
+# `python scripts/seeds_report.py <method>` reads them.  Units run in the order given
+# (settings, then seeds, then the preset's strategies), JOBS at a time; a unit whose
+# metrics.jsonl is there is skipped.  Checkpoints and models are emptied after a unit (the
+# report needs the records; keep the box's results small).  On an offline GPU box, first
+# `source .gpu/setup.sh` (../shared/gpu/README.md); FEDSYS then defaults to
+# `python3 -m launch.cli`.
+# DEVICE (cuda), GPUS (0.1: a client's share of the GPU) and EXTRA (more --set flags) change
+# the runs; a smoke test on the CPU: DEVICE=cpu GPUS=0 EXTRA="--set samples-per-client=100".
+# Usage: SEEDS="0 1 2" JOBS=12 scripts/gpu_units.sh fedelmy e3 dir0.5 ...
+set -uo pipefail
+cd "$(dirname "$0")/.."
+method=${1:?usage: gpu_units.sh METHOD SETTING...}; shift
+FEDSYS=${FEDSYS:-python3 -m launch.cli}
+OUT=${OUT_RUNS:-runs/$method}
+DEVICE=${DEVICE:-cuda} GPUS=${GPUS:-0.1} EXTRA=${EXTRA:-}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} FEDSYS OUT method DEVICE GPUS EXTRA
+units=$(python3 - "$method" "${SEEDS:-0 1 2}" "$@" <<'PY'
+import sys
+from pathlib import Path
+from launch import registry
+from fedsys.config import parse_strategy
+method, seeds, settings = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
+for s in settings:
+    cfg = registry.load(Path(f"configs/{method}-{s}.yaml"))
+    for seed in seeds:
+        for v in parse_strategy(cfg.strategy, cfg.schema):
+            entry = v.name + ("[" + ";".join(f"{k}={val}" for k, val in v.overrides) + "]"
+                              if v.overrides else "")
+            print(s, seed, v.label, entry)
+PY
+) || exit 1
+unit() {
+  local setting=$1 seed=$2 label=$3 entry=$4
+  local dest="$OUT/$setting/seed-$seed/$label" tmp="$OUT/.tmp/$setting-$seed-$label"
+  [[ -f "$dest/metrics.jsonl" ]] && return 0
+  rm -rf "$tmp"; mkdir -p "$tmp" "$(dirname "$dest")"
+  local t0=$SECONDS
+  if $FEDSYS run "configs/$method-$setting.yaml" --set seed="$seed" --set strategy="$entry" \
+      --set device="$DEVICE" --set client-num-gpus="$GPUS" $EXTRA --set output-dir="$tmp" --set name=u \
+      > "$tmp.log" 2>&1 && [[ -f "$tmp/u/$label/model.pt" ]]; then
+    for f in "$tmp/u/$label"/*.pt; do : > "$f"; done
+    rm -f "$tmp/u/$label"/*.png
+    mv "$tmp/u/$label" "$dest"
+    echo "unit $setting seed $seed $label: done in $((SECONDS - t0)) s"
+  else
+    echo "unit $setting seed $seed $label: FAILED after $((SECONDS - t0)) s; log:"; tail -5 "$tmp.log"
+  fi
+}
+export -f unit
+echo "$units" | xargs -P "${JOBS:-8}" -L 1 bash -c 'unit "$@"' _
