@@ -2,7 +2,7 @@
 # A method's presets, every strategy of every seed as its own run, many at once on one GPU box
 # (the reproductions of docs/results/<method>.md where 2 CPU cores would take hours): each unit
 # is `fedsys run configs/<method>-<setting>.yaml --set seed=<k> --set strategy=<entry>
-# --set device=cuda --set client-num-gpus=0.1`, and its records land where
+# --set device=cuda --set client-num-gpus=1`, and its records land where
 # scripts/reproduce_<method>.sh puts them, runs/<method>/<setting>/seed-<k>/<label>/, so that
 # `python scripts/seeds_report.py <method>` reads them.  Units run in the order given
 # (settings, then seeds, then the preset's strategies), JOBS at a time; a unit whose
@@ -10,7 +10,8 @@
 # report needs the records; keep the box's results small).  On an offline GPU box, first
 # `source .gpu/setup.sh` (../shared/gpu/README.md); FEDSYS then defaults to
 # `python3 -m launch.cli`.
-# DEVICE (cuda), GPUS (0.1: a client's share of the GPU) and EXTRA (more --set flags) change
+# DEVICE (cuda), GPUS (1: a client's share of the GPU as Ray counts it; 1 starts one ClientApp
+# actor per run, so that 10 runs at once hold 10 actors, not 100) and EXTRA (more --set flags) change
 # the runs; a smoke test on the CPU: DEVICE=cpu GPUS=0 EXTRA="--set samples-per-client=100".
 # Usage: SEEDS="0 1 2" JOBS=12 scripts/gpu_units.sh fedelmy e3 dir0.5 ...
 set -uo pipefail
@@ -18,7 +19,7 @@ cd "$(dirname "$0")/.."
 method=${1:?usage: gpu_units.sh METHOD SETTING...}; shift
 FEDSYS=${FEDSYS:-python3 -m launch.cli}
 OUT=${OUT_RUNS:-runs/$method}
-DEVICE=${DEVICE:-cuda} GPUS=${GPUS:-0.1} EXTRA=${EXTRA:-}
+DEVICE=${DEVICE:-cuda} GPUS=${GPUS:-1} EXTRA=${EXTRA:-}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} FEDSYS OUT method DEVICE GPUS EXTRA
 units=$(python3 - "$method" "${SEEDS:-0 1 2}" "$@" <<'PY'
 import sys
