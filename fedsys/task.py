@@ -62,6 +62,8 @@ def _partitions(
         parts = part.iid(labels, n, seed)
     elif kind == "dirichlet":
         parts = part.dirichlet(labels, n, seed, alpha, min_size)
+    elif kind == "dirichlet-balanced":
+        parts = part.dirichlet_balanced(labels, n, seed, alpha)
     else:
         parts = part.shards(labels, n, seed, spc)
     if rest is not None:

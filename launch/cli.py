@@ -200,17 +200,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
-    """``fedsys partition``: the per-client class histogram."""
+    """``fedsys partition``: the per-client class histogram and the spread of client sizes."""
     from rich.console import Console
     from rich.table import Table
 
     from fedsys.domains import domain_of, plot_samples
-    from fedsys.partition import class_histogram, plot_histogram
+    from fedsys.partition import class_histogram, plot_histogram, size_spread
     from fedsys.task import dataset, partitions
 
     cfg = registry.load(Path(args.config) if args.config else None, args.set or [])
     ds = dataset(cfg)
-    hist = class_histogram(ds.y_train.numpy(), partitions(cfg), ds.num_classes)
+    parts = partitions(cfg)
+    hist = class_histogram(ds.y_train.numpy(), parts, ds.num_classes)
     t = Table(title=f"{cfg.dataset}, {cfg.partition}, {cfg.num_clients} clients, seed {cfg.seed}")
     t.add_column("client")
     for c in range(ds.num_classes):
@@ -223,6 +224,9 @@ def cmd_partition(args: argparse.Namespace) -> int:
         t.add_row(str(i), *[str(int(v)) for v in row], str(int(row.sum())),
                   *([doms[i].label] if doms else []))
     Console(width=max(Console().width, 110)).print(t)
+    spread = size_spread(parts)
+    print(f"client sizes: min {spread['min']:.0f}, max {spread['max']:.0f}, mean "
+          f"{spread['mean']:.1f}, coefficient of variation {spread['cv']:.3f}")
     out = Path(args.out) if args.out else cfg.run_dir / "partition.png"
     plot_histogram(hist, out, f"{cfg.dataset} {cfg.partition} (seed {cfg.seed})")
     print(f"histogram: {out}")

@@ -70,6 +70,16 @@ def test_partition_prints_histogram_and_writes_png(tmp_path, capsys):
                  "--out", str(png)]) == 0
     out = capsys.readouterr().out
     assert "total" in out and png.read_bytes()[:4] == b"\x89PNG"
+    assert "client sizes: min" in out and "coefficient of variation" in out
+
+
+def test_partition_prints_the_size_spread_of_the_balanced_dirichlet_split(tmp_path, capsys):
+    assert main(["partition", "--set", "dataset=synthetic", "--set", "num-clients=5",
+                 "--set", "clients-per-round=2", "--set", "partition=dirichlet-balanced",
+                 "--out", str(tmp_path / "p.png")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("client sizes"))
+    cv = float(line.rsplit(" ", 1)[-1])
+    assert 0 <= cv < 0.5, line
 
 
 def test_compare_reads_run_dirs(tmp_path, capsys):

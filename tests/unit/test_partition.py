@@ -473,3 +473,64 @@ def test_subsample_is_seeded_and_keeps_each_clients_label_mix():
 def test_subsample_rejects_negative_cap():
     with pytest.raises(PartitionError, match="samples-per-client"):
         part.subsample([np.arange(5)], -1, 0)
+
+
+# ------------------------------------------------------- dirichlet-balanced (Lin et al.)
+
+
+@pytest.mark.parametrize(("n", "seed", "alpha"), [(10, 0, 0.5), (10, 3, 0.1), (20, 1, 0.3),
+                                                  (7, 2, 0.3), (25, 0, 1.0)])
+def test_dirichlet_balanced_caps_every_client_at_the_average_of_its_block(n, seed, alpha):
+    """Lin et al.'s rule: classes are dealt in order and a client at or above its block's
+    average gets no more, so before its last class (its highest label) it was below the
+    average; no client is below half of it."""
+    parts = part.dirichlet_balanced(PROP_LABELS, n, seed, alpha)
+    _assert_valid_partition(parts, len(PROP_LABELS), n)
+    blocks = [parts[g:g + 10] for g in range(0, n, 10)]
+    for block in blocks:
+        avg = sum(len(p) for p in block) / len(block)
+        for p in block:
+            last = PROP_LABELS[p].max()
+            assert len(p) - np.count_nonzero(PROP_LABELS[p] == last) < avg
+            assert len(p) >= 0.5 * avg
+
+
+def test_dirichlet_balanced_deals_the_first_class_as_drawn():
+    """The first class (every client still open) goes out in the proportions of the first
+    Dirichlet draw, taken after the seeded shuffle: the label mix follows the draws."""
+    n, seed, alpha = 10, 4, 0.5
+    parts = part.dirichlet_balanced(PROP_LABELS, n, seed, alpha)
+    rng = np.random.default_rng(seed)
+    rng.permutation(len(PROP_LABELS))
+    p = rng.dirichlet(np.full(n, alpha))
+    first = int(np.unique(PROP_LABELS)[0])
+    total = np.count_nonzero(PROP_LABELS == first)
+    want = np.diff(np.concatenate([[0], (np.cumsum(p)[:-1] * total).astype(np.int64), [total]]))
+    got = [np.count_nonzero(PROP_LABELS[q] == first) for q in parts]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_dirichlet_balanced_sizes_spread_less_than_plain_dirichlet_with_the_same_skew():
+    plain = [part.size_spread(part.dirichlet(PROP_LABELS, 20, s, 0.3))["cv"] for s in range(4)]
+    capped = [part.size_spread(part.dirichlet_balanced(PROP_LABELS, 20, s, 0.3))["cv"]
+              for s in range(4)]
+    assert max(capped) < min(plain) or np.mean(capped) < 0.6 * np.mean(plain), (capped, plain)
+    skewed = np.mean([_classes_held(part.dirichlet_balanced(PROP_LABELS, 20, s, 0.1))
+                      for s in range(3)])
+    mixed = np.mean([_classes_held(part.dirichlet_balanced(PROP_LABELS, 20, s, 100.0))
+                     for s in range(3)])
+    assert skewed < 5 < mixed
+
+
+def test_dirichlet_balanced_is_seeded_and_refuses_bad_arguments():
+    a, b = part.dirichlet_balanced(LABELS, 10, 3, 0.3), part.dirichlet_balanced(LABELS, 10, 3, 0.3)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    c = part.dirichlet_balanced(LABELS, 10, 4, 0.3)
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
+    with pytest.raises(PartitionError, match="dirichlet-alpha"):
+        part.dirichlet_balanced(LABELS, 10, 0, 0.0)
+
+
+def test_size_spread_hand_example():
+    s = part.size_spread([np.arange(2), np.arange(4), np.arange(6)])
+    assert s == {"min": 2.0, "max": 6.0, "mean": 4.0, "cv": pytest.approx(np.std([2, 4, 6]) / 4)}
