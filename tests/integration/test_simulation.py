@@ -37,9 +37,14 @@ def _cfg(tmp_path: Path, **kw: object):
     return build({**BASE, "output-dir": str(tmp_path), **kw})
 
 
-def test_three_nodes_two_rounds_two_strategies(tmp_path):
+def test_three_nodes_two_rounds_two_strategies(tmp_path, caplog):
     cfg = _cfg(tmp_path, name="e2e", strategy="fedavg,fedprox")
-    simulate(cfg)
+    with caplog.at_level("INFO"):
+        simulate(cfg)
+    # fedsys run prints the results table itself: the ServerApp's log does not repeat it
+    logged = [r.getMessage() for r in caplog.records]
+    assert not [m for m in logged if m.startswith("| strategy |")]
+    assert any("finished: results in" in m for m in logged)
     run = tmp_path / "e2e"
     for f in ("config.yaml", "metrics.jsonl", "metrics.csv", "accuracy.png", "results.md"):
         assert (run / f).stat().st_size > 0, f
