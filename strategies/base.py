@@ -114,6 +114,12 @@ class StrategyWrapper:
     def on_start(self, strategy: FedsysStrategy, num_rounds: int) -> None:
         """Called by :meth:`FedsysStrategy.start` with the schedule's length."""
 
+    def inert_options(self, strategy: FedsysStrategy, num_rounds: int) -> list[str]:
+        """What in this wrapper's options would leave it inert for ``num_rounds`` rounds
+        (one sentence each, naming the key); :meth:`FedsysStrategy.prepare` refuses
+        the run when there is any."""
+        return []
+
     def transform(self, server_round: int, slot: int, model: Params) -> Params:
         """The model to send and evaluate instead of ``model`` (``slot``: which one)."""
         return model
@@ -662,10 +668,21 @@ class FedsysStrategy(Strategy):
         self.on_start(self.num_rounds)
         for w in self.wrappers:
             w.on_start(self, self.num_rounds)
+        inert = [*self.inert_options(self.num_rounds),
+                 *(p for w in self.wrappers for p in w.inert_options(self, self.num_rounds))]
+        if inert:
+            raise ConfigError(f"[{self.label}] " + "; ".join(inert))
 
     def on_start(self, num_rounds: int) -> None:
         """Called by :meth:`prepare` once the schedule's length is known (strategies
         whose options depend on it, e.g. a warmup given as a fraction, resolve here)."""
+
+    def inert_options(self, num_rounds: int) -> list[str]:
+        """What in the options would leave the method inert for ``num_rounds`` rounds
+        (a warmup that covers the run, a mixing weight that mixes nothing: one sentence
+        each, naming the key and the value); :meth:`prepare` (so :meth:`start` and
+        ``fedsys run`` before any engine starts) refuses the run when there is any."""
+        return []
 
     def run_round(self, grid: Grid, server_round: int, train_config: ConfigRecord) -> dict[str, Any]:
         """One training round: configure, send, wait (with timeout), aggregate.

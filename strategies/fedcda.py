@@ -43,8 +43,8 @@ class FedCDAOptions:
         4096, "FedCDA: most combinations (K^batch size) one Eq. 8 batch search may "
         "evaluate; the batch count rises to stay within it (4096 keeps the paper's "
         "B = 3 up to 20 clients per round at K = 3).", bounds="> 0")
-    warmup: int = option(50, "FedCDA: rounds run as FedAvg before selection starts.",
-                         bounds=">= 0")
+    warmup: int = option(-1, "FedCDA: rounds run as FedAvg before selection starts; -1: a "
+                         "quarter of the run (the paper's 50 of 200 rounds).", bounds=">= -1")
     warmup_fraction: float = option(
         0.0, "FedCDA: the warmup as a fraction of the run's rounds (floor(f*T); > 0 "
         "overrides fedcda.warmup).", bounds="[0, 1]")
@@ -140,9 +140,23 @@ class FedCDAStrategy(FedsysStrategy):
                 "'fedcda.memory' ('optimal' is for small federations)")
 
     def on_start(self, num_rounds: int) -> None:
-        """A warmup given as a fraction becomes ``floor(fraction * num_rounds)`` rounds."""
+        """A warmup given as a fraction becomes ``floor(fraction * num_rounds)`` rounds;
+        unset (-1), a quarter of the run, as the paper's 50 of 200."""
         if self.options.warmup_fraction > 0:
             self.warmup = int(self.options.warmup_fraction * num_rounds)
+        elif self.options.warmup < 0:
+            self.warmup = num_rounds // 4
+
+    def inert_options(self, num_rounds: int) -> list[str]:
+        """A warmup covering every round leaves FedCDA as FedAvg."""
+        if self.warmup < num_rounds:
+            return []
+        o = self.options
+        key = (f"fedcda.warmup-fraction={o.warmup_fraction:g}" if o.warmup_fraction > 0
+               else f"fedcda.warmup={o.warmup}")
+        return [f"{key} makes the FedAvg warmup {self.warmup} rounds, the whole run of "
+                f"{num_rounds}: FedCDA would never select; lower it (unset, the warmup is a "
+                "quarter of the run)"]
 
     def summary(self) -> None:
         """Log K, B, L, the warmup and the selection rule."""

@@ -134,6 +134,21 @@ class FedCrossStrategy(FedsysStrategy):
             )
         self.K = k
 
+    def inert_options(self, num_rounds: int) -> list[str]:
+        """alpha = 1 (without a dynamic ramp) mixes nothing; a warmup or propeller phase
+        covering the run leaves no cross-aggregation round."""
+        c: FedCrossOptions = self.options
+        out = []
+        if c.alpha == 1.0 and c.dynamic_alpha_rounds == 0:
+            out.append("fedcross.alpha=1 keeps every slot's own model (w_i = v_i): no "
+                       "cross-aggregation, K models trained apart")
+        if max(c.warmup, c.propeller_rounds) >= num_rounds:
+            key = ("fedcross.warmup" if c.warmup >= c.propeller_rounds
+                   else "fedcross.propeller-rounds")
+            out.append(f"{key}={max(c.warmup, c.propeller_rounds)} covers the whole run of "
+                       f"{num_rounds} rounds: no cross-aggregation round")
+        return out
+
     def summary(self) -> None:
         """Log K, alpha, the selection rule and the acceleration settings."""
         super().summary()

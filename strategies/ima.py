@@ -109,6 +109,21 @@ class IMA(StrategyWrapper):
         self.base_name = strategy.name
         self.t_s = ima.start_round(num_rounds, o.start_fraction, o.start_round)
 
+    def inert_options(self, strategy: FedsysStrategy, num_rounds: int) -> list[str]:
+        """A start after the last round, or a window of one model, leaves IMA without an
+        average.  A start at the last round is allowed: the final model is then the mean
+        of the window (a last-round average, as stochastic weight averaging ends)."""
+        o, out = self.options, []
+        if self.t_s >= num_rounds:
+            key = (f"ima.start-round={o.start_round}" if o.start_round >= 0
+                   else f"ima.start-fraction={o.start_fraction:g}")
+            out.append(f"{key} starts IMA at round {self.t_s + 1}, after the run's last round "
+                       f"{num_rounds}: it would never average")
+        if o.average and self.P == 1:
+            out.append("ima.window=1 averages a window of one model, the model itself: IMA "
+                       "would only decay the lr (ima.average=false says so on purpose)")
+        return out
+
     def summary(self) -> None:
         """Log P, t_s and the late lr decay."""
         o = self.options
