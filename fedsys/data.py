@@ -292,5 +292,8 @@ def load_dataset(name: str, data_dir: str = "") -> Dataset:
     if name in ("cifar10", "cifar100"):
         return load_cifar(name, data_dir)
     if name == "synthetic":
+        if data_dir and not Path(data_dir).expanduser().is_dir():  # a typo, or another dataset meant
+            raise DataError(f"data-dir {data_dir} is not a directory (dataset synthetic is "
+                            "generated and reads no files: leave data-dir empty)")
         return make_synthetic()
     raise DataError(f"unknown dataset {name!r}")

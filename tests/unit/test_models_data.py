@@ -309,3 +309,8 @@ def test_a_data_dir_without_the_data_is_an_error_naming_it(tmp_path, monkeypatch
         with pytest.raises(fdata.DataError, match=f"not found in data-dir {given}:"):
             fdata.load_fashion_mnist(str(given))
     assert fdata.load_fashion_mnist("").x_train.shape[0] == 6
+    fdata.load_dataset.cache_clear()
+    with pytest.raises(fdata.DataError, match=f"data-dir {tmp_path / 'nonexistent'} is not a dir"):
+        fdata.load_dataset("synthetic", str(tmp_path / "nonexistent"))
+    assert fdata.load_dataset("synthetic", str(tmp_path / "empty")).num_classes > 0
+    fdata.load_dataset.cache_clear()
