@@ -322,7 +322,8 @@ def _run(strategy: Any, grid: Any) -> Any:
 
 def test_one_shot_chain_visits_every_client_once_warms_up_first_and_keeps_every_hop(reply_grid):
     chain = Chain()
-    s = FedElmyStrategy(order="permutation", seed=4, warmup_epochs=2, num_partitions=4)
+    s = FedElmyStrategy(order="permutation", seed=4, warmup_epochs=2, num_partitions=4,
+                        query_partitions=True)  # the order is over partition-ids
     res, recs = _run(s, reply_grid(NODES, answer=chain))
     order = chain_order([0, 1, 2, 3], "permutation", 4)
     assert [pid for pid, _ in chain.visits] == order
@@ -355,7 +356,7 @@ def test_few_shot_ring_keeps_the_order_unless_reshuffled(reply_grid):
 
 def test_a_failed_hop_is_retried_once_then_skipped_and_the_chain_goes_on(reply_grid):
     chain = Chain(fail={1: 1, 2: 5})  # client 1 fails once, client 2 always
-    s = FedElmyStrategy(warmup_epochs=0, num_partitions=4)
+    s = FedElmyStrategy(warmup_epochs=0, num_partitions=4, query_partitions=True)
     res, recs = _run(s, reply_grid(NODES, answer=chain))
     assert [pid for pid, _ in chain.visits] == [0, 1, 1, 2, 2, 3]
     by = {r["client"]: r for r in recs}

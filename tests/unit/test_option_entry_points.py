@@ -90,10 +90,10 @@ def test_a_string_option_never_takes_a_yaml_boolean_silently(opt, tmp_path):
             continue
         if opt.choices and text in opt.choices:
             continue  # cannot happen today: a word that YAML reads as bool in the choices
-        for call in (lambda: _via_set(opt.key, text), lambda: _via_yaml(tmp_path, opt.key, text),
-                     lambda: _via_variant(opt, text)):
+        for via, args in ((_via_set, (opt.key, text)), (_via_yaml, (tmp_path, opt.key, text)),
+                          (_via_variant, (opt, text))):
             with pytest.raises(ConfigError, match=f"'{opt.key}'.*boolean.*quote"):
-                call()
+                via(*args)  # type: ignore[operator]
 
 
 def test_fedelmy_scaling_is_a_switch_on_by_default():
