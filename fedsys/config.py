@@ -87,6 +87,11 @@ class CoreOptions:
         1, "Times a round asks a node again whose train reply was lost on the way (Flower's "
         "error codes 3-5: message or reply unavailable, node unavailable; a busy "
         "SuperLink's database shows this), with the same instruction.", bounds='>= 0')
+    query_partitions: bool = option(
+        True, "Ask every node for its partition-id before sampling (fedsys's ClientApp "
+        "answers; a seed then picks the same clients every run); false for a ClientApp "
+        "written from Flower's docs, which has no query handler: nodes are keyed by the "
+        "partition-id their first reply reports, else by node id.")
     resume: bool = option(
         False, "Continue from the run directory's checkpoint.")
     checkpoint_every: int = option(

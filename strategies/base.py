@@ -327,7 +327,7 @@ class FedsysStrategy(Strategy):
             "max_examples_ratio": cfg.max_examples_ratio,
             "transport_retries": cfg.transport_retries,
             # fedsys's own ClientApp answers the query and reports fedsys's metric names
-            "query_partitions": True,
+            "query_partitions": cfg.query_partitions,
             "train_loss_key": proto.TRAIN_LOSS,
             "weighted_by_key": proto.NUM_EXAMPLES,
             **opts,

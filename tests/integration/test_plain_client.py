@@ -50,10 +50,16 @@ STRATEGIES = ["fedavg", "fedprox", "fedadam", "fedyogi", "fedcross", "ima[ima.ba
               "ima[ima.base=fedcross]"]
 
 
-def test_every_strategy_that_can_trains_with_a_plain_flower_client(tmp_path):
+def test_every_strategy_that_can_trains_with_a_plain_flower_client(tmp_path, caplog):
     cfg = build({**BASE, "output-dir": str(tmp_path), "name": "plain",
-                 "strategy": ",".join(STRATEGIES), "ima.start-round": 1})
-    simulate(cfg, client_app=app)
+                 "strategy": ",".join(STRATEGIES), "ima.start-round": 1,
+                 "query-partitions": False})  # the client has no query handler
+    with caplog.at_level(logging.INFO):
+        simulate(cfg, client_app=app)
+    logged = [r.getMessage() for r in caplog.records]
+    # no query was sent (the ClientApp would fail it, and the server say it went unanswered)
+    assert not [m for m in logged if "partition-id query" in m]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     for label in cfg.strategies:
         recs = metrics.read_jsonl(tmp_path / "plain" / label / "metrics.jsonl")
         assert [r["round"] for r in recs] == [0, 1, 2, 3], label
