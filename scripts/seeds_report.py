@@ -129,7 +129,9 @@ METHODS: dict[str, dict[str, Any]] = {
         },
         "names": FEDELMY_NAMES,
         "xlabel": "step (chains: hop; one-shot FedAvg: warm-up, parallel round)",
-        "config": "SEEDS=\"0 1 2\" scripts/gpu_units.sh fedelmy {setting}",
+        "config": {**{s: f"SEEDS=\"0 1 2\" scripts/gpu_units.sh fedelmy {s}" for s in (
+            "e3", "dir0.5", "dir0.3", "dir0.1", "pool", "ablation", "fewshot")},
+                   "domain": "scripts/reproduce_fedelmy.sh domain"},
         "claims": FEDELMY_CLAIMS,
     },
     # the runs before issue 39 (2026-11, 2 CPU cores): FedELMY without App. A's scaling
