@@ -40,6 +40,9 @@ pytestmark = pytest.mark.slow
 APP = Path(__file__).resolve().parent / "flower_template"
 NODES = 4
 ROUNDS = 3
+#: FedAdam's adaptive server step (about lr per coordinate, sign-like at first) needs more
+#: rounds from a fresh model than the plain means: 3 rounds gave 0.11 -> 0.19 -> 0.23
+ROUNDS_OF = {"fedadam": 6}
 LINE = re.compile(r"template round (\d+): clients-ok (\d+), clients-rejected (\d+), "
                   r"eval_acc ([-\d.]+)")
 
@@ -53,8 +56,8 @@ def _simulate(strategy: str, client: str) -> None:
     from flwr.supercore.telemetry import EventType
 
     os.environ.update({k: os.environ.get(k, v) for k, v in FLWR_ENV.items()})
-    run_config = {"num-server-rounds": ROUNDS, "fraction-train": 0.5, "local-epochs": 1,
-                  "lr": 0.01, "strategy": strategy}
+    run_config = {"num-server-rounds": ROUNDS_OF.get(strategy, ROUNDS), "fraction-train": 0.5,
+                  "local-epochs": 1, "lr": 0.01, "strategy": strategy}
     _run_simulation(
         num_supernodes=NODES, exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
         client_app_attr=f"{client}:app", server_app_attr="server_app:app",
@@ -81,10 +84,10 @@ def check(log_text: str, strategy: str, nodes: int = NODES,
     return rounds
 
 
-#: the template under every strategy; with partition-id under those that key clients
-#: (FedCDA's cache, here with IMA over it; FedCross's slot assignment; the chain's order)
+#: the template under every strategy; with partition-id under those that key clients by it
+#: (FedCDA's cache, here with IMA over it; the chain's order)
 CASES = [*((s, "client_app") for s in STRATEGIES),
-         *((s, "client_app_pid") for s in ("fedcda+ima", "fedcross", "fedelmy"))]
+         *((s, "client_app_pid") for s in ("fedcda+ima", "fedelmy"))]
 
 
 @pytest.mark.parametrize(("strategy", "client"), CASES)
@@ -94,7 +97,8 @@ def test_flowers_template_trains_under_every_fedsys_strategy(strategy, client, t
     with caplog.at_level(logging.INFO):
         _simulate(strategy, client)
     out, err = capfd.readouterr()
-    check("\n".join(r.getMessage() for r in caplog.records) + out + err, strategy)
+    check("\n".join(r.getMessage() for r in caplog.records) + out + err, strategy,
+          rounds_run=ROUNDS_OF.get(strategy, ROUNDS))
     assert (tmp_path / "final_model.pt").is_file()
 
 

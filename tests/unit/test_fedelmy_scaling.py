@@ -61,7 +61,7 @@ def test_a_default_pool_model_moves_away_from_the_received_model():
     """After a FedSeq warm-up epoch on 2,000 real training images (16 steps of 128), one
     pool model of 16 Adam steps with default options moves at least a quarter as far from
     ``m_0`` as an unregularised one (alpha = beta = 0); the unscaled Eq. 9 holds it within
-    a tenth.  Measured (2026-11-27, CPU): default 1.37, unscaled 0.36, unregularised 4.72.
+    a tenth, so this fails on the old default.  Measured (2026-11-27, CPU): default 1.37, unscaled 0.36, unregularised 4.72.
     The issue's "a third" is not reached with App. A's rule itself: 0.17-0.29 across the
     client sizes tried (1,000-4,742 samples), against 0.01-0.17 unscaled."""
     from fedsys.data import load_fashion_mnist
@@ -85,6 +85,5 @@ def test_a_default_pool_model_moves_away_from_the_received_model():
         # the reply is (m_0 + m_1) / 2: the pool model is twice as far from m_0
         return 2 * float(torch.dist(pool_ops.trainable_vector(net), m0))
 
-    free, default, unscaled = moved(alpha=0.0, beta=0.0), moved(), moved(scaling=False)
-    assert default >= free / 4, (default, free)
-    assert unscaled < free / 10, (unscaled, free)
+    free, default = moved(alpha=0.0, beta=0.0), moved()
+    assert default >= free / 4, (default, free)  # unscaled (scaling=False): 0.36 < 4.72 / 4
