@@ -33,15 +33,12 @@ EPILOG = """examples:
 
 def _preflight(cfg: cfgmod.RunConfig) -> None:
     """Fail fast, in this process, on missing data, impossible partitions, GPUs
-    that are not there or a Ray cluster that does not answer (Ray would wait for them
-    forever)."""
+    that are not there or, checked last, a Ray cluster that does not answer (Ray would
+    wait for them forever)."""
     import torch
 
     from fedsys.task import dataset, initial_params, partitions
     from launch.simulation import ray_address_problem
-
-    if problem := ray_address_problem(os.environ):
-        raise cfgmod.ConfigError(problem)
 
     if (cfg.client_num_gpus > 0 or cfg.device == "cuda") and not torch.cuda.is_available():
         key = "client-num-gpus" if cfg.client_num_gpus > 0 else "device"
@@ -80,6 +77,9 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
                                          "that line (the round it held is lost)") from None
             if note:
                 print(f"fedsys: {label}: {note}", flush=True)
+    # last: what is wrong with the config itself is said first
+    if problem := ray_address_problem(os.environ):
+        raise cfgmod.ConfigError(problem)
 
 
 def seed_config(cfg: cfgmod.RunConfig, seed: int) -> cfgmod.RunConfig:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -10,6 +11,7 @@ import sys
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,8 +24,54 @@ os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on 127.0.0.1
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _one_ray_cluster_per_test_process(request: pytest.FixtureRequest) -> Iterator[None]:
+class SharedRay:
+    """The test process's Ray cluster (``launch.raycluster.ray_cluster``), started again
+    when it no longer answers.
+
+    In one CI run a worker's cluster stopped answering part-way (``Connection refused``)
+    and every later simulation of that worker failed with it; the cause was not found.
+    :meth:`ensure` checks the GCS port before each ``slow`` test; a dead cluster is
+    replaced and the test run says so (a warning naming the test that ran before, and the
+    end of the dead cluster's log), so the cause can still be looked for.
+    """
+
+    def __init__(self) -> None:
+        self.stack = contextlib.ExitStack()
+        self.address = ""
+        self.root: Path | None = None
+        self.previous_test = "(none)"
+
+    def start(self) -> None:
+        from launch.raycluster import ray_cluster
+
+        self.root = Path(tempfile.mkdtemp(prefix="fedsys-ray-"))  # short: Ray's socket paths
+        self.stack.callback(shutil.rmtree, self.root, ignore_errors=True)
+        self.address = self.stack.enter_context(ray_cluster(self.root, num_cpus=1))
+        os.environ["RAY_ADDRESS"] = self.address
+
+    def ensure(self, test: str) -> None:
+        from launch.simulation import ray_address_problem
+
+        problem = ray_address_problem({"RAY_ADDRESS": self.address}, timeout=2.0)
+        if problem is not None:
+            log = ""
+            if self.root is not None and (self.root / "ray-start.log").exists():
+                log = (self.root / "ray-start.log").read_text(errors="replace")[-1500:]
+            warnings.warn(f"the suite's Ray cluster died after {self.previous_test} "
+                          f"({problem}); started a new one for {test}. Its log ends:\n{log}",
+                          stacklevel=1)
+            self.stop()
+            self.start()
+        self.previous_test = test
+
+    def stop(self) -> None:
+        os.environ.pop("RAY_ADDRESS", None)
+        self.stack.close()
+        self.stack = contextlib.ExitStack()
+
+
+@pytest.fixture(scope="session")
+def _shared_ray(request: pytest.FixtureRequest) -> Iterator[SharedRay | None]:
     """Simulations in this test process join one Ray cluster through ``RAY_ADDRESS``.
 
     Starting and stopping a private cluster costs a simulation about 4 s of wall time and
@@ -40,20 +88,21 @@ def _one_ray_cluster_per_test_process(request: pytest.FixtureRequest) -> Iterato
     slow = any(it.get_closest_marker("slow") for it in request.session.items)
     if (not slow or os.environ.get("RAY_ADDRESS")
             or os.environ.get("FEDSYS_TEST_SHARED_RAY", "1") == "0"):
-        yield
+        yield None
         return
-    from launch.raycluster import ray_cluster
-
-    root = Path(tempfile.mkdtemp(prefix="fedsys-ray-"))  # short: Ray's socket paths
+    shared = SharedRay()
     try:
-        with ray_cluster(root, num_cpus=1) as address:
-            os.environ["RAY_ADDRESS"] = address
-            try:
-                yield
-            finally:
-                os.environ.pop("RAY_ADDRESS", None)
+        shared.start()
+        yield shared
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        shared.stop()
+
+
+@pytest.fixture(autouse=True)
+def _ray_cluster_alive(request: pytest.FixtureRequest, _shared_ray: SharedRay | None) -> None:
+    """Before each ``slow`` test: the shared cluster answers (:meth:`SharedRay.ensure`)."""
+    if _shared_ray is not None and request.node.get_closest_marker("slow"):
+        _shared_ray.ensure(request.node.nodeid)
 
 
 @pytest.fixture
