@@ -42,6 +42,8 @@ class LocalConfig:
     #: ``sgd`` or ``adam`` (the SGD loop's optimiser).
     optimizer: str = "sgd"
     weight_decay: float = 0.0
+    #: ``all``, or ``head``: only the classifier layer trains (:func:`run_trainer`).
+    trainable: str = "all"
     seed: int = 0
     device: str = "cpu"
     #: Plain cross-entropy epochs before the method's own training (a chain's first hop).
@@ -64,6 +66,7 @@ def local_config(settings: Mapping[str, Any], base: LocalConfig, seed: int) -> L
         momentum=float(s.get(proto.MOMENTUM, base.momentum)),
         optimizer=str(s.get(proto.OPTIMIZER, base.optimizer)),
         weight_decay=float(s.get(proto.WEIGHT_DECAY, base.weight_decay)),
+        trainable=str(s.get(proto.TRAINABLE, base.trainable)),
         seed=seed,
         device=base.device,
         warmup_epochs=int(s.get(proto.WARMUP_EPOCHS, base.warmup_epochs)),
@@ -128,6 +131,39 @@ class Trainer(ABC):
     @abstractmethod
     def train(self, job: TrainJob) -> TrainResult:
         """Train ``job.net`` in place; return what happened."""
+
+
+TRAINABLE = ("all", "head")
+
+
+def run_trainer(trainer: Trainer, job: TrainJob) -> TrainResult:
+    """``trainer.train(job)`` with ``job.config.trainable`` applied: ``head`` freezes every
+    parameter outside the classifier head (:func:`fedsys.pretrain.head_name`) for the
+    training, as the LSS official code does for every method (its ``main.py``, "tmp:
+    freezing backbone"); the frozen parameters come back unchanged.
+
+    Raises
+    ------
+    ValueError
+        For a ``trainable`` other than ``all`` or ``head``.
+    """
+    kind = job.config.trainable
+    if kind not in TRAINABLE:
+        raise ValueError(f"trainable {kind!r}; allowed: {', '.join(TRAINABLE)}")
+    if kind == "all":
+        return trainer.train(job)
+    from fedsys.pretrain import head_name
+
+    head = head_name(job.net.state_dict()) + "."
+    frozen = [p for n, p in job.net.named_parameters()
+              if not n.startswith(head) and p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(False)
+    try:
+        return trainer.train(job)
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
 
 
 def batches(n: int, batch_size: int, epochs: int, seed: int) -> Iterator[tuple[int, torch.Tensor]]:

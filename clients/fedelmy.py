@@ -136,13 +136,14 @@ def train_one(net: nn.Module, job: TrainJob, data: tuple[torch.Tensor, ...], epo
     import torch
     from torch import nn
 
+    from fedsys import pool as pool_ops
     from fedsys.task import score
 
     x, y, xv, yv = data
     cfg = job.config
     device = torch.device(cfg.device)
     net.to(device)
-    params = list(net.parameters())
+    params = pool_ops.trainable_params(net)
     opt = Optimiser(params, "adam", cfg.lr, weight_decay=cfg.weight_decay)
     torch.manual_seed(seed)
     best: Params | None = None

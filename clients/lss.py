@@ -78,7 +78,7 @@ class Soup:
         self.job, self.cfg = job, job.config
         self.device = torch.device(self.cfg.device)
         self.net: nn.Module = job.net.to(self.device)
-        named = list(self.net.named_parameters())
+        named = [(n, p) for n, p in self.net.named_parameters() if p.requires_grad]
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self.anchor = pool.trainable_vector(self.net).to(self.device)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from flwr.client import NumPyClient
 
-from clients.base import LocalConfig, Normalise, Trainer, TrainJob, local_config
+from clients.base import LocalConfig, Normalise, Trainer, TrainJob, local_config, run_trainer
 from fedsys.options import parse_group
 from fedsys.seeding import derive_seed
 
@@ -117,7 +117,7 @@ class TrainerClient(NumPyClient):
                        local_config(config, self.local, derive_seed(self.seed, rnd, self.partition_id)),
                        self.parse({**self.options, **config}), self.state, {}, rnd,
                        self.partition_id, self.seed)
-        res = self.trainer().train(job)
+        res = run_trainer(self.trainer(), job)
         self.state = res.state
         return self.get_parameters({}), int(res.num_examples), {
             proto.TRAIN_LOSS: float(res.train_loss), proto.LOCAL_STEPS: int(res.steps),

@@ -160,6 +160,10 @@ class CoreOptions:
         'decay, as LSS and FedELMY, whose trainers always use Adam).', choices=('sgd', 'adam'))
     momentum: float = option(
         0.0, 'Client SGD momentum.', bounds='[0, 1]')
+    trainable: str = option(
+        'all', 'Parameters local training updates, for every trainer: all, or head (the '
+        'classifier layer only, the rest frozen, as the LSS official code ran every method).',
+        choices=('all', 'head'))
     weight_decay: float = option(
         0.0, 'Client L2 weight decay.', bounds='>= 0')
     max_examples_ratio: float = option(

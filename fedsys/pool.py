@@ -21,9 +21,14 @@ def flat(params: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([p.reshape(-1) for p in params])
 
 
+def trainable_params(net: nn.Module) -> list[torch.Tensor]:
+    """``net``'s parameters that train (``requires_grad``), in order."""
+    return [p for p in net.parameters() if p.requires_grad]
+
+
 def trainable_vector(net: nn.Module) -> torch.Tensor:
     """A detached copy of ``net``'s trainable parameters as one vector (an anchor)."""
-    return flat([p.detach() for p in net.parameters()]).clone()
+    return flat([p.detach() for p in trainable_params(net)]).clone()
 
 
 def distances(theta: torch.Tensor, pool: Sequence[torch.Tensor],
@@ -80,4 +85,5 @@ def add_to_grads(params: Sequence[torch.Tensor], vector: torch.Tensor) -> None:
         at += n
 
 
-__all__ = ["add_to_grads", "distance_gradient", "distances", "flat", "trainable_vector"]
+__all__ = ["add_to_grads", "distance_gradient", "distances", "flat", "trainable_params",
+           "trainable_vector"]

@@ -13,6 +13,7 @@ partitions are built on the rest.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,11 +81,12 @@ def holdout_indices(labels: NDArray[np.integer], n: int, split: str,
     return np.sort(np.concatenate(out)).astype(np.int64) if out else np.zeros(0, np.int64)
 
 
-def head_name(state: Params) -> str:
-    """The classifier head: the module of the last 2-d weight (``fc``, ``8`` ...)."""
+def head_name(state: Mapping[str, Any]) -> str:
+    """The classifier head: the module of the last 2-d weight (``fc``, ``8`` ...) of a
+    state dict (arrays or tensors)."""
     keys = [k for k, v in state.items() if k.endswith(".weight") and v.ndim == 2]
     if not keys:
-        raise ValueError("the model has no linear layer to re-initialise")
+        raise ValueError("the model has no linear layer (no classifier head)")
     return keys[-1].rsplit(".", 1)[0]
 
 

@@ -72,6 +72,7 @@ LOCAL_STEPS = "local-steps"
 BATCH_SIZE = "batch-size"
 MOMENTUM = "momentum"
 OPTIMIZER = "optimizer"
+TRAINABLE = "trainable"  #: all, or head (the classifier layer only)
 WEIGHT_DECAY = "weight-decay"
 WARMUP_EPOCHS = "warmup-epochs"  #: plain epochs before the method's training (a chain's first hop)
 INIT_SEED = "init-seed"  #: re-initialise the model from this seed first (own-init variants)

@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from clients import TRAINERS, LocalConfig, TrainJob
-from clients.base import local_config
+from clients.base import local_config, run_trainer
 from fedsys import protocol as proto
 from fedsys.config import ConfigError, RunConfig
 from fedsys.data import Dataset
@@ -69,6 +69,7 @@ def run_local_config(cfg: RunConfig, s: dict[str, Any], seed: int) -> LocalConfi
     return local_config(s, LocalConfig(
         epochs=cfg.local_epochs, max_steps=cfg.local_steps, batch_size=cfg.batch_size,
         lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, optimizer=cfg.optimizer,
+        trainable=cfg.trainable,
         device=str(pick_device(cfg.device))), seed)
 
 
@@ -93,7 +94,7 @@ def train(msg: Message, context: Context) -> Message:
     job = TrainJob(net, x, y, ds.normalise, run_local_config(cfg, s, derive_seed(cfg.seed, rnd, pid)),
                    options, proto.state_from_records(context.state, scope),
                    proto.extra_models(msg.content), rnd, pid, cfg.seed)
-    res = trainer().train(job)
+    res = run_trainer(trainer(), job)
     proto.state_to_records(res.state, context.state, scope)
     return proto.train_reply(
         msg, ArrayRecord(net.cpu().state_dict()), res.num_examples,

@@ -98,6 +98,7 @@ def train_config(cfg: RunConfig, trainer: str) -> dict[str, Any]:
         proto.BATCH_SIZE: cfg.batch_size,
         proto.MOMENTUM: cfg.momentum,
         proto.OPTIMIZER: cfg.optimizer,
+        proto.TRAINABLE: cfg.trainable,
         proto.WEIGHT_DECAY: cfg.weight_decay,
     }
     if trainer in TRAINERS:
