@@ -35,12 +35,16 @@ from fedsys.partition import dirichlet
 ARGS: dict[str, Any] = {}
 
 
-def node_data(dataset: str, pid: int, nodes: int) -> tuple[torch.Tensor, ...]:
-    """This node's 75 % training and 25 % evaluation share of a Dirichlet(1.0) split."""
+def node_data(dataset: str, pid: int, nodes: int, samples: int = 0) -> tuple[torch.Tensor, ...]:
+    """This node's 75 % training and 25 % evaluation share of a Dirichlet(1.0) split
+    (of a random ``samples`` of it for training, when given, and a third as many for
+    evaluation)."""
     ds = load_dataset(dataset, "")
     idx = torch.from_numpy(dirichlet(ds.y_train.numpy(), nodes, seed=0, alpha=1.0)[pid])
     idx = idx[torch.randperm(len(idx), generator=torch.Generator().manual_seed(pid))]
-    cut = int(0.75 * len(idx))
+    if samples:
+        idx = idx[: samples + samples // 3]
+    cut = int(0.75 * len(idx)) if not samples else samples
     return ds.x_train[idx[:cut]], ds.y_train[idx[:cut]], ds.x_train[idx[cut:]], ds.y_train[idx[cut:]]
 
 
@@ -48,7 +52,7 @@ def client_fn(context: Context) -> Client:
     """One node: its model, its data, and the fedsys trainer as a NumPyClient."""
     pid, nodes = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
     ds = load_dataset(ARGS["data"], "")
-    x, y, xv, yv = node_data(ARGS["data"], pid, nodes)
+    x, y, xv, yv = node_data(ARGS["data"], pid, nodes, ARGS["samples"])
     net = build_model(ARGS["model"], ds.input_shape, ds.num_classes, seed=0)
     return TrainerClient(net, x, y, ds.normalise, ARGS["trainer"], x_eval=xv, y_eval=yv,
                          options=ARGS["options"], partition_id=pid,
@@ -66,7 +70,7 @@ def server_fn(context: Context) -> ServerAppComponents:
     ds = load_dataset(ARGS["data"], "")
     net = build_model(ARGS["model"], ds.input_shape, ds.num_classes, seed=0)
     strategy = FedAvg(
-        fraction_fit=1.0, fraction_evaluate=1.0,
+        fraction_fit=ARGS["fraction"], fraction_evaluate=1.0,
         initial_parameters=ndarrays_to_parameters([v.numpy() for v in net.state_dict().values()]),
         on_fit_config_fn=lambda rnd: {"server-round": rnd},
         evaluate_metrics_aggregation_fn=weighted_accuracy,
@@ -83,6 +87,10 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--data", default="synthetic", choices=("synthetic", "fashion-mnist"))
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--samples", type=int, default=0,
+                    help="training samples per node (0: its whole 75 %% share)")
+    ap.add_argument("--fraction", type=float, default=1.0,
+                    help="FedAvg's fraction_fit: the share of nodes that train each round")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                     help="a trainer option, e.g. lss.ingredients=3 (repeatable)")
     ap.add_argument("--out", help="write the history here as JSON")
@@ -90,6 +98,7 @@ def main() -> None:
     options = {k: float(v) if "." in v or "e" in v else int(v)
                for k, v in (o.split("=", 1) for o in args.option)}
     ARGS.update(trainer=args.trainer, rounds=args.rounds, data=args.data, lr=args.lr,
+                samples=args.samples, fraction=args.fraction,
                 options=options, model="mlp" if args.data == "synthetic" else "fmnist-cnn")
     from flwr.simulation import run_simulation
 

@@ -16,7 +16,7 @@ APP = Path(__file__).resolve().parents[2] / "examples" / "numpy-client" / "app.p
 
 
 @pytest.mark.parametrize(("trainer", "options"), [
-    ("lss", ["lss.ingredients=2", "lss.affinity=0.1", "lss.diversity=0.1"]),
+    ("lss", ["lss.ingredients=2"]),  # every other LSS option at its default (issue 40)
     ("fedelmy", ["fedelmy.pool-size=2"]),
 ])
 @pytest.mark.usefixtures("own_ray_cluster")  # the app sizes its own cluster, as Flower's docs do
