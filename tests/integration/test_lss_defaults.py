@@ -55,6 +55,6 @@ def test_lss_at_its_defaults_keeps_up_with_sgd():
     sgd = _accuracy_per_round("sgd", LocalConfig().lr)
     lss = _accuracy_per_round("lss", 5e-4)
     print("sgd", [round(a, 4) for a in sgd], "lss", [round(a, 4) for a in lss])
-    assert sgd[-1] > 0.5  # the comparison is between two runs that learn
+    assert sgd[-1] > 0.4  # the comparison is between two runs that learn (chance: 0.1)
     for rnd in range(3, ROUNDS + 1):
         assert lss[rnd - 1] >= sgd[rnd - 1] - 0.02, (rnd, sgd, lss)
