@@ -27,7 +27,8 @@ pytestmark = pytest.mark.slow
 NODES, SAMPLES, ROUNDS = 6, 600, 4
 
 
-def _accuracy_per_round(trainer: str, lr: float) -> list[float]:
+def _accuracy_per_round(trainer: str, lr: float, options: dict[str, float] | None = None
+                        ) -> list[float]:
     ds = load_dataset("fashion-mnist")
     parts = dirichlet(ds.y_train.numpy(), NODES, seed=0, alpha=1.0)
     clients = []
@@ -35,7 +36,7 @@ def _accuracy_per_round(trainer: str, lr: float) -> list[float]:
         idx = torch.from_numpy(np.random.default_rng(pid).permutation(part)[:SAMPLES])
         net = build_model("fmnist-cnn", ds.input_shape, ds.num_classes, seed=0)
         clients.append(TrainerClient(net, ds.x_train[idx], ds.y_train[idx], ds.normalise,
-                                     trainer, partition_id=pid,
+                                     trainer, partition_id=pid, options=options,
                                      local=LocalConfig(epochs=1, batch_size=64, lr=lr)))
     net = build_model("fmnist-cnn", ds.input_shape, ds.num_classes, seed=0)
     params = [v.numpy() for v in net.state_dict().values()]
