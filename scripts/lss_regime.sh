@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 FEDSYS=${FEDSYS:-.venv/bin/fedsys}
 OUT=${OUT:-runs/lss}
 mkdir -p "$OUT"
-for start in balanced labels; do
+for start in labels balanced; do
   pre="$OUT/pretrained.pt"; [[ $start == labels ]] && pre="$OUT/pretrained-labels.pt"
   [[ -f "$pre" ]] || $FEDSYS pretrain configs/lss-regime.yaml --set pretrain.split="$start" \
     --set pretrain.out="$pre" || exit 1

@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
 # Local Superior Soups against FedAvg and FedProx on real Fashion-MNIST from a pre-trained
-# start (docs/results/lss.md): first `fedsys pretrain` (once, shared by every seed and
-# method: runs/lss/pretrained.pt), then presets configs/lss-<setting>.yaml, seeds 0 1 2,
+# start (docs/results/lss.md): first `fedsys pretrain` (once per start, shared by every
+# seed and method: runs/lss/pretrained.pt, pretrained-labels.pt), then presets configs/lss-<setting>.yaml, seeds 0 1 2,
 # one run directory per seed: runs/lss/<setting>/seed-<k>/.  An interrupted run resumes
 # (run this script again); two copies side by side take turns by lock file.
 # Then: python scripts/seeds_report.py lss
-# Usage: scripts/reproduce_lss.sh [fmnist ingredients ablation random tuned]
+# Usage: scripts/reproduce_lss.sh [fmnist ingredients ablation random tuned premise premise-random]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FEDSYS=${FEDSYS:-.venv/bin/fedsys}
 OUT=${OUT:-runs/lss}
 settings=("$@")
-[[ ${#settings[@]} -gt 0 ]] || settings=(fmnist ingredients ablation random tuned)
+[[ ${#settings[@]} -gt 0 ]] || settings=(fmnist ingredients ablation random tuned premise premise-random)
 mkdir -p "$OUT"
-exec {plock}>"$OUT/pretrained.lock"
-flock "$plock"
-[[ -f "$OUT/pretrained.pt" ]] || $FEDSYS pretrain configs/lss-fmnist.yaml \
-  --set pretrain.out="$OUT/pretrained.pt" || exit 1
-exec {plock}>&-
+# each preset's pre-trained start (its init-from: runs/lss/<file>), trained once under a lock
+start_of() { sed -n 's/^init-from: runs\/lss\/\(.*\)$/\1/p' "configs/lss-$1.yaml"; }
+for s in "${settings[@]}"; do
+  pre=$(start_of "$s"); [[ -n "$pre" ]] || continue
+  exec {plock}>"$OUT/$pre.lock"
+  flock "$plock"
+  [[ -f "$OUT/$pre" ]] || $FEDSYS pretrain "configs/lss-$s.yaml" --set pretrain.out="$OUT/$pre" || exit 1
+  exec {plock}>&-
+done
 for s in "${settings[@]}"; do
   for seed in ${SEEDS:-0 1 2}; do
     dir="$OUT/$s/seed-$seed"
@@ -26,9 +30,8 @@ for s in "${settings[@]}"; do
     exec {lock}>"$dir.lock"
     if ! flock -n "$lock"; then exec {lock}>&-; continue; fi  # another copy has it
     sets=(--set seed="$seed" --set output-dir="$OUT/$s" --set name="seed-$seed")
-    if [[ "$(grep -c '^init-from: runs/lss' "configs/lss-$s.yaml")" == 1 ]]; then
-      sets+=(--set init-from="$OUT/pretrained.pt")
-    fi
+    pre=$(start_of "$s")
+    [[ -n "$pre" ]] && sets+=(--set init-from="$OUT/$pre")
     if [[ -f "$dir/config.yaml" ]]; then
       $FEDSYS resume "$dir" || echo "reproduce_lss: $dir failed" >&2
     else
