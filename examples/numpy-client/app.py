@@ -44,7 +44,9 @@ def node_data(dataset: str, pid: int, nodes: int, samples: int = 0) -> tuple[tor
     idx = idx[torch.randperm(len(idx), generator=torch.Generator().manual_seed(pid))]
     if samples:
         idx = idx[: samples + samples // 3]
-    cut = int(0.75 * len(idx)) if not samples else samples
+    cut = int(0.75 * len(idx))
+    if samples:  # a node with fewer samples keeps its 75 / 25 split
+        cut = min(samples, cut)
     return ds.x_train[idx[:cut]], ds.y_train[idx[:cut]], ds.x_train[idx[cut:]], ds.y_train[idx[cut:]]
 
 
