@@ -45,8 +45,8 @@ def node_data(dataset: str, pid: int, nodes: int, samples: int = 0) -> tuple[tor
     if samples:
         idx = idx[: samples + samples // 3]
     cut = int(0.75 * len(idx))
-    if samples:  # a node with fewer samples keeps its 75 / 25 split
-        cut = min(samples, cut)
+    if samples and len(idx) > samples:  # a smaller node keeps its 75 / 25 split
+        cut = samples
     return ds.x_train[idx[:cut]], ds.y_train[idx[:cut]], ds.x_train[idx[cut:]], ds.y_train[idx[cut:]]
 
 
