@@ -114,6 +114,40 @@ def fedelmy_claims() -> list[tuple[str, str, str, str, str, str, str]]:
 
 FEDELMY_CLAIMS = fedelmy_claims()
 
+
+def lss_claims() -> list[tuple[str, str, str, str, str, str, str]]:
+    """LSS's claims (Table 1, Fig. 4, Tables 3, 11) in the premise regime, after round 1
+    unless said: above the baselines, its gap largest at R = 1 (the baseline gains more from
+    round 1 to 3 than LSS), rising with N, both regularisers helping, kept from a random start."""
+    p, r1 = "premise", "round:1"
+    out = [(f"LSS above {what} at R = 1 (Table 1)", p, "lss", p, base, r1, ">")
+           for what, base in (("FedAvg", "fedavg"), ("FedProx", "fedprox"),
+                              ("FedAvg, head only (the official code)", "fedavg-head"),
+                              ("FedProx, head only (the official code)", "fedprox-head"))]
+    out += [("LSS above FedAvg at R = 3 (Table 1)", p, "lss", p, "fedavg", "round:3", ">"),
+            ("LSS above FedAvg at R = 1 at equal compute (ours)", p, "lss-equal", p, "fedavg",
+             r1, ">"),
+            ("the gap largest at R = 1: FedAvg gains more from R = 1 to 3 than LSS (Table 1)",
+             p, "lss", p, "fedavg", "gain:1-3", "<"),
+            ("rising with N: N = 3 above N = 2 (Fig. 4)", p, "lss-n3", p, "lss-n2", r1, ">"),
+            ("rising with N: N = 4 above N = 3 (Fig. 4)", p, "lss", p, "lss-n3", r1, ">"),
+            ("affinity helps: LSS above LSS without it (Table 3)", p, "lss", p,
+             "lss-no-affinity", r1, ">"),
+            ("diversity helps: LSS above LSS without it (Table 3)", p, "lss", p,
+             "lss-no-diversity", r1, ">"),
+            ("both regularisers: LSS above LSS without either (Table 3)", p, "lss", p,
+             "lss-neither", r1, ">"),
+            ("the default lambda (0.01) above the paper's 3 here (ours)", p, "lss", p,
+             "lss-paper-lambda", r1, ">"),
+            ("the advantage kept from a random start: above FedAvg at R = 1 (Table 11)",
+             "premise-random", "lss", "premise-random", "fedavg", r1, ">"),
+            ("... and above FedAvg at R = 3 from a random start (Table 11)",
+             "premise-random", "lss", "premise-random", "fedavg", "round:3", ">")]
+    return out
+
+
+LSS_CLAIMS = lss_claims()
+
 METHODS: dict[str, dict[str, Any]] = {
     "fedelmy": {
         "points": ["final"],
@@ -155,10 +189,15 @@ METHODS: dict[str, dict[str, Any]] = {
     "lss": {
         "points": [1, 3],
         # paired differences: every row against FedAvg of the same seed and start
-        "baseline": ("fedavg-optimizer-adam", {"fmnist": ("fmnist", "tuned", "ingredients",
-                                                          "ablation"),
-                                               "random": ("random",)}),
+        "baseline": [("fedavg-optimizer-adam", {"fmnist": ("fmnist", "tuned", "ingredients",
+                                                           "ablation"),
+                                                "random": ("random",)}),
+                     ("fedavg", {"premise": ("premise",), "premise-random": ("premise-random",)})],
         "settings": {
+            "premise": "the premise regime: classes 0-4 pre-trained start, Dirichlet 0.1, "
+                       "5 clients of 2,000 samples",
+            "premise-random": "the premise regime from a random start",
+            "premise-lambda": "the premise regime's lambda sweep, R = 1, tuning seed 100",
             "fmnist": "pre-trained start, 5 clients of 2,000 samples, Dirichlet 1.0",
             "lambda": "lambda sweep, R = 1, tuning seed 100",
             "ingredients": "number of ingredients N",
@@ -184,8 +223,29 @@ METHODS: dict[str, dict[str, Any]] = {
                 "LSS at lambda 0.01, N = 4 x 1/4 epoch (equal compute)",
             **{f"fedavg-trainer-lss-affinity-{v}-diversity-{v}": f"LSS, lambda_a = lambda_d = {v}"
                for v in ("0.01", "0.03", "0.1", "0.3", "1.0", "3.0")},
+            # the premise presets' own names (configs/lss-premise*.yaml)
+            "fedavg": "FedAvg (Adam, 1 epoch)",
+            "fedprox": "FedProx (Adam, 1 epoch)",
+            "fedavg-head": "FedAvg, head only",
+            "fedprox-head": "FedProx, head only",
+            "lss": "LSS, N = 4 x 1 epoch (paper protocol)",
+            "lss-equal": "LSS, N = 4 x 1/4 epoch (equal compute)",
+            "lss-n2": "LSS, N = 2",
+            "lss-n3": "LSS, N = 3",
+            "lss-no-affinity": "LSS without affinity",
+            "lss-no-diversity": "LSS without diversity",
+            "lss-neither": "LSS without either",
+            "lss-paper-lambda": "LSS at the paper's lambda_a = lambda_d = 3",
+            **{f"lss-{v}": f"LSS, lambda_a = lambda_d = {v}"
+               for v in ("0", "0.01", "0.03", "0.1", "0.3", "1", "3")},
         },
         "xlabel": "round",
+        "config": {"premise-lambda": "configs/lss-premise-lambda.yaml",
+                   **{s: f"SEEDS=\"0 1 2\" scripts/reproduce_lss.sh {s}"
+                      for s in ("premise", "premise-random")},
+                   **{s: f"configs/lss-{s}.yaml" for s in (
+                       "fmnist", "lambda", "ingredients", "ablation", "random", "tuned", "full")}},
+        "claims": LSS_CLAIMS,
     },
     "fedcda-regime": across_seeds(
         "fedcda", "## Local-training regime (generated)",
@@ -425,15 +485,23 @@ def paired_table(runs: Runs, points: list[int | str],
 #: a claim's statistic of one run's accuracy, in points: "final", "last10" (see :func:`at`),
 #: "last10-std" (the std of the last 10 evaluated rounds: how much the curve still swings),
 #: "rounds:A-B" (the mean over rounds A to B: how fast it starts), "rounds-to:X" (the first
-#: round whose accuracy is X % or more: how soon it gets there)
+#: round whose accuracy is X % or more: how soon it gets there), "round:N" (the accuracy
+#: after round N), "gain:A-B" (the accuracy after round B minus after round A: how much a
+#: method still gains)
 STATISTICS = {"final": "final accuracy", "last10": "last-10 mean",
               "last10-std": "last-10 std (swing)"}
 
 
 def measure(recs: list[dict[str, Any]], statistic: str) -> float | None:
-    """``statistic`` (one of :data:`STATISTICS` or ``"rounds:A-B"``) of a run's accuracy, in %."""
+    """``statistic`` (one of :data:`STATISTICS`, ``"rounds:A-B"``, ``"rounds-to:X"``,
+    ``"round:N"`` or ``"gain:A-B"``) of a run's accuracy, in % (a gain in points)."""
     if statistic in ("final", "last10"):
         return at(recs, statistic)
+    if m := re.fullmatch(r"round:(\d+)", statistic):
+        return at(recs, int(m.group(1)))
+    if m := re.fullmatch(r"gain:(\d+)-(\d+)", statistic):
+        a, b = at(recs, int(m.group(1))), at(recs, int(m.group(2)))
+        return None if a is None or b is None else b - a
     if m := re.fullmatch(r"rounds:(\d+)-(\d+)", statistic):
         return window_mean(recs, "accuracy", int(m.group(1)), int(m.group(2)), 100)
     if m := re.fullmatch(r"rounds-to:(\d+(?:\.\d+)?)", statistic):
@@ -479,8 +547,11 @@ def claims_table(runs: Runs, claims: list[tuple[str, str, str, str, str, str, st
         d = [mine[k] - theirs[k] for k in sorted(mine) if k in theirs]
         judged = metrics.verdict([x if sign == ">" else -x for x in d]) if d else "(not run)"
         kind, _, arg = statistic.partition(":")
-        label = STATISTICS.get(statistic) or (f"first round at {arg} % (never: last + 1)"
-                                              if kind == "rounds-to" else f"mean of rounds {arg}")
+        label = STATISTICS.get(statistic) or {
+            "rounds-to": f"first round at {arg} % (never: last + 1)",
+            "round": f"accuracy after round {arg}",
+            "gain": "accuracy gain from round {} to {} (points)".format(*arg.split("-")),
+        }.get(kind, f"mean of rounds {arg}")
         rows.append(f"| {claim} | {setting} | {label}, claimed {sign} | "
                     f"{NAMES.get(strategy, strategy)}: {stat(list(mine.values()), empty='-')} | "
                     f"{NAMES.get(base, base)}: {stat(list(theirs.values()), empty='-')} | "
@@ -668,8 +739,7 @@ def main() -> None:
                          "client k's transform):\n\n" + "\n".join(rows) + "\n")
         png = curves(runs, setting, out / f"{args.method}-{setting}-accuracy.png", title)
         parts.append(f"![{title}]({png.name})\n")
-    if "baseline" in spec:
-        base, groups = spec["baseline"]
+    for base, groups in spec.get("baseline", []):
         parts.append(paired(runs, spec["points"], base, groups))
     if "pairs" in spec:  # named comparisons, possibly across settings
         parts.append(paired_table(runs, spec["points"], spec["pairs"]))

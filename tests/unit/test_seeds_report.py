@@ -59,6 +59,10 @@ def test_claim_statistics(report: ModuleType) -> None:
     assert report.measure(recs, "rounds-to:70") == 2.0                # first at 70 %
     assert report.measure(recs, "rounds-to:50") == 1.0
     assert report.measure(recs, "rounds-to:71") == 21.0               # never: last round + 1
+    assert report.measure(recs, "round:2") == pytest.approx(70.0)     # after round 2
+    assert report.measure(recs, "round:21") is None
+    assert report.measure(_recs([0.3, 0.4, 0.6]), "gain:1-3") == pytest.approx(30.0)
+    assert report.measure(recs, "gain:1-30") is None
     with pytest.raises(ValueError, match="unknown statistic"):
         report.measure(recs, "median")
 
