@@ -116,15 +116,18 @@ class CoreOptions:
         20, 'Partitions (simulated clients).', bounds='> 0')
     partition: str = option(
         'dirichlet', 'Partitioner; dirichlet-balanced: Lin et al. 2020\'s split (FedCDA\'s '
-        'paper), client sizes held near the average; domain: an IID split, each client seeing '
-        'its share through its own seeded input transform (rotation, inversion, blur, '
-        'contrast), a domain-shift stand-in for PACS.',
-        choices=('iid', 'dirichlet', 'dirichlet-balanced', 'shards', 'domain'))
+        'paper), client sizes held near the average; dirichlet-capped: FedCross\'s and IMA\'s '
+        'code (FedLab), a client at the average size gets no more; domain: an IID split, '
+        'each client seeing its share through its own seeded input transform (rotation, '
+        'inversion, blur, contrast), a domain-shift stand-in for PACS.',
+        choices=('iid', 'dirichlet', 'dirichlet-balanced', 'dirichlet-capped', 'shards',
+                 'domain'))
     dirichlet_alpha: float = option(
-        0.3, 'Dirichlet concentration (dirichlet, dirichlet-balanced).', bounds='> 0')
+        0.3, 'Dirichlet concentration (dirichlet, dirichlet-balanced, dirichlet-capped).',
+        bounds='> 0')
     dirichlet_min_size: int = option(
-        10, 'Smallest client under dirichlet (dirichlet-balanced: half the average, as '
-        'Lin et al.).', bounds='>= 0')
+        10, 'Smallest client under dirichlet and dirichlet-capped (dirichlet-balanced: half '
+        'the average, as Lin et al.).', bounds='>= 0')
     shards_per_client: int = option(
         2, 'Label shards per client.', bounds='> 0')
     samples_per_client: int = option(

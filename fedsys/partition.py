@@ -25,7 +25,8 @@ from fedsys.metrics import pyplot, save_figure
 
 IndexArray = NDArray[np.int64]
 
-PARTITIONERS = ("iid", "dirichlet", "dirichlet-balanced", "shards", "domain")
+PARTITIONERS = ("iid", "dirichlet", "dirichlet-balanced", "dirichlet-capped", "shards",
+                "domain")
 
 
 class PartitionError(ValueError):
@@ -181,13 +182,72 @@ def dirichlet_balanced(
     out: list[IndexArray] = []
     for g, k in enumerate(sizes):
         block = perm[bounds[g]:bounds[g + 1]]
-        out += _capped_dirichlet(block, y[block], k, alpha, rng, max_tries)
+        out += _capped_dirichlet(block, y[block], k, alpha, rng, max_tries,
+                                 0.5 * len(block) / k, "half of the block's average")
     return out
 
 
+def dirichlet_capped(
+    labels: NDArray[np.integer],
+    num_clients: int,
+    seed: int,
+    alpha: float,
+    min_size: int = 10,
+    max_tries: int = 1000,
+) -> list[IndexArray]:
+    """Dirichlet label skew in which a client at the average size gets no more: the split
+    of FedCross's and IMA's code (FedLab's ``hetero_dir_partition``; specs fedcross.md
+    §5, fedima.md "Dirichlet").
+
+    Class by class, over all N clients at once, a proportion vector
+    ``p_c ~ Dir(alpha * 1_N)`` is drawn, the clients that already hold the average share
+    (``len(labels) / N``) or more get 0 of it (``p_c`` renormalised), and the class's
+    samples, shuffled, are dealt in those proportions.  The whole draw is repeated until
+    every client holds at least ``min_size`` samples.  Sizes are unequal (a client may
+    stop far below the average) but none grows far past it: between :func:`dirichlet`
+    (no cap) and :func:`dirichlet_balanced` (blocks of 10, at least half the average).
+
+    Parameters
+    ----------
+    labels : ndarray
+        Label of every sample.
+    num_clients : int
+        Number of clients N.
+    seed : int
+        Seed of the shuffle and all draws.
+    alpha : float
+        Concentration; small values give strong skew.
+    min_size : int
+        Smallest acceptable client size (the code's ``min_require_size``: 10).
+    max_tries : int
+        Draws attempted before giving up with :class:`PartitionError`.
+
+    Returns
+    -------
+    list of ndarray
+        N sorted, disjoint index arrays that together cover every sample.
+    """
+    if alpha <= 0:
+        raise PartitionError(f"dirichlet-alpha must be > 0, got {alpha}")
+    y = _check(labels, num_clients)
+    if min_size * num_clients > len(y):
+        raise PartitionError(
+            f"dirichlet-min-size={min_size} x {num_clients} clients exceeds "
+            f"{len(y)} samples"
+        )
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(y))
+    return _capped_dirichlet(perm, y[perm], num_clients, alpha, rng, max_tries, min_size,
+                             "dirichlet-min-size")
+
+
 def _capped_dirichlet(idx: NDArray[np.int64], y: NDArray[np.int64], k: int, alpha: float,
-                      rng: np.random.Generator, max_tries: int) -> list[IndexArray]:
-    """One block of :func:`dirichlet_balanced`: ``idx`` (labels ``y``) over ``k`` clients."""
+                      rng: np.random.Generator, max_tries: int, least: float,
+                      why: str) -> list[IndexArray]:
+    """``idx`` (labels ``y``) over ``k`` clients, class by class, a client at the average
+    getting no more, redrawn until every client holds ``least`` samples (``why``: where
+    that bound comes from, for the error); one block of :func:`dirichlet_balanced`, all
+    of :func:`dirichlet_capped`."""
     avg = len(idx) / k
     for _ in range(max_tries):
         parts: list[list[NDArray[np.int64]]] = [[] for _ in range(k)]
@@ -202,11 +262,11 @@ def _capped_dirichlet(idx: NDArray[np.int64], y: NDArray[np.int64], k: int, alph
             for j, chunk in enumerate(np.split(members, cuts)):
                 parts[j].append(chunk)
                 held[j] += len(chunk)
-        if held.min() >= 0.5 * avg:
+        if held.min() >= least:
             return [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
     raise PartitionError(
-        f"no capped Dirichlet(alpha={alpha}) draw gave every client of a block of {k} at "
-        f"least half of its {avg:.0f}-sample average in {max_tries} tries; raise "
+        f"no capped Dirichlet(alpha={alpha}) draw gave every one of {k} clients at least "
+        f"{least:.0f} samples ({why}; the average is {avg:.0f}) in {max_tries} tries; raise "
         "dirichlet-alpha")
 
 

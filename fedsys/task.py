@@ -64,6 +64,8 @@ def _partitions(
         parts = part.dirichlet(labels, n, seed, alpha, min_size)
     elif kind == "dirichlet-balanced":
         parts = part.dirichlet_balanced(labels, n, seed, alpha)
+    elif kind == "dirichlet-capped":
+        parts = part.dirichlet_capped(labels, n, seed, alpha, min_size)
     else:
         parts = part.shards(labels, n, seed, spc)
     if rest is not None:

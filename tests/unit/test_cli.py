@@ -82,6 +82,15 @@ def test_partition_prints_the_size_spread_of_the_balanced_dirichlet_split(tmp_pa
     assert 0 <= cv < 0.5, line
 
 
+def test_partition_of_the_capped_dirichlet_split_keeps_the_minimum_size(tmp_path, capsys):
+    assert main(["partition", "--set", "dataset=synthetic", "--set", "num-clients=5",
+                 "--set", "clients-per-round=2", "--set", "partition=dirichlet-capped",
+                 "--set", "dirichlet-alpha=0.1", "--set", "dirichlet-min-size=40",
+                 "--out", str(tmp_path / "p.png")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("client sizes"))
+    assert int(line.split("min ")[1].split(",")[0]) >= 40, line
+
+
 def test_compare_reads_run_dirs(tmp_path, capsys):
     for run, acc in (("a", 0.5), ("b", 0.7)):
         d = tmp_path / run / "fedavg"

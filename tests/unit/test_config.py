@@ -499,7 +499,7 @@ def test_save_and_reload_roundtrip(tmp_path):
         ({"momentum": 2}, ["'momentum' must be in [0, 1]"]),
         ({"num-clients": 2.5}, ["'num-clients' expects int"]),
         ({"resume": "maybe"}, ["'resume' expects bool"]),
-        ({"partition": "dir"}, ["'partition' got 'dir'", "iid, dirichlet, dirichlet-balanced, shards"]),
+        ({"partition": "dir"}, ["'partition' got 'dir'", "iid, dirichlet, dirichlet-balanced, dirichlet-capped, shards"]),
         ({"strategy": "fedavg,nope"}, ["'strategy' got 'nope'", "fedavg, fedprox"]),
         ({"num-clients": 3, "clients-per-round": 4}, ["'clients-per-round' (4)", "num-clients (3)"]),
     ],

@@ -534,3 +534,63 @@ def test_dirichlet_balanced_is_seeded_and_refuses_bad_arguments():
 def test_size_spread_hand_example():
     s = part.size_spread([np.arange(2), np.arange(4), np.arange(6)])
     assert s == {"min": 2.0, "max": 6.0, "mean": 4.0, "cv": pytest.approx(np.std([2, 4, 6]) / 4)}
+
+
+# ------------------------------------------------ dirichlet-capped (FedCross's, IMA's code)
+
+
+@pytest.mark.parametrize(("n", "seed", "alpha"), [(10, 0, 0.5), (20, 1, 0.1), (7, 2, 0.3),
+                                                  (25, 0, 1.0)])
+def test_dirichlet_capped_caps_every_client_at_the_average_and_keeps_the_minimum(n, seed, alpha):
+    """FedLab's rule over all clients at once, classes dealt in label order: once a client
+    holds the average (len / N) it gets nothing of a later class, but for the one sample the
+    code's float cut can leave to the last client; every client holds at least
+    dirichlet-min-size samples."""
+    parts = part.dirichlet_capped(PROP_LABELS, n, seed, alpha, min_size=10)
+    _assert_valid_partition(parts, len(PROP_LABELS), n)
+    avg = len(PROP_LABELS) / n
+    for p in parts:
+        counts = np.bincount(PROP_LABELS[p], minlength=10)
+        held_before = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        assert all(c <= 1 for c, h in zip(counts, held_before, strict=True) if h >= avg), counts
+        assert len(p) >= 10
+
+
+def test_dirichlet_capped_deals_the_first_class_as_drawn():
+    """One block of all N clients: the first class goes out in the first draw's proportions,
+    after the seeded shuffle (the same stream as dirichlet-balanced with one block)."""
+    n, seed, alpha = 12, 4, 0.5
+    parts = part.dirichlet_capped(PROP_LABELS, n, seed, alpha)
+    rng = np.random.default_rng(seed)
+    rng.permutation(len(PROP_LABELS))
+    p = rng.dirichlet(np.full(n, alpha))
+    first = int(np.unique(PROP_LABELS)[0])
+    total = np.count_nonzero(PROP_LABELS == first)
+    want = np.diff(np.concatenate([[0], (np.cumsum(p)[:-1] * total).astype(np.int64), [total]]))
+    got = [np.count_nonzero(PROP_LABELS[q] == first) for q in parts]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_dirichlet_capped_spreads_sizes_between_plain_and_balanced():
+    """No client far past the average (unlike plain Dirichlet), but not held near it either
+    (unlike Lin et al.'s blocks): the coefficient of variation lies between the two."""
+    cv = {name: np.mean([part.size_spread(f(PROP_LABELS, 20, s, 0.3))["cv"] for s in range(4)])
+          for name, f in (("plain", part.dirichlet), ("capped", part.dirichlet_capped),
+                          ("balanced", part.dirichlet_balanced))}
+    assert cv["balanced"] < cv["capped"] < cv["plain"], cv
+    big = max(len(p) for s in range(4) for p in part.dirichlet_capped(PROP_LABELS, 20, s, 0.3))
+    # a client overshoots the average by at most the one class it got while below it
+    assert big < len(PROP_LABELS) / 20 + np.bincount(PROP_LABELS).max()
+
+
+def test_dirichlet_capped_is_seeded_and_refuses_bad_arguments():
+    a, b = part.dirichlet_capped(LABELS, 10, 3, 0.3), part.dirichlet_capped(LABELS, 10, 3, 0.3)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    c = part.dirichlet_capped(LABELS, 10, 4, 0.3)
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
+    with pytest.raises(PartitionError, match="dirichlet-alpha"):
+        part.dirichlet_capped(LABELS, 10, 0, 0.0)
+    with pytest.raises(PartitionError, match="dirichlet-min-size"):
+        part.dirichlet_capped(LABELS, 10, 0, 0.3, min_size=len(LABELS))
+    with pytest.raises(PartitionError, match="dirichlet-min-size; the average"):
+        part.dirichlet_capped(LABELS, 10, 0, 0.3, min_size=len(LABELS) // 10, max_tries=3)
