@@ -23,10 +23,11 @@ CFG=configs/ima-fmnist.yaml
 part=${1:-shards2}
 case $part in
   shards2) split=(--set partition=shards --set shards-per-client=2) ;;
-  # the IMA code's Dirichlet (FedLab's hetero_dir_partition; issue 45); the archived dir0.3
-  # rows of docs/results/ima.md (before 2026-11-27) used partition=dirichlet
-  dir0.3) split=(--set partition=dirichlet-capped --set dirichlet-alpha=0.3) ;;
-  *) echo "usage: $0 shards2|dir0.3" >&2; exit 2 ;;
+  # dir0.3: the split of docs/results/ima.md's Dirichlet rows (partition=dirichlet);
+  # dir0.3-capped: the IMA code's own (FedLab's hetero_dir_partition; issue 45)
+  dir0.3) split=(--set partition=dirichlet --set dirichlet-alpha=0.3) ;;
+  dir0.3-capped) split=(--set partition=dirichlet-capped --set dirichlet-alpha=0.3) ;;
+  *) echo "usage: $0 shards2|dir0.3|dir0.3-capped" >&2; exit 2 ;;
 esac
 run=ima-$part
 keep=(--set save-models=global --set save-models-from=95)  # late global models, for the plane

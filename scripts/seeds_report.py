@@ -267,13 +267,27 @@ METHODS: dict[str, dict[str, Any]] = {
         config="SEEDS=0,1,2 scripts/regime_fedcda.sh {setting}"),
     "fedcda-seeds": across_seeds(
         "fedcda", "## Across seeds (generated)",
-        {"dir0.1": "Dirichlet 0.1", "shards2": "2 label shards per client"},
+        {"dir0.1": "Dirichlet 0.1 (`partition: dirichlet`)",
+         "shards2": "2 label shards per client (`partition: shards`)",
+         # issue 45: Lin et al.'s balanced split, and the paper's local work on it
+         "dir0.3-balanced": "Dirichlet 0.3 (`partition: dirichlet-balanced`)",
+         "dir0.5-balanced": "Dirichlet 0.5 (`partition: dirichlet-balanced`)",
+         "dir0.3-balanced-work": "Dirichlet 0.3 (`partition: dirichlet-balanced`), the paper's "
+                                 "local work: 20 epochs at lr 1e-3, 30 rounds, warmup 7"},
         {"fedavg": "FedAvg", "fedcda": "FedCDA"}, paired="fedavg",
-        claims=[*fedcda_claims("dir0.1"), *fedcda_claims("shards2")],
-        config="SEEDS=0,1,2 scripts/reproduce_fedcda.sh {setting}"),
+        claims=[c for s in ("dir0.1", "shards2", "dir0.3-balanced", "dir0.5-balanced",
+                            "dir0.3-balanced-work") for c in fedcda_claims(s)],
+        config={**{s: f"SEEDS=0,1,2 scripts/reproduce_fedcda.sh {s}" for s in ("dir0.1",
+                                                                             "shards2")},
+                **{f"{s}-balanced": f"SEEDS=0,1,2 scripts/reproduce_fedcda.sh {s}"
+                   for s in ("dir0.3", "dir0.5")},
+                "dir0.3-balanced-work": "SEEDS=0,1,2 scripts/reproduce_fedcda.sh dir0.3-work"}),
     "fedcross-seeds": across_seeds(
         "fedcross", "## Across seeds (generated)",
-        {"dir0.1": "Dirichlet 0.1, 100 rounds", "horizon": "Dirichlet 0.5, 300 rounds (the horizon)"},
+        {"dir0.1": "Dirichlet 0.1 (`partition: dirichlet`), 100 rounds",
+         "horizon": "Dirichlet 0.5 (`partition: dirichlet`), 300 rounds (the horizon)",
+         "dir0.1-capped-work": "Dirichlet 0.1 (`partition: dirichlet-capped`), the paper's "
+                               "local work: 5 epochs, 100 rounds"},
         {"fedavg": "FedAvg", "fedprox": "FedProx", "fedcross": "FedCross (alpha 0.99)",
          "fedcross-alpha-0.9": "FedCross (alpha 0.9)"},
         means={"fedcross-slot-spread": "slot spread"}, means_from=1, paired="fedavg",
@@ -293,13 +307,20 @@ METHODS: dict[str, dict[str, Any]] = {
             ("FedCross fluctuates less (Fig. 5), 300 rounds", "horizon", "fedcross", "horizon",
              "fedavg", "last10-std", "<"),
             ("alpha 0.99 above alpha 0.9 (Fig. 8), 300 rounds", "horizon", "fedcross",
-             "horizon", "fedcross-alpha-0.9", "last10", ">")],
+             "horizon", "fedcross-alpha-0.9", "last10", ">"),
+            *[(f"FedCross above {b} at the paper's local work (Table II)", "dir0.1-capped-work",
+               "fedcross", "dir0.1-capped-work", f, "last10", ">")
+              for f, b in (("fedavg", "FedAvg"), ("fedprox", "FedProx"))],
+            ("FedCross fluctuates less at the paper's local work (Fig. 5)", "dir0.1-capped-work",
+             "fedcross", "dir0.1-capped-work", "fedavg", "last10-std", "<")],
         config={"dir0.1": "SEEDS=0,1,2 scripts/reproduce_fedcross.sh dir0.1",
-                "horizon": "SEEDS=0,1 scripts/reproduce_fedcross.sh horizon"}),
+                "horizon": "SEEDS=0,1 scripts/reproduce_fedcross.sh horizon",
+                "dir0.1-capped-work": "SEEDS=0,1,2 scripts/reproduce_fedcross.sh work"}),
     "ima-seeds": across_seeds(
         "ima", "## Across seeds (generated)",
         {f"{part}{run}": f"{title}, {what}" for part, title in (
-            ("shards2", "2 label shards"), ("dir0.3", "Dirichlet 0.3")) for run, what in (
+            ("shards2", "2 label shards (`partition: shards`)"),
+            ("dir0.3", "Dirichlet 0.3 (`partition: dirichlet`)")) for run, what in (
             ("", "IMA runs"), ("-fedavg", "FedAvg and the control (branched at round 75)"),
             ("-fedprox", "FedProx (branched at round 75)"))},
         {"ima-base-fedavg": "FedAvg + IMA", "ima-base-fedprox": "FedProx + IMA",
