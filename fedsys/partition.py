@@ -66,6 +66,21 @@ def iid(labels: NDArray[np.integer], num_clients: int, seed: int) -> list[IndexA
     return [np.sort(p).astype(np.int64) for p in np.array_split(perm, num_clients)]
 
 
+def _check_dirichlet(labels: NDArray[np.integer], num_clients: int, alpha: float,
+                     min_size: int) -> NDArray[np.int64]:
+    """The labels (:func:`_check`), after refusing a non-positive ``alpha`` and a
+    ``min_size`` that all clients together could not hold."""
+    if alpha <= 0:
+        raise PartitionError(f"dirichlet-alpha must be > 0, got {alpha}")
+    y = _check(labels, num_clients)
+    if min_size * num_clients > len(y):
+        raise PartitionError(
+            f"dirichlet-min-size={min_size} x {num_clients} clients exceeds "
+            f"{len(y)} samples"
+        )
+    return y
+
+
 def dirichlet(
     labels: NDArray[np.integer],
     num_clients: int,
@@ -100,14 +115,7 @@ def dirichlet(
     list of ndarray
         N sorted, disjoint index arrays that together cover every sample.
     """
-    if alpha <= 0:
-        raise PartitionError(f"dirichlet-alpha must be > 0, got {alpha}")
-    y = _check(labels, num_clients)
-    if min_size * num_clients > len(y):
-        raise PartitionError(
-            f"dirichlet-min-size={min_size} x {num_clients} clients exceeds "
-            f"{len(y)} samples"
-        )
+    y = _check_dirichlet(labels, num_clients, alpha, min_size)
     rng = np.random.default_rng(seed)
     classes = np.unique(y)
     by_class = [rng.permutation(np.flatnonzero(y == c)) for c in classes]
@@ -227,14 +235,7 @@ def dirichlet_capped(
     list of ndarray
         N sorted, disjoint index arrays that together cover every sample.
     """
-    if alpha <= 0:
-        raise PartitionError(f"dirichlet-alpha must be > 0, got {alpha}")
-    y = _check(labels, num_clients)
-    if min_size * num_clients > len(y):
-        raise PartitionError(
-            f"dirichlet-min-size={min_size} x {num_clients} clients exceeds "
-            f"{len(y)} samples"
-        )
+    y = _check_dirichlet(labels, num_clients, alpha, min_size)
     rng = np.random.default_rng(seed)
     perm = rng.permutation(len(y))
     return _capped_dirichlet(perm, y[perm], num_clients, alpha, rng, max_tries, min_size,

@@ -495,11 +495,14 @@ def test_dirichlet_balanced_caps_every_client_at_the_average_of_its_block(n, see
             assert len(p) >= 0.5 * avg
 
 
-def test_dirichlet_balanced_deals_the_first_class_as_drawn():
+@pytest.mark.parametrize(("split", "n"), [(part.dirichlet_balanced, 10),
+                                          (part.dirichlet_capped, 12)])
+def test_capped_splits_deal_the_first_class_as_drawn(split, n):
     """The first class (every client still open) goes out in the proportions of the first
-    Dirichlet draw, taken after the seeded shuffle: the label mix follows the draws."""
-    n, seed, alpha = 10, 4, 0.5
-    parts = part.dirichlet_balanced(PROP_LABELS, n, seed, alpha)
+    Dirichlet draw, taken after the seeded shuffle: the label mix follows the draws (Lin et
+    al.'s one block of 10; FedLab's one block of all N clients, the same stream)."""
+    seed, alpha = 4, 0.5
+    parts = split(PROP_LABELS, n, seed, alpha)
     rng = np.random.default_rng(seed)
     rng.permutation(len(PROP_LABELS))
     p = rng.dirichlet(np.full(n, alpha))
@@ -554,21 +557,6 @@ def test_dirichlet_capped_caps_every_client_at_the_average_and_keeps_the_minimum
         held_before = np.concatenate([[0], np.cumsum(counts)[:-1]])
         assert all(c <= 1 for c, h in zip(counts, held_before, strict=True) if h >= avg), counts
         assert len(p) >= 10
-
-
-def test_dirichlet_capped_deals_the_first_class_as_drawn():
-    """One block of all N clients: the first class goes out in the first draw's proportions,
-    after the seeded shuffle (the same stream as dirichlet-balanced with one block)."""
-    n, seed, alpha = 12, 4, 0.5
-    parts = part.dirichlet_capped(PROP_LABELS, n, seed, alpha)
-    rng = np.random.default_rng(seed)
-    rng.permutation(len(PROP_LABELS))
-    p = rng.dirichlet(np.full(n, alpha))
-    first = int(np.unique(PROP_LABELS)[0])
-    total = np.count_nonzero(PROP_LABELS == first)
-    want = np.diff(np.concatenate([[0], (np.cumsum(p)[:-1] * total).astype(np.int64), [total]]))
-    got = [np.count_nonzero(PROP_LABELS[q] == first) for q in parts]
-    np.testing.assert_array_equal(got, want)
 
 
 def test_dirichlet_capped_spreads_sizes_between_plain_and_balanced():
