@@ -525,13 +525,14 @@ def test_dirichlet_balanced_sizes_spread_less_than_plain_dirichlet_with_the_same
     assert skewed < 5 < mixed
 
 
-def test_dirichlet_balanced_is_seeded_and_refuses_bad_arguments():
-    a, b = part.dirichlet_balanced(LABELS, 10, 3, 0.3), part.dirichlet_balanced(LABELS, 10, 3, 0.3)
+@pytest.mark.parametrize("split", [part.dirichlet_balanced, part.dirichlet_capped])
+def test_capped_splits_are_seeded_and_refuse_a_bad_alpha(split):
+    a, b = split(LABELS, 10, 3, 0.3), split(LABELS, 10, 3, 0.3)
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
-    c = part.dirichlet_balanced(LABELS, 10, 4, 0.3)
+    c = split(LABELS, 10, 4, 0.3)
     assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
     with pytest.raises(PartitionError, match="dirichlet-alpha"):
-        part.dirichlet_balanced(LABELS, 10, 0, 0.0)
+        split(LABELS, 10, 0, 0.0)
 
 
 def test_size_spread_hand_example():
@@ -571,13 +572,7 @@ def test_dirichlet_capped_spreads_sizes_between_plain_and_balanced():
     assert big < len(PROP_LABELS) / 20 + np.bincount(PROP_LABELS).max()
 
 
-def test_dirichlet_capped_is_seeded_and_refuses_bad_arguments():
-    a, b = part.dirichlet_capped(LABELS, 10, 3, 0.3), part.dirichlet_capped(LABELS, 10, 3, 0.3)
-    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
-    c = part.dirichlet_capped(LABELS, 10, 4, 0.3)
-    assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
-    with pytest.raises(PartitionError, match="dirichlet-alpha"):
-        part.dirichlet_capped(LABELS, 10, 0, 0.0)
+def test_dirichlet_capped_refuses_a_minimum_it_cannot_meet():
     with pytest.raises(PartitionError, match="dirichlet-min-size"):
         part.dirichlet_capped(LABELS, 10, 0, 0.3, min_size=len(LABELS))
     with pytest.raises(PartitionError, match="dirichlet-min-size; the average"):
