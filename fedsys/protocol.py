@@ -313,25 +313,41 @@ def _pull(grid: Grid, ids: list[str]) -> list[Message]:
     return list(grid.pull_messages(ids))
 
 
+#: The first wait between pulls, and the longest, where the SuperLink is in this process
+#: (Flower's simulation engine, its ``InMemoryGrid``): a pull there is a look-up under a
+#: lock, not a request, and the 0.1 s first wait of a remote SuperLink cost every simulated
+#: round about 50 ms (``benchmarks/client_overhead.py``).
+IN_PROCESS_POLL = (0.01, 0.05)
+
+
+def in_process(grid: Grid) -> bool:
+    """Whether ``grid`` talks to a SuperLink in this process (simulation), not over the
+    network (named, not imported: Flower moved the class between releases)."""
+    return type(grid).__name__ == "InMemoryGrid"
+
+
 def send_and_receive(
     grid: Grid, messages: Sequence[Message], timeout: float, poll: float = 0.1,
     max_poll: float = 0.5,
 ) -> tuple[list[Message], dict[str, Message]]:
     """Push ``messages``, pull replies until all arrived or ``timeout`` passed.
 
-    Every pull is a write to the SuperLink's SQLite state (in the simulation engine's
-    too), so the wait between pulls grows by half after every pull that brought nothing,
-    up to ``max_poll`` and to a tenth of the time waited so far: a quick reply is seen
-    at once, a late one at most about 10 % (and ``max_poll``) later, and a long round
-    does not keep the SuperLink's database busy.  The last wait ends at the deadline and
-    one more pull follows, so a reply that arrived before ``timeout`` is never refused for
-    a wait that overran it.  A transient failure of a push or pull is tried again
+    Every pull of a remote SuperLink is a write to its SQLite state, so the wait between
+    pulls grows by half after every pull that brought nothing, up to ``max_poll`` and to a
+    tenth of the time waited so far: a quick reply is seen at once, a late one at most
+    about 10 % (and ``max_poll``) later, and a long round does not keep the SuperLink's
+    database busy.  With the SuperLink in this process (:func:`in_process`) the waits are
+    at most :data:`IN_PROCESS_POLL`.  The last wait ends at the deadline and one more pull
+    follows, so a reply that arrived before ``timeout`` is never refused for a wait that
+    overran it.  A transient failure of a push or pull is tried again
     (:func:`retry_transient`).
 
     Returns the replies and a map from message id to the instruction sent, so a
     reply (including a SuperLink error reply, whose ``src_node_id`` is the
     SuperLink) can be traced to its node through ``reply_to_message_id``.
     """
+    if in_process(grid):
+        poll, max_poll = min(poll, IN_PROCESS_POLL[0]), min(max_poll, IN_PROCESS_POLL[1])
     end = time.monotonic() + timeout
     ids = retry_transient(partial(_push, grid, list(messages)), "push-messages", end)
     sent = {i: m for i, m in zip(ids, messages, strict=True) if i}

@@ -73,16 +73,22 @@ def _partitions(
     return tuple(part.subsample(parts, cap, seed))
 
 
+PartitionKey = tuple[str, str, str, int, int, float, int, int, tuple[int, str, str], int]
+
+
+def _partition_key(cfg: RunConfig, num_partitions: int | None) -> PartitionKey:
+    """Everything that decides the partitions (the arguments of :func:`_partitions`)."""
+    held = (int(cfg.get("pretrain.holdout")), str(cfg.get("pretrain.split")),
+            str(cfg.get("pretrain.labels")))
+    return (cfg.dataset, cfg.data_dir, cfg.partition, num_partitions or cfg.num_clients,
+            cfg.seed, cfg.dirichlet_alpha, cfg.dirichlet_min_size, cfg.shards_per_client,
+            held if held[0] else (0, "", ""), cfg.samples_per_client)
+
+
 def partitions(cfg: RunConfig, num_partitions: int | None = None) -> list[np.ndarray]:
     """Index arrays of every client, identical on server and clients for one seed
     (without the samples held out for pre-training)."""
-    held = (int(cfg.get("pretrain.holdout")), str(cfg.get("pretrain.split")),
-            str(cfg.get("pretrain.labels")))
-    return list(_partitions(
-        cfg.dataset, cfg.data_dir, cfg.partition, num_partitions or cfg.num_clients,
-        cfg.seed, cfg.dirichlet_alpha, cfg.dirichlet_min_size, cfg.shards_per_client,
-        held if held[0] else (0, "", ""), cfg.samples_per_client,
-    ))
+    return list(_partitions(*_partition_key(cfg, num_partitions)))
 
 
 def initial_params(cfg: RunConfig) -> Params:
@@ -112,12 +118,24 @@ def initial_params(cfg: RunConfig) -> Params:
 def client_data(cfg: RunConfig, pid: int, num_partitions: int | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Partition ``pid``'s raw training images and labels (with ``partition: domain``,
-    seen through that client's domain transform)."""
-    ds = dataset(cfg)
-    idx = torch.from_numpy(partitions(cfg, num_partitions)[pid])
+    seen through that client's domain transform).
+
+    Selected once per process and partitioning: a simulation actor serves many clients
+    over many rounds, and selecting a client's samples cost more than one training step
+    of a small model (``benchmarks/client_overhead.py``).  The partitions are disjoint,
+    so the cache holds at most one copy of the training set per partitioning.  The
+    tensors are shared between calls: read them, never write into them.
+    """
+    return _client_data(_partition_key(cfg, num_partitions), pid)
+
+
+@functools.lru_cache(maxsize=4096)
+def _client_data(key: PartitionKey, pid: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ds = load_dataset(key[0], key[1])
+    idx = torch.from_numpy(_partitions(*key)[pid])
     x, y = ds.x_train[idx], ds.y_train[idx]
-    if cfg.partition == "domain":
-        x = domains.apply(domains.domain_of(pid, cfg.seed), x)
+    if key[2] == "domain":
+        x = domains.apply(domains.domain_of(pid, key[4]), x)
     return x, y
 
 

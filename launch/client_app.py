@@ -21,9 +21,10 @@ from clients.base import local_config, run_trainer
 from fedsys import protocol as proto
 from fedsys.config import ConfigError, RunConfig
 from fedsys.data import Dataset
+from fedsys.models import build_model
 from fedsys.options import parse_group
 from fedsys.seeding import derive_seed
-from fedsys.task import client_data, dataset, evaluate, model, pick_device
+from fedsys.task import client_data, dataset, evaluate, pick_device
 from launch.registry import from_run_config
 
 app = ClientApp()
@@ -58,10 +59,30 @@ def _setup(context: Context) -> tuple[RunConfig, Dataset, int, torch.Tensor, tor
     return cfg, ds, pid, x, y
 
 
+@functools.lru_cache(maxsize=4)
+def _built(name: str, in_shape: tuple[int, int, int], num_classes: int, seed: int,
+           norm: str) -> torch.nn.Module:
+    return build_model(name, in_shape, num_classes, seed, norm)
+
+
 def _load(cfg: RunConfig, ds: Dataset, msg: Message) -> torch.nn.Module:
-    net = model(cfg, ds)
+    """The configured model holding the instruction's weights.
+
+    Built once per process (a simulation actor serves many messages; building cost more
+    than a training step of a small model, ``benchmarks/client_overhead.py``) and stays
+    where the last message left it (on the GPU when training ran there).  Every message
+    overwrites all its parameters and buffers (a strict ``load_state_dict``), drops the
+    gradients and sets training mode: what a freshly built model would be.
+    """
+    net = _built(cfg.model, ds.input_shape, ds.num_classes, cfg.seed, cfg.model_norm)
     net.load_state_dict(msg.content.array_records[proto.ARRAYS].to_torch_state_dict())
-    return net
+    net.zero_grad(set_to_none=True)
+    return net.train()
+
+
+def _weights(net: torch.nn.Module) -> ArrayRecord:
+    """``net``'s weights as a record (copied to the CPU; the model stays on its device)."""
+    return ArrayRecord({k: v.detach().cpu() for k, v in net.state_dict().items()})
 
 
 def run_local_config(cfg: RunConfig, s: dict[str, Any], seed: int) -> LocalConfig:
@@ -97,7 +118,7 @@ def train(msg: Message, context: Context) -> Message:
     res = run_trainer(trainer(), job)
     proto.state_to_records(res.state, context.state, scope)
     return proto.train_reply(
-        msg, ArrayRecord(net.cpu().state_dict()), res.num_examples,
+        msg, _weights(net), res.num_examples,
         {proto.PARTITION_ID: pid, proto.TRAIN_LOSS: res.train_loss,
          proto.LOCAL_STEPS: res.steps, **res.metrics},
         res.models,

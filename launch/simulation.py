@@ -34,6 +34,10 @@ FLWR_ENV = {
     # ... and the raylet gives up on a GCS that has not answered for 60 s, ending the run
     # the same way (a niced run lost its cluster so while the test suite started beside it)
     "RAY_gcs_rpc_server_reconnect_timeout_s": "600",
+    # Ray hands an argument or result over 100 KiB to its shared-memory object store: a
+    # model of 0.2 to 2.3 MB went to a ClientApp actor and back in 10 to 28 ms that way, 5
+    # to 24 ms inline (benchmarks/client_overhead.py, 2026-11-27).  Inline up to 4 MiB.
+    "RAY_max_direct_call_object_size": str(4 << 20),
 }
 
 

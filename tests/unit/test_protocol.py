@@ -214,3 +214,27 @@ def test_no_reply_the_round_ends_at_the_deadline_after_a_last_pull():
     waited = time.monotonic() - t0
     assert replies == [] and list(sent) == ["m1"]
     assert 0.5 <= waited < 0.5 + 0.2
+
+
+class InMemoryGrid(_SlowLink):
+    """Named as Flower's simulation grid (:func:`protocol.in_process` goes by the name)."""
+
+
+@pytest.mark.parametrize("link, first, longest", [
+    (_SlowLink(60.0), 0.1, 0.5), (InMemoryGrid(60.0), 0.01, 0.05)])
+def test_polling_a_superlink_in_this_process_waits_less(monkeypatch, link, first, longest):
+    """A remote SuperLink is pulled after 0.1 s, then less often (up to 0.5 s); one in this
+    process (the simulation engine) after 0.01 s and never more than 0.05 s apart."""
+    waits: list[float] = []
+    clock = [0.0]
+
+    def sleep(s: float) -> None:
+        waits.append(s)
+        clock[0] += s
+
+    monkeypatch.setattr(protocol.time, "sleep", sleep)
+    monkeypatch.setattr(protocol.time, "monotonic", lambda: clock[0])
+    protocol.send_and_receive(link, ["instruction"], timeout=20.0)
+    assert protocol.in_process(link) == (first == 0.01)
+    assert waits[0] == pytest.approx(first)
+    assert max(waits) == pytest.approx(longest)
