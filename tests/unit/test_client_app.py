@@ -49,13 +49,12 @@ def _reply(reply: Message) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     return dict(content.array_records[proto.ARRAYS].to_torch_state_dict()), dict(content.metric_records[proto.METRICS])
 
 
-@pytest.mark.parametrize("trainer", ["sgd", "fedprox", "lss", "fedelmy", "fedseq"])
+@pytest.mark.parametrize("trainer", sorted(TRAINERS))
 def test_a_reply_is_the_same_after_other_messages_as_in_a_fresh_process(trainer):
     """Fresh: one train message in a process that handled nothing.  Warm: the same message
     after an evaluation (which leaves the model in eval mode), a training of another client
     with other weights by every trainer (LSS sets parameters as views of its vectors,
     FedELMY keeps a pool) and a query."""
-    assert trainer in TRAINERS
     target = _message("train", 1, _weights(7), trainer)
     _fresh_process()
     fresh = _reply(client_app.app(target, _context(1)))
