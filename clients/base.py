@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from clients.optim import Optimiser
 from fedsys.params import Params
+from fedsys.protocol import TRAINED_EXAMPLES
 
 if TYPE_CHECKING:
     import torch
@@ -218,4 +219,4 @@ def sgd_loop(
     if loss_n and not torch.isfinite(torch.tensor(loss_sum)):
         raise FloatingPointError("local training diverged (loss is NaN or Inf)")
     return TrainResult(len(y), loss_sum / max(loss_n, 1), steps,
-                       metrics={"trained-examples": float(seen)})
+                       metrics={TRAINED_EXAMPLES: float(seen)})

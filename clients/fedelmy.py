@@ -28,6 +28,7 @@ from clients.base import Trainer, TrainJob, TrainResult, batches
 from clients.optim import Optimiser
 from fedsys.options import option
 from fedsys.params import Params, RunningMean, from_torch, to_torch
+from fedsys.protocol import TRAINED_EXAMPLES
 from fedsys.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -213,7 +214,7 @@ def _result(data: tuple[torch.Tensor, ...], fits: list[Fit], extra: dict[str, fl
     last = fits[-1]
     return TrainResult(
         num_examples=len(data[1]), train_loss=last.last_loss, steps=sum(f.steps for f in fits),
-        metrics={"val-acc": last.best_acc, "trained-examples": sum(f.examples for f in fits),
+        metrics={"val-acc": last.best_acc, TRAINED_EXAMPLES: sum(f.examples for f in fits),
                  **extra})
 
 

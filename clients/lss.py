@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from clients.base import Trainer, TrainJob, TrainResult, batches
 from clients.optim import Optimiser
 from fedsys.options import option
+from fedsys.protocol import TRAINED_EXAMPLES
 from fedsys.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -190,7 +191,7 @@ class LssTrainer(Trainer):
         if not torch.isfinite(torch.tensor(soup.last_loss)):
             raise FloatingPointError("local training diverged (loss is NaN or Inf)")
         return TrainResult(len(job.y), soup.last_loss, soup.steps, metrics={
-            "soup-size": len(members), "trained-examples": soup.examples, **logs})
+            "soup-size": len(members), TRAINED_EXAMPLES: soup.examples, **logs})
 
     @staticmethod
     def _paper(soup: Soup, o: Any) -> tuple[list[torch.Tensor], dict[str, float]]:

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from fedsys.protocol import TRAINED_EXAMPLES
+
 
 def append_jsonl(path: Path, record: Mapping[str, Any]) -> None:
     """Append one record as a JSON line."""
@@ -95,7 +97,7 @@ def summarise(records: Sequence[Mapping[str, Any]], last: int = 10) -> dict[str,
         "last_mean": float(tail.mean()),
         "last_std": float(tail.std()),
         "time_s": float(sum(float(r.get("round-time", 0.0)) for r in records)),
-        "work": float(sum(float(r.get("trained-examples", 0.0)) for r in records)),
+        "work": float(sum(float(r.get(TRAINED_EXAMPLES, 0.0)) for r in records)),
         "bytes": traffic,
         "bytes_per_client": traffic / reached if reached else float("nan"),
         "steps": float(sum(1 for r in records if r.get("round", 0) > 0)),
@@ -109,7 +111,7 @@ def work_curve(records: Sequence[Mapping[str, Any]]) -> list[tuple[float, float]
     the work is the running sum of ``trained-examples`` (round 0 at 0)."""
     out, work = [], 0.0
     for r in records:
-        work += float(r.get("trained-examples", 0.0))
+        work += float(r.get(TRAINED_EXAMPLES, 0.0))
         if "accuracy" in r:
             out.append((work, float(r["accuracy"])))
     return out
@@ -327,7 +329,7 @@ def plot_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, tit
     same effort) when every run reports it, else against the round."""
     plt = pyplot()
 
-    by_work = bool(runs) and all(any("trained-examples" in r for r in recs)
+    by_work = bool(runs) and all(any(TRAINED_EXAMPLES in r for r in recs)
                                  for recs in runs.values() if recs)
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for i, (name, recs) in enumerate(runs.items()):

@@ -118,6 +118,30 @@ def test_a_reply_to_another_message_is_refused():
     assert isinstance(rj, protocol.Rejection) and "did not send" in rj.reason
 
 
+
+class FakeClock:
+    """``time.monotonic`` and ``time.sleep`` of :mod:`fedsys.protocol` on a clock that moves
+    only when slept: a wait is asserted as the seconds asked for, not measured."""
+
+    def __init__(self) -> None:
+        self.now, self.waits = 1000.0, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(protocol, "time", SimpleNamespace(monotonic=fake.monotonic,
+                                                          sleep=fake.sleep))
+    return fake
+
+
 def _status(code: int) -> httpx.HTTPStatusError:
     req = httpx.Request("POST", "http://127.0.0.1:1/v1/runtime/pull-messages")
     return httpx.HTTPStatusError(f"{code}", request=req, response=httpx.Response(code,
@@ -155,86 +179,77 @@ def test_an_answer_or_a_bug_is_raised_at_once(exc):
     assert len(calls) == 1
 
 
-def test_a_failure_that_outlasts_the_deadline_is_raised():
+def test_a_failure_that_outlasts_the_deadline_is_raised(clock):
     calls = []
 
     def pull():
         calls.append(1)
         raise _status(500)
 
-    t0 = time.monotonic()
     with pytest.raises(httpx.HTTPStatusError):
-        protocol.retry_transient(pull, "pull-messages", t0 + 0.3, first_wait=0.05)
-    assert 2 <= len(calls) <= 6 and time.monotonic() - t0 < 5
+        protocol.retry_transient(pull, "pull-messages", clock.now + 0.3, first_wait=0.05)
+    # waits 0.05, 0.1, then the 0.15 s left: 4 tries, the last at the deadline
+    assert len(calls) == 4 and sum(clock.waits) == pytest.approx(0.3)
 
 
 class _SlowLink:
-    """A grid whose one reply is ready ``after`` seconds; counts the pulls."""
+    """A grid whose one reply is ready ``after`` seconds of the fake clock; counts the pulls."""
 
-    def __init__(self, after: float) -> None:
-        self.ready, self.pulls = time.monotonic() + after, 0
+    def __init__(self, clock: FakeClock, after: float) -> None:
+        self.clock, self.ready, self.pulls = clock, clock.now + after, 0
 
     def push_messages(self, messages):
         return ["m1"]
 
     def pull_messages(self, ids):
         self.pulls += 1
-        if time.monotonic() < self.ready:
+        if self.clock.now < self.ready:
             return []
         return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id="m1"))]
 
 
-def test_polling_a_superlink_backs_off_but_sees_a_late_reply_soon():
-    link = _SlowLink(3.0)
-    t0 = time.monotonic()
+def test_polling_a_superlink_backs_off_but_sees_a_late_reply_soon(clock):
+    link = _SlowLink(clock, 3.0)
+    t0 = clock.now
     replies, sent = protocol.send_and_receive(link, ["instruction"], timeout=30, poll=0.05)
-    waited = time.monotonic() - t0
     assert len(replies) == 1 and list(sent) == ["m1"]
     # every 0.05 s would be 60 pulls; a wait of a tenth of the time waited makes about
     # 10 (the first 0.5 s) + 10 ln(3 / 0.5) = 28
     assert link.pulls <= 35
-    assert waited < 3.0 * 1.1 + 0.2  # at most a tenth late, plus one short wait
+    assert clock.now - t0 < 3.0 * 1.1 + 0.05  # seen at most a tenth late
 
 
-def test_a_reply_that_arrives_in_the_last_wait_before_the_deadline_is_taken():
+def test_a_reply_that_arrives_in_the_last_wait_before_the_deadline_is_taken(clock):
     """Pulls every 0.4 s find nothing at 0, 0.4 and 0.8 s; the next wait would wake at
     1.2 s, after the deadline.  It is cut to end at 1.0 s and a pull follows, so the reply
     ready at 0.9 s is taken (before: refused, the loop woke at 1.2 s and gave up)."""
-    link = _SlowLink(0.9)
-    t0 = time.monotonic()
-    replies, _ = protocol.send_and_receive(link, ["instruction"], timeout=1.0, poll=0.4)
+    link = _SlowLink(clock, 0.9)
+    t0 = clock.now
+    replies, _ = protocol.send_and_receive(link, ["instruction"], timeout=1.0, poll=0.4,
+                                           max_poll=0.4)
     assert len(replies) == 1
-    assert time.monotonic() - t0 < 1.0 + 0.3
+    assert clock.now - t0 == pytest.approx(1.0)
 
 
-def test_no_reply_the_round_ends_at_the_deadline_after_a_last_pull():
-    link = _SlowLink(60.0)
-    t0 = time.monotonic()
+def test_no_reply_the_round_ends_at_the_deadline_after_a_last_pull(clock):
+    link = _SlowLink(clock, 60.0)
+    t0 = clock.now
     replies, sent = protocol.send_and_receive(link, ["instruction"], timeout=0.5, poll=0.05)
-    waited = time.monotonic() - t0
     assert replies == [] and list(sent) == ["m1"]
-    assert 0.5 <= waited < 0.5 + 0.2
+    assert clock.now - t0 == pytest.approx(0.5) and link.pulls >= 3
 
 
 class InMemoryGrid(_SlowLink):
     """Named as Flower's simulation grid (:func:`protocol.in_process` goes by the name)."""
 
 
-@pytest.mark.parametrize("link, first, longest", [
-    (_SlowLink(60.0), 0.1, 0.5), (InMemoryGrid(60.0), 0.01, 0.05)])
-def test_polling_a_superlink_in_this_process_waits_less(monkeypatch, link, first, longest):
+@pytest.mark.parametrize("kind, first, longest", [
+    (_SlowLink, 0.1, 0.5), (InMemoryGrid, 0.01, 0.05)])
+def test_polling_a_superlink_in_this_process_waits_less(clock, kind, first, longest):
     """A remote SuperLink is pulled after 0.1 s, then less often (up to 0.5 s); one in this
     process (the simulation engine) after 0.01 s and never more than 0.05 s apart."""
-    waits: list[float] = []
-    clock = [0.0]
-
-    def sleep(s: float) -> None:
-        waits.append(s)
-        clock[0] += s
-
-    monkeypatch.setattr(protocol.time, "sleep", sleep)
-    monkeypatch.setattr(protocol.time, "monotonic", lambda: clock[0])
+    link = kind(clock, 60.0)
     protocol.send_and_receive(link, ["instruction"], timeout=20.0)
-    assert protocol.in_process(link) == (first == 0.01)
-    assert waits[0] == pytest.approx(first)
-    assert max(waits) == pytest.approx(longest)
+    assert protocol.in_process(link) == (kind is InMemoryGrid)
+    assert clock.waits[0] == pytest.approx(first)
+    assert max(clock.waits) == pytest.approx(longest)
