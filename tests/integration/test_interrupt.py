@@ -1,0 +1,64 @@
+"""Ctrl-C stops ``fedsys resume`` mid-run: a terminal sends SIGINT to the whole
+foreground process group (the command and the Ray cluster it started for itself, as a
+user's command does without ``RAY_ADDRESS``); the command exits
+130 saying how to continue, the checkpoint it leaves is whole, and ``fedsys resume`` then
+finishes the run.  (``fedsys run`` takes the same path: ``resume`` is ``run`` on the saved
+config.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from fedsys import checkpoint
+
+pytestmark = pytest.mark.slow
+SETS = {"dataset": "synthetic", "model": "mlp", "partition": "iid", "num-clients": 3,
+        "clients-per-round": 3, "local-epochs": 1, "lr": 0.05, "strategy": "fedavg"}
+
+
+def _sets(tmp: Path, **extra: object) -> list[str]:
+    return [f"--set={k}={v}" for k, v in {**SETS, "output-dir": tmp, "name": "run",
+                                          **extra}.items()]
+
+
+def _round(ckpt: Path) -> int:
+    try:
+        return int(checkpoint.load(ckpt)["round"]) if ckpt.exists() else 0
+    except checkpoint.CheckpointError:
+        return 0  # mid-write
+
+
+def _interrupt_at(proc: subprocess.Popen[bytes], ckpt: Path, rnd: int) -> tuple[int, str]:
+    """SIGINT to the command's process group (as Ctrl-C sends it) once ``ckpt`` holds round ``rnd``; its
+    exit status and output (a command still running 120 s later fails the test)."""
+    end = time.monotonic() + 400
+    while _round(ckpt) < rnd and proc.poll() is None and time.monotonic() < end:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGINT)  # its own session: the group is the command's
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, (out + err).decode(errors="replace")
+
+
+def test_ctrl_c_stops_resume_and_resume_finishes_the_run(tmp_path, own_ray_cluster, fedsys_cli):
+    ckpt = tmp_path / "run" / "fedavg" / "checkpoint.pt"
+    fedsys_cli.finish(fedsys_cli.start("run", *_sets(tmp_path, **{"num-server-rounds": 1})))
+    proc = fedsys_cli.start("resume", str(tmp_path / "run"), "--set", "num-server-rounds=500")
+    rc, out = _interrupt_at(proc, ckpt, 3)
+    assert rc == 130, out[-3000:]
+    assert "interrupted; 'fedsys resume <run dir>' continues" in out
+    held = _round(ckpt)
+    assert 3 <= held < 500
+    fedsys_cli.finish(fedsys_cli.start("resume", str(tmp_path / "run"),
+                                       "--set", f"num-server-rounds={held + 1}"))
+    assert _round(ckpt) == held + 1 and (tmp_path / "run" / "fedavg" / "model.pt").exists()
