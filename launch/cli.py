@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -343,6 +344,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from launch.console import plain_when_redirected
 
         plain_when_redirected()
+        # Ctrl-C and 'kill -INT' stop a run (with its checkpoint) even where SIGINT came
+        # ignored from the parent: a shell without job control starts 'cmd &' so, as does a
+        # pytest-xdist worker, and Python then never raises KeyboardInterrupt
+        # (tests/integration/test_interrupt.py)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     args = parser().parse_args(argv)
     from fedsys.data import DataError
     from fedsys.metrics import MetricsFileError

@@ -29,13 +29,18 @@ from launch.simulation import FLWR_ENV
 
 @contextmanager
 def ray_cluster(root: Path, num_cpus: int | None = None,
-                timeout: float = 180.0) -> Iterator[str]:
+                timeout: float = 180.0, worker_ports: tuple[int, int] | None = None
+                ) -> Iterator[str]:
     """Run ``ray start --head --block`` on 127.0.0.1 while the block runs; its address.
 
     The cluster gets free ports of its own and its temporary directory under ``root`` (keep
     it short: Ray's socket paths must fit 107 characters), so it is never the cluster that
     ``/tmp/ray`` records for a bare ``ray.init()``.  ``num_cpus`` defaults to every core.
     On leaving, the cluster is stopped and none of its processes is left.
+    ``worker_ports`` (first, last) is the range its workers and drivers listen on (Ray's
+    default, 10002-19999, is every cluster's: clusters started side by side, such as the
+    test workers', took the same port and a driver aborted, "Failed to start the grpc
+    server ... port is 10002", CI 2026-11-27).
 
     Raises
     ------
@@ -52,7 +57,9 @@ def ray_cluster(root: Path, num_cpus: int | None = None,
              f"--port={port}", f"--ray-client-server-port={free_port()}",
              f"--dashboard-agent-listen-port={free_port()}",
              f"--num-cpus={num_cpus or os.cpu_count() or 1}", "--num-gpus=0",
-             "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={root}"],
+             "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={root}",
+             *([f"--min-worker-port={worker_ports[0]}", f"--max-worker-port={worker_ports[1]}"]
+               if worker_ports else [])],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**FLWR_ENV, **os.environ})  # as simulate(): the caller's values win
     try:

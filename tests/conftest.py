@@ -59,7 +59,11 @@ class SharedRay:
 
         self.root = Path(tempfile.mkdtemp(prefix="fedsys-ray-"))  # short: Ray's socket paths
         self.stack.callback(shutil.rmtree, self.root, ignore_errors=True)
-        self.address = self.stack.enter_context(ray_cluster(self.root, num_cpus=1))
+        # each xdist worker's cluster its own worker ports, outside Ray's default range
+        k = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+        ports = (20000 + 1000 * k, 20999 + 1000 * k)
+        self.address = self.stack.enter_context(ray_cluster(self.root, num_cpus=1,
+                                                            worker_ports=ports))
         os.environ["RAY_ADDRESS"] = self.address
 
     def ensure(self, test: str) -> None:
