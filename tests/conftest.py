@@ -24,7 +24,6 @@ os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on 127.0.0.1
 
 
-
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
@@ -34,8 +33,11 @@ def pytest_configure(config: pytest.Config) -> None:
     tears the fixtures down, so a deployment's SuperLink and SuperNodes (in sessions of
     their own, which a signal to pytest's process group does not reach) and the shared Ray
     cluster are stopped, not left running (``tests/unit/test_suite_signals.py``).  Each
-    xdist worker installs it too."""
+    xdist worker installs it too.  A process that runs a simulation in its main thread gets
+    Ray's handler from then on (``ray.init`` sets one that raises ``SystemExit``): the test
+    running then fails, and the fixtures are torn down as well."""
     signal.signal(signal.SIGTERM, _interrupt)
+
 
 class SharedRay:
     """The test process's Ray cluster (``launch.raycluster.ray_cluster``), started again
