@@ -7,7 +7,7 @@ export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 export FLWR_DISABLE_UPDATE_CHECK := 1
 
-.PHONY: run test test-fast test-flwr-oldest lint data clean help
+.PHONY: run test test-fast test-flwr-oldest oldest-venv lint data clean help
 
 help:
 	@echo "make run   - set up .venv, get Fashion-MNIST, run configs/default.yaml, print the table"
@@ -79,6 +79,8 @@ $(VENV_OLDEST)/.installed: pyproject.toml
 # newest Flower's run covers them, the oldest's skips them (CI time)
 FLOWER_FREE_UNIT_TESTS := test_clients test_fedelmy_scaling test_lss test_models_data test_params \
     test_seeds_report test_trainable
+oldest-venv: $(VENV_OLDEST)/.installed
+
 test-flwr-oldest: $(VENV_OLDEST)/.installed data
 	$(VENV_OLDEST)/bin/python -c 'import flwr; assert flwr.__version__ == "$(FLWR_OLDEST)", flwr.__version__'
 	$(VENV_OLDEST)/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests/unit \

@@ -562,26 +562,22 @@ def from_run_config(run_config: Mapping[str, Any], schema: Schema) -> RunConfig:
     return build(dict(run_config), schema=schema)
 
 
+def toml_text(data: Mapping[str, Any]) -> str:
+    """``data`` as TOML text: fedsys's one TOML writer (``tomli_w``, which Flower itself
+    depends on, quotes and escapes every key and string)."""
+    import tomli_w
+
+    return tomli_w.dumps(data)
+
+
 def to_toml(schema: Schema) -> str:
     """The defaults as the ``[tool.flwr.app.config]`` tables of ``pyproject.toml``."""
-
-    def lit(v: Scalar) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, str):
-            return f'"{v}"'
-        return repr(v)
-
-    flat = [o for o in schema.options if "." not in o.key]
-    lines = ["[tool.flwr.app.config]"] + [f"{o.key} = {lit(o.default)}" for o in flat]
-    groups: dict[str, list[Option]] = {}
+    table: dict[str, Any] = {o.key: o.default for o in schema.options if "." not in o.key}
     for o in schema.options:
         if "." in o.key:
-            groups.setdefault(o.key.split(".", 1)[0], []).append(o)
-    for g, opts in groups.items():
-        lines += ["", f"[tool.flwr.app.config.{g}]"]
-        lines += [f"{o.key.split('.', 1)[1]} = {lit(o.default)}" for o in opts]
-    return "\n".join(lines) + "\n"
+            group, key = o.key.split(".", 1)
+            table.setdefault(group, {})[key] = o.default
+    return toml_text({"tool": {"flwr": {"app": {"config": table}}}})
 
 
 def describe(schema: Schema) -> str:
@@ -599,4 +595,4 @@ def describe(schema: Schema) -> str:
 __all__ = ["CORE_SCHEMA", "DATASETS", "MODELS", "SHARED_KEYS", "ConfigError", "CoreOptions",
            "Option", "RunConfig", "Scalar", "Schema", "Variant", "build", "coerce", "describe",
            "flatten", "from_run_config", "load", "load_yaml", "parse_overrides",
-           "parse_seeds", "parse_strategy", "to_toml", "verify_saved"]
+           "parse_seeds", "parse_strategy", "to_toml", "toml_text", "verify_saved"]

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedsys.config import ConfigError
+from fedsys.config import ConfigError, toml_text
 from launch.simulation import FLWR_ENV
 
 HOST = "127.0.0.1"
@@ -348,11 +348,8 @@ class LocalDeployment:
     def write_connection(self) -> None:
         """Write the CLI's ``config.toml`` with the connection ``fedsys-local``."""
         self.cli_home.mkdir(parents=True, exist_ok=True)
-        tls = f'root-certificates = "{self.ca_cert}"' if self.tls else "insecure = true"
         (self.cli_home / "config.toml").write_text(
-            f'[superlink]\ndefault = "{CONNECTION}"\n\n'
-            f'[superlink.{CONNECTION}]\naddress = "{self.address}"\n{tls}\n'
-        )
+            connection_toml(self.address, self.ca_cert if self.tls else None))
 
     def refuse_if_running(self) -> None:
         """Raise :class:`DeployError` if a deployment in ``root`` still runs."""
@@ -515,17 +512,19 @@ def _session_nice(pid: int, nice: int) -> None:
 
 
 def run_config_toml(run_config: Mapping[str, object]) -> str:
-    """A ``--run-config`` TOML file: one dotted key per line (Flower flattens it)."""
-    lines = []
-    for k, v in run_config.items():
-        if isinstance(v, bool):
-            lit = "true" if v else "false"
-        elif isinstance(v, int | float):
-            lit = repr(v)
-        else:
-            lit = json.dumps(str(v))
-        lines.append(f"{k} = {lit}")
-    return "\n".join(lines) + "\n"
+    """A ``--run-config`` TOML file: one (quoted) dotted key per line, as Flower flattens it."""
+    return toml_text(run_config)
+
+
+def connection_toml(address: str, ca_cert: Path | str | None) -> str:
+    """The flwr CLI's ``config.toml``: the connection ``fedsys-local`` to ``address``, over
+    TLS with ``ca_cert`` or insecure without one."""
+    link: dict[str, object] = {"address": address}
+    if ca_cert is None:
+        link["insecure"] = True
+    else:
+        link["root-certificates"] = str(ca_cert)
+    return toml_text({"superlink": {"default": CONNECTION, CONNECTION: link}})
 
 
 # ---------------------------------------------------------------------- /proc helpers

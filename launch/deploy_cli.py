@@ -24,6 +24,7 @@ from launch.deploy import (
     DeployError,
     LocalDeployment,
     RunNotStartedError,
+    connection_toml,
     run_config_toml,
 )
 
@@ -158,11 +159,8 @@ def _remote(args: argparse.Namespace) -> LocalDeployment:
     dep = LocalDeployment(Path(args.dir) / "remote", port=int(port))
     cli = dep.cli_home
     cli.mkdir(parents=True, exist_ok=True)
-    tls = (f'root-certificates = "{Path(args.root_certificates).resolve()}"'
-           if args.root_certificates else "insecure = true")
-    (cli / "config.toml").write_text(
-        f'[superlink]\ndefault = "{CONNECTION}"\n\n'
-        f'[superlink.{CONNECTION}]\naddress = "{args.superlink}"\n{tls}\n')
+    ca_cert = Path(args.root_certificates).resolve() if args.root_certificates else None
+    (cli / "config.toml").write_text(connection_toml(args.superlink, ca_cert))
     return dep
 
 

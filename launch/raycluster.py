@@ -29,8 +29,8 @@ from launch.simulation import FLWR_ENV
 
 @contextmanager
 def ray_cluster(root: Path, num_cpus: int | None = None,
-                timeout: float = 180.0, worker_ports: tuple[int, int] | None = None
-                ) -> Iterator[str]:
+                timeout: float = 180.0, worker_ports: tuple[int, int] | None = None,
+                attempts: int = 3) -> Iterator[str]:
     """Run ``ray start --head --block`` on 127.0.0.1 while the block runs; its address.
 
     The cluster gets free ports of its own and its temporary directory under ``root`` (keep
@@ -40,18 +40,50 @@ def ray_cluster(root: Path, num_cpus: int | None = None,
     ``worker_ports`` (first, last) is the range its workers and drivers listen on (Ray's
     default, 10002-19999, is every cluster's: clusters started side by side, such as the
     test workers', took the same port and a driver aborted, "Failed to start the grpc
-    server ... port is 10002", CI 2026-11-27).
+    server ... port is 10002", CI 2026-11-27).  ``ray start`` gives up when its raylet has
+    not registered with the GCS after 30 s (fixed in Ray's ``node.py``), which a busy
+    2-core machine reached (2026-11-27); such a start is tried again, ``attempts`` times in
+    all, each attempt's output kept in ``ray-start.log``.
 
     Raises
     ------
     RuntimeError
-        When the cluster has not started within ``timeout`` seconds (with the end of its log).
+        When no attempt started the cluster within ``timeout`` seconds (with the end of its
+        log).
     """
     root.mkdir(parents=True, exist_ok=True)
     log_path = root / "ray-start.log"
+    log_path.write_bytes(b"")
+    for attempt in range(1, attempts + 1):
+        proc, port = _start(root, log_path, num_cpus, worker_ports)
+        try:
+            end = time.monotonic() + timeout
+            while b"Ray runtime started" not in log_path.read_bytes():
+                gave_up = proc.poll() is not None
+                if gave_up and attempt < attempts:
+                    break  # (finally stops what is left of it) and the next attempt
+                if gave_up or time.monotonic() > end:
+                    raise RuntimeError(
+                        f"the Ray cluster in {root} did not start (exit status {proc.poll()}, "
+                        f"attempt {attempt} of {attempts}):\n"
+                        + log_path.read_text(errors="replace")[-3000:])
+                time.sleep(0.2)
+            else:
+                yield f"127.0.0.1:{port}"
+                return
+        finally:
+            _stop(proc)
+
+
+def _start(root: Path, log_path: Path, num_cpus: int | None,
+           worker_ports: tuple[int, int] | None) -> tuple[subprocess.Popen[bytes], int]:
+    """``ray start --head --block`` on free ports, its output appended to ``log_path``;
+    the process and its GCS port."""
     port = free_port()
     ray = Path(sys.executable).parent / "ray"
-    with log_path.open("wb") as log:
+    with log_path.open("ab") as log:
+        log.write(f"--- ray start on port {port}\n".encode())
+        log.flush()
         proc = subprocess.Popen(
             [str(ray), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
              f"--port={port}", f"--ray-client-server-port={free_port()}",
@@ -62,17 +94,7 @@ def ray_cluster(root: Path, num_cpus: int | None = None,
                if worker_ports else [])],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**FLWR_ENV, **os.environ})  # as simulate(): the caller's values win
-    try:
-        end = time.monotonic() + timeout
-        while b"Ray runtime started" not in log_path.read_bytes():
-            if proc.poll() is not None or time.monotonic() > end:
-                raise RuntimeError(
-                    f"the Ray cluster in {root} did not start (exit status {proc.poll()}):\n"
-                    + log_path.read_text(errors="replace")[-3000:])
-            time.sleep(0.2)
-        yield f"127.0.0.1:{port}"
-    finally:
-        _stop(proc)
+    return proc, port
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

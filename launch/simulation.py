@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from fedsys.config import RunConfig
+from fedsys.config import RunConfig, toml_text
 
 FLWR_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",
@@ -45,25 +45,16 @@ FLWR_ENV = {
 }
 
 
-def _toml_value(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def write_app_dir(cfg: RunConfig, directory: Path) -> Path:
     """Write a minimal Flower app ``pyproject.toml`` whose run config is ``cfg``."""
-    lines = [
-        "[project]", 'name = "fedsys"', 'version = "0.1.0"', "",
-        "[tool.flwr.app]", 'publisher = "fedsys"', "",
-        "[tool.flwr.app.components]",
-        'serverapp = "launch.server_app:app"', 'clientapp = "launch.client_app:app"', "",
-        "[tool.flwr.app.config]",
-    ]
-    lines += [f'"{k}" = {_toml_value(v)}' for k, v in cfg.to_dict().items()]
-    (directory / "pyproject.toml").write_text("\n".join(lines) + "\n")
+    (directory / "pyproject.toml").write_text(toml_text({
+        "project": {"name": "fedsys", "version": "0.1.0"},
+        "tool": {"flwr": {"app": {
+            "publisher": "fedsys",
+            "components": {"serverapp": "launch.server_app:app",
+                           "clientapp": "launch.client_app:app"},
+            "config": cfg.to_dict()}}},
+    }))
     return directory
 
 

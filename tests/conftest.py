@@ -71,6 +71,10 @@ class SharedRay:
     def ensure(self, test: str) -> None:
         from launch.simulation import ray_address_problem
 
+        if not self.address:  # the first slow test of this process
+            self.start()
+            self.previous_test = test
+            return
         problem = ray_address_problem({"RAY_ADDRESS": self.address}, timeout=2.0)
         if problem is not None:
             log = ""
@@ -85,6 +89,7 @@ class SharedRay:
 
     def stop(self) -> None:
         os.environ.pop("RAY_ADDRESS", None)
+        self.address = ""
         self.stack.close()
         self.stack = contextlib.ExitStack()
 
@@ -100,8 +105,9 @@ def _shared_ray(request: pytest.FixtureRequest) -> Iterator[SharedRay | None]:
     each run starts one ClientApp actor: Flower starts an actor per CPU, and each costs
     about 10 s of CPU importing torch and Flower's simulation modules (a short run: 21.5 s
     of CPU in a one-CPU cluster, 35.7 s in one with both cores; no test needs clients to
-    train at once). Started only when a selected test is marked ``slow``;
-    ``FEDSYS_TEST_SHARED_RAY=0`` turns it off, and a ``RAY_ADDRESS`` already set is used as
+    train at once). Started by the process's first test marked ``slow`` (so a cluster that
+    does not start fails those tests, not the unit tests beside them, as the first start
+    under a loaded machine once did); ``FEDSYS_TEST_SHARED_RAY=0`` turns it off, and a ``RAY_ADDRESS`` already set is used as
     it is. A test that needs a run's own cluster asks for ``own_ray_cluster``.
     """
     slow = any(it.get_closest_marker("slow") for it in request.session.items)
@@ -109,9 +115,8 @@ def _shared_ray(request: pytest.FixtureRequest) -> Iterator[SharedRay | None]:
             or os.environ.get("FEDSYS_TEST_SHARED_RAY", "1") == "0"):
         yield None
         return
-    shared = SharedRay()
-    try:
-        shared.start()
+    shared = SharedRay()  # started by the first slow test: a cluster that does not start
+    try:                  # fails the slow tests, not the others
         yield shared
     finally:
         shared.stop()

@@ -248,3 +248,20 @@ def test_a_failed_command_does_not_wait_for_threads_its_run_left_behind():
     proc = subprocess.run([sys.executable, "-c", code_ok], capture_output=True, text=True,
                           timeout=120, check=False)
     assert proc.returncode == 0 and "not reached" in proc.stdout and proc.stderr == ""
+
+
+def test_the_simulations_app_config_reads_back_as_the_run_config_in_flower(tmp_path):
+    """``launch.simulation.write_app_dir``: Flower's own loader gets every value back,
+    quotes, backslashes and dotted keys included."""
+    from flwr.common.config import get_fused_config_from_dir, get_project_config
+
+    from launch.registry import build
+    from launch.simulation import write_app_dir
+
+    cfg = build({"name": 'a "quoted" \\ name', "about": "line\nbreak", "fedcda.warmup": 2,
+                 "strategy": "fedavg,fedcda[fedcda.memory=2]", "lr": 0.05, "resume": True})
+    write_app_dir(cfg, tmp_path)
+    assert get_fused_config_from_dir(tmp_path, {}) == cfg.to_dict()
+    app = get_project_config(tmp_path)["tool"]["flwr"]["app"]
+    assert app["components"] == {"serverapp": "launch.server_app:app",
+                                 "clientapp": "launch.client_app:app"}

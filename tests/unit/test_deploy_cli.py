@@ -14,6 +14,7 @@ import pytest
 
 from launch import cli
 from launch.deploy import (
+    CONNECTION,
     SCRIPTS,
     SERVER_EXEC,
     SUPERLINK,
@@ -22,6 +23,7 @@ from launch.deploy import (
     _alive,
     _session_nice,
     _start_time,
+    connection_toml,
     node_exec_name,
     node_name,
     run_config_toml,
@@ -173,3 +175,12 @@ def test_deploy_help_lists_the_actions() -> None:
                          capture_output=True, text=True, check=True).stdout
     for action in ("up", "run", "status", "down"):
         assert action in out
+
+
+def test_connection_toml_escapes_what_it_writes(tmp_path: Path) -> None:
+    ca = tmp_path / 'a "quoted" \\dir' / "ca.crt"
+    tls = tomllib.loads(connection_toml("127.0.0.1:9093", ca))["superlink"]
+    assert tls == {"default": CONNECTION, CONNECTION: {"address": "127.0.0.1:9093",
+                                                       "root-certificates": str(ca)}}
+    plain = tomllib.loads(connection_toml("[::1]:9093", None))["superlink"]
+    assert plain[CONNECTION] == {"address": "[::1]:9093", "insecure": True}
