@@ -539,29 +539,6 @@ def build(*layers: Mapping[str, Any], schema: Schema) -> RunConfig:
     return RunConfig(**core, methods=methods, schema=schema)  # type: ignore[arg-type]
 
 
-def load(
-    yaml_path: Path | None = None,
-    overrides: Iterable[str] = (),
-    run_config: Mapping[str, Any] | None = None,
-    *,
-    schema: Schema,
-) -> RunConfig:
-    """Resolve a config from Flower's run config, a YAML file and overrides."""
-    layers: list[Mapping[str, Any]] = [dict(run_config or {})]
-    if yaml_path is not None:
-        layers.append(load_yaml(yaml_path))
-    layers.append(parse_overrides(overrides))
-    return build(*layers, schema=schema)
-
-
-def from_run_config(run_config: Mapping[str, Any], schema: Schema) -> RunConfig:
-    """Build the config inside a ServerApp or ClientApp from ``context.run_config``.
-
-    ``run_simulation`` hands over an empty run config; the defaults then apply.
-    """
-    return build(dict(run_config), schema=schema)
-
-
 def toml_text(data: Mapping[str, Any]) -> str:
     """``data`` as TOML text: fedsys's one TOML writer (``tomli_w``, which Flower itself
     depends on, quotes and escapes every key and string)."""
@@ -594,5 +571,5 @@ def describe(schema: Schema) -> str:
 
 __all__ = ["CORE_SCHEMA", "DATASETS", "MODELS", "SHARED_KEYS", "ConfigError", "CoreOptions",
            "Option", "RunConfig", "Scalar", "Schema", "Variant", "build", "coerce", "describe",
-           "flatten", "from_run_config", "load", "load_yaml", "parse_overrides",
+           "flatten", "load_yaml", "parse_overrides",
            "parse_seeds", "parse_strategy", "to_toml", "toml_text", "verify_saved"]

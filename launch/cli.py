@@ -254,10 +254,10 @@ def cmd_keys(args: argparse.Namespace) -> int:
     """``fedsys keys``: every config key (``--toml``: pyproject's table)."""
     registry.import_plugins(args.plugins or "")
     if args.toml:
-        print(cfgmod.to_toml(registry.schema()), end="")
+        print(registry.to_toml(), end="")
         return 0
     print(f"  {'key':24} {'default':12} {'allowed':28} meaning")
-    print(cfgmod.describe(registry.schema()))
+    print(registry.describe())
     return 0
 
 

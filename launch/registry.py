@@ -1,4 +1,8 @@
-"""The known methods and the config schema they make.
+"""The known methods, the config schema they make, and the config API.
+
+Every config is built here (:func:`build`, :func:`load`, :func:`from_run_config`), checked
+against the schema of the methods registered now; :mod:`fedsys.config` holds the types
+and the schema-driven machinery they use.
 
 Strategies are registered in :data:`strategies.REGISTRY`, trainers in
 :data:`clients.TRAINERS`, one line each; their declared options, together with the
@@ -78,6 +82,21 @@ def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
     return build(dict(run_config))
 
 
+def coerce(key: str, value: Any) -> cfgmod.Scalar:
+    """``value`` of config key ``key``, typed and checked (:func:`fedsys.config.coerce`)."""
+    return cfgmod.coerce(key, value, schema())
+
+
+def describe() -> str:
+    """A table of every key, its default and what it allows (``fedsys keys``)."""
+    return cfgmod.describe(schema())
+
+
+def to_toml() -> str:
+    """The defaults as ``pyproject.toml``'s run-config tables (``fedsys keys --toml``)."""
+    return cfgmod.to_toml(schema())
+
+
 def make_strategy(cfg: RunConfig) -> FedsysStrategy:
     """The strategy ``cfg`` names (one strategy: see :meth:`RunConfig.variants`)."""
     def builder(name: str) -> FedsysStrategy:
@@ -106,5 +125,5 @@ def train_config(cfg: RunConfig, trainer: str) -> dict[str, Any]:
     return out
 
 
-__all__ = ["build", "from_run_config", "import_plugins", "load", "make_strategy", "schema",
-           "train_config"]
+__all__ = ["build", "coerce", "describe", "from_run_config", "import_plugins", "load",
+           "make_strategy", "schema", "to_toml", "train_config"]

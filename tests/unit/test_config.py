@@ -18,33 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = ROOT / "pyproject.toml"
 
 
-class config:  # noqa: N801 - the config API with the registered methods' schema
-    """``fedsys.config`` bound to the schema of the registered methods."""
-
-    build = staticmethod(registry.build)
-    load = staticmethod(registry.load)
-    from_run_config = staticmethod(registry.from_run_config)
-    DEFAULTS = registry.schema().defaults
-    OPTIONS = registry.schema().options
-    OPTION_BY_KEY = registry.schema().by_key
-    ConfigError = ConfigError
-    STRATEGIES = registry.schema().strategies
-    TRAINERS = ("auto", *registry.schema().trainers)
-    MODELS = core.MODELS
-    parse_overrides = staticmethod(core.parse_overrides)
-    load_yaml = staticmethod(core.load_yaml)
-    flatten = staticmethod(core.flatten)
-
-    @staticmethod
-    def coerce(key: str, value: Any) -> Any:
-        return core.coerce(key, value, registry.schema())
-
-    @staticmethod
-    def describe() -> str:
-        return core.describe(registry.schema())
-
-
-cfgmod = config
+SCHEMA = registry.schema()  # the registered methods' schema, as every config is built with
+DEFAULTS = SCHEMA.defaults
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -66,48 +41,48 @@ def _write(path: Path, text: str) -> Path:
 
 
 def test_build_without_layers_equals_defaults():
-    cfg = config.build()
+    cfg = registry.build()
     assert isinstance(cfg, RunConfig)
-    assert cfg.to_dict() == config.DEFAULTS
-    for key, value in config.DEFAULTS.items():
+    assert cfg.to_dict() == DEFAULTS
+    for key, value in DEFAULTS.items():
         got = cfg.to_dict()[key]
         assert type(got) is type(value), key
 
 
 def test_defaults_cover_every_option_with_right_type():
-    assert list(config.DEFAULTS) == [o.key for o in config.OPTIONS]
-    for o in config.OPTIONS:
+    assert list(DEFAULTS) == [o.key for o in SCHEMA.options]
+    for o in SCHEMA.options:
         assert type(o.default) is o.type, o.key
         # every default passes its own validation
-        assert config.coerce(o.key, o.default) == o.default
+        assert registry.coerce(o.key, o.default) == o.default
 
 
 def test_pyproject_run_config_equals_defaults():
     data = tomllib.loads(PYPROJECT.read_text())
     table = _flatten(data["tool"]["flwr"]["app"]["config"])
-    assert set(table) == set(config.DEFAULTS), (
-        f"only in pyproject: {sorted(set(table) - set(config.DEFAULTS))}; "
-        f"only in config.py: {sorted(set(config.DEFAULTS) - set(table))}"
+    assert set(table) == set(DEFAULTS), (
+        f"only in pyproject: {sorted(set(table) - set(DEFAULTS))}; "
+        f"only in config.py: {sorted(set(DEFAULTS) - set(table))}"
     )
-    for key, default in config.DEFAULTS.items():
+    for key, default in DEFAULTS.items():
         assert table[key] == default, key
         assert type(table[key]) is type(default), f"{key}: {type(table[key])} vs {type(default)}"
 
 
 def test_from_run_config_empty_equals_defaults():
-    assert config.from_run_config({}) == config.build()
-    assert config.from_run_config({}).to_dict() == config.DEFAULTS
+    assert registry.from_run_config({}) == registry.build()
+    assert registry.from_run_config({}).to_dict() == DEFAULTS
 
 
 def test_from_run_config_pyproject_table_equals_defaults():
     data = tomllib.loads(PYPROJECT.read_text())
     # Flower hands the table over flattened with dotted keys
     run_config = _flatten(data["tool"]["flwr"]["app"]["config"])
-    assert config.from_run_config(run_config) == config.build()
+    assert registry.from_run_config(run_config) == registry.build()
 
 
 def test_field_names_snake_case_with_double_underscore():
-    cfg = config.build({"fedprox.mu": 0.2, "num-clients": 7, "clients-per-round": 3})
+    cfg = registry.build({"fedprox.mu": 0.2, "num-clients": 7, "clients-per-round": 3})
     assert cfg.get("fedprox.mu") == 0.2
     assert cfg.num_clients == 7
     assert cfg.clients_per_round == 3
@@ -118,12 +93,12 @@ def test_field_names_snake_case_with_double_underscore():
 
 def test_unknown_key_names_key():
     with pytest.raises(ConfigError, match="no-such-key"):
-        config.build({"no-such-key": 1})
+        registry.build({"no-such-key": 1})
 
 
 def test_typo_suggests_close_match():
     with pytest.raises(ConfigError) as exc:
-        config.build({"num-clinets": 5})
+        registry.build({"num-clinets": 5})
     msg = str(exc.value)
     assert "num-clinets" in msg
     assert "num-clients" in msg
@@ -131,7 +106,7 @@ def test_typo_suggests_close_match():
 
 def test_unknown_nested_key_is_dotted():
     with pytest.raises(ConfigError, match=r"fedprox\.nu"):
-        config.build({"fedprox": {"nu": 0.1}})
+        registry.build({"fedprox": {"nu": 0.1}})
 
 
 # ---------------------------------------------------------------------- bad values
@@ -157,7 +132,7 @@ def test_unknown_nested_key_is_dotted():
 )
 def test_wrong_type_rejected_naming_key(key, value):
     with pytest.raises(ConfigError) as exc:
-        config.build({key: value})
+        registry.build({key: value})
     assert f"'{key}'" in str(exc.value)
 
 
@@ -179,9 +154,9 @@ def test_wrong_type_rejected_naming_key(key, value):
     ],
 )
 def test_out_of_range_rejected_naming_key_and_rule(key, value):
-    opt = config.OPTION_BY_KEY[key]
+    opt = SCHEMA.by_key[key]
     with pytest.raises(ConfigError) as exc:
-        config.build({key: value})
+        registry.build({key: value})
     msg = str(exc.value)
     assert f"'{key}'" in msg
     assert opt.rule in msg
@@ -202,21 +177,21 @@ def test_out_of_range_rejected_naming_key_and_rule(key, value):
 )
 def test_bad_choice_lists_allowed_values(key, value, bad):
     with pytest.raises(ConfigError) as exc:
-        config.build({key: value})
+        registry.build({key: value})
     msg = str(exc.value)
     assert f"'{key}'" in msg
     assert repr(bad) in msg
-    for allowed in config.OPTION_BY_KEY[key].choices or config.STRATEGIES:
+    for allowed in SCHEMA.by_key[key].choices or SCHEMA.strategies:
         assert allowed in msg
 
 
 def test_good_choices_accepted():
-    cfg = config.build({"partition": "shards", "strategy": "fedprox", "model": "mlp"})
+    cfg = registry.build({"partition": "shards", "strategy": "fedprox", "model": "mlp"})
     assert (cfg.partition, cfg.strategy, cfg.model) == ("shards", "fedprox", "mlp")
 
 
 def test_numeric_strings_and_ints_coerced():
-    cfg = config.build({"lr": "0.1", "seed": "12", "momentum": 1, "num-clients": 10.0})
+    cfg = registry.build({"lr": "0.1", "seed": "12", "momentum": 1, "num-clients": 10.0})
     assert cfg.lr == 0.1 and type(cfg.lr) is float
     assert cfg.seed == 12 and type(cfg.seed) is int
     assert cfg.momentum == 1.0 and type(cfg.momentum) is float
@@ -224,7 +199,7 @@ def test_numeric_strings_and_ints_coerced():
 
 
 def test_boundary_values_accepted():
-    cfg = config.build({"momentum": 1.0, "fraction-evaluate": 0.0, "fedprox.mu": 0.0})
+    cfg = registry.build({"momentum": 1.0, "fraction-evaluate": 0.0, "fedprox.mu": 0.0})
     assert cfg.momentum == 1.0
     assert cfg.fraction_evaluate == 0.0
     assert cfg.get("fedprox.mu") == 0.0
@@ -246,7 +221,7 @@ def test_boundary_values_accepted():
     ],
 )
 def test_bool_parsing(value, expected):
-    cfg = config.build({"resume": value})
+    cfg = registry.build({"resume": value})
     assert cfg.resume is expected
 
 
@@ -254,39 +229,39 @@ def test_bool_parsing(value, expected):
 
 
 def test_strategy_list_becomes_comma_string():
-    cfg = config.build({"strategy": ["fedprox", "fedavg"]})
+    cfg = registry.build({"strategy": ["fedprox", "fedavg"]})
     assert cfg.strategy == "fedprox,fedavg"
     assert cfg.strategies == ["fedprox", "fedavg"]
 
 
 def test_strategy_yaml_list(tmp_path):
     path = _write(tmp_path / "exp.yaml", "strategy:\n  - fedavg\n  - fedprox\n")
-    cfg = config.load(path)
+    cfg = registry.load(path)
     assert cfg.strategy == "fedavg,fedprox"
     assert cfg.strategies == ["fedavg", "fedprox"]
 
 
 def test_strategies_strips_spaces():
-    cfg = config.build({"strategy": " fedavg , fedprox "})
+    cfg = registry.build({"strategy": " fedavg , fedprox "})
     assert cfg.strategies == ["fedavg", "fedprox"]
 
 
 def test_default_strategies():
-    assert config.build().strategies == ["fedavg", "fedprox"]
+    assert registry.build().strategies == ["fedavg", "fedprox"]
 
 
 # ------------------------------------------------------------------------- layers
 
 
 def test_later_layer_wins():
-    cfg = config.build({"lr": 0.1, "seed": 3}, {"lr": 0.2})
+    cfg = registry.build({"lr": 0.1, "seed": 3}, {"lr": 0.2})
     assert cfg.lr == 0.2
     assert cfg.seed == 3
 
 
 def test_load_layering_order(tmp_path):
     path = _write(tmp_path / "exp.yaml", "lr: 0.2\nseed: 5\nbatch-size: 64\n")
-    cfg = config.load(
+    cfg = registry.load(
         path,
         overrides=["lr=0.3"],
         run_config={"lr": 0.1, "seed": 1, "num-server-rounds": 7, "batch-size": 16},
@@ -295,61 +270,61 @@ def test_load_layering_order(tmp_path):
     assert cfg.seed == 5  # YAML beats run_config
     assert cfg.batch_size == 64  # YAML beats run_config
     assert cfg.num_server_rounds == 7  # run_config beats defaults
-    assert cfg.momentum == config.DEFAULTS["momentum"]  # untouched default
+    assert cfg.momentum == DEFAULTS["momentum"]  # untouched default
 
 
 def test_load_without_yaml(tmp_path):
-    cfg = config.load(None, overrides=["seed=9"], run_config={"seed": 1, "lr": 0.5})
+    cfg = registry.load(None, overrides=["seed=9"], run_config={"seed": 1, "lr": 0.5})
     assert cfg.seed == 9
     assert cfg.lr == 0.5
 
 
 def test_nested_yaml_gives_dotted_key(tmp_path):
     path = _write(tmp_path / "exp.yaml", "fedprox:\n  mu: 0.5\nlr: 0.01\n")
-    assert config.load_yaml(path) == {"fedprox.mu": 0.5, "lr": 0.01}
-    cfg = config.load(path)
+    assert core.load_yaml(path) == {"fedprox.mu": 0.5, "lr": 0.01}
+    cfg = registry.load(path)
     assert cfg.get("fedprox.mu") == 0.5
     assert cfg.to_dict()["fedprox.mu"] == 0.5
 
 
 def test_flat_dotted_yaml_key(tmp_path):
     path = _write(tmp_path / "exp.yaml", "fedprox.mu: 0.25\n")
-    assert config.load(path).get("fedprox.mu") == 0.25
+    assert registry.load(path).get("fedprox.mu") == 0.25
 
 
 def test_override_dotted_key():
-    cfg = config.load(None, overrides=["fedprox.mu=0.7"])
+    cfg = registry.load(None, overrides=["fedprox.mu=0.7"])
     assert cfg.get("fedprox.mu") == 0.7
 
 
 def test_empty_yaml_file_gives_defaults(tmp_path):
     path = _write(tmp_path / "empty.yaml", "")
-    assert config.load(path) == config.build()
+    assert registry.load(path) == registry.build()
 
 
 def test_a_config_file_that_is_not_a_yaml_mapping_is_refused_by_name(tmp_path):
     cases = {"list.yaml": "- 1\n- 2\n", "broken.yaml": "a: [1,\n"}
     for name, text in cases.items():
         with pytest.raises(ConfigError, match=name):
-            config.load(_write(tmp_path / name, text))
+            registry.load(_write(tmp_path / name, text))
     (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(ConfigError, match=r"binary\.yaml cannot be read \(UnicodeDecodeError\)"):
-        config.load(tmp_path / "binary.yaml")
+        registry.load(tmp_path / "binary.yaml")
     with pytest.raises(ConfigError, match="cannot be read"):
-        config.load(tmp_path)                                       # a directory
+        registry.load(tmp_path)                                       # a directory
 
 
 def test_clients_per_round_above_num_clients_rejected():
     with pytest.raises(ConfigError, match="clients-per-round"):
-        config.build({"num-clients": 4, "clients-per-round": 5})
+        registry.build({"num-clients": 4, "clients-per-round": 5})
     # equal is fine
-    cfg = config.build({"num-clients": 5, "clients-per-round": 5})
+    cfg = registry.build({"num-clients": 5, "clients-per-round": 5})
     assert cfg.clients_per_round == cfg.num_clients == 5
 
 
 def test_clients_per_round_checked_after_all_layers():
     # an intermediate layer may violate it as long as the final merge does not
-    cfg = config.build({"clients-per-round": 30}, {"num-clients": 40})
+    cfg = registry.build({"clients-per-round": 30}, {"num-clients": 40})
     assert (cfg.clients_per_round, cfg.num_clients) == (30, 40)
 
 
@@ -357,35 +332,35 @@ def test_clients_per_round_checked_after_all_layers():
 
 
 def test_run_config_is_frozen():
-    cfg = config.build()
+    cfg = registry.build()
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.lr = 1.0  # type: ignore[misc]
 
 
 def test_to_dict_build_roundtrip():
-    cfg = config.build({"lr": 0.2, "strategy": "fedprox", "fedprox.mu": 0.3})
+    cfg = registry.build({"lr": 0.2, "strategy": "fedprox", "fedprox.mu": 0.3})
     d = cfg.to_dict()
-    assert list(d) == [o.key for o in config.OPTIONS]
-    assert config.build(d) == cfg
+    assert list(d) == [o.key for o in SCHEMA.options]
+    assert registry.build(d) == cfg
 
 
 def test_replace_returns_changed_copy():
-    cfg = config.build()
+    cfg = registry.build()
     new = cfg.replace(**{"lr": 0.5, "num-clients": 8, "fedprox.mu": 0.2})
     assert new.lr == 0.5 and new.num_clients == 8 and new.get("fedprox.mu") == 0.2
-    assert cfg.lr == config.DEFAULTS["lr"]  # original untouched
+    assert cfg.lr == DEFAULTS["lr"]  # original untouched
     assert new.replace(**{"lr": cfg.lr, "num-clients": 20, "fedprox.mu": 0.01}) == cfg
 
 
 def test_replace_validates():
     with pytest.raises(ConfigError, match="'lr'"):
-        config.build().replace(lr=-1)
+        registry.build().replace(lr=-1)
     with pytest.raises(ConfigError, match="clients-per-round"):
-        config.build().replace(**{"num-clients": 2})
+        registry.build().replace(**{"num-clients": 2})
 
 
 def test_save_then_load_reproduces_config(tmp_path):
-    cfg = config.build(
+    cfg = registry.build(
         {
             "name": "exp1",
             "lr": 0.125,
@@ -399,57 +374,57 @@ def test_save_then_load_reproduces_config(tmp_path):
     path = tmp_path / "deep" / "config.yaml"
     cfg.save(path)
     assert path.is_file()
-    again = config.load(path)
+    again = registry.load(path)
     assert again == cfg
     assert again.to_dict() == cfg.to_dict()
 
 
 def test_run_dir_is_absolute(tmp_path):
-    cfg = config.build({"output-dir": str(tmp_path), "name": "abc"})
+    cfg = registry.build({"output-dir": str(tmp_path), "name": "abc"})
     assert cfg.run_dir == tmp_path.resolve() / "abc"
-    assert config.build().run_dir.is_absolute()
+    assert registry.build().run_dir.is_absolute()
 
 
 # ------------------------------------------------------------- overrides and files
 
 
 def test_parse_overrides_yaml_scalars():
-    out = config.parse_overrides(["lr=0.1", "resume=true", "name=a=b", "data-dir=", " seed = 3"])
+    out = core.parse_overrides(["lr=0.1", "resume=true", "name=a=b", "data-dir=", " seed = 3"])
     assert out == {"lr": 0.1, "resume": True, "name": "a=b", "data-dir": "", "seed": 3}
 
 
 def test_parse_overrides_rejects_missing_equals():
     with pytest.raises(ConfigError, match="noequals"):
-        config.parse_overrides(["noequals"])
+        core.parse_overrides(["noequals"])
 
 
 def test_load_yaml_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
-        config.load_yaml(tmp_path / "missing.yaml")
+        core.load_yaml(tmp_path / "missing.yaml")
 
 
 def test_load_yaml_invalid_yaml(tmp_path):
     path = _write(tmp_path / "bad.yaml", "lr: [0.1\nseed: : :\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
-        config.load_yaml(path)
+        core.load_yaml(path)
 
 
 def test_load_yaml_non_mapping(tmp_path):
     path = _write(tmp_path / "list.yaml", "- a\n- b\n")
     with pytest.raises(ConfigError, match="mapping"):
-        config.load_yaml(path)
+        core.load_yaml(path)
 
 
 def test_load_yaml_unknown_key_rejected_on_build(tmp_path):
     path = _write(tmp_path / "exp.yaml", "lrr: 0.1\n")
     with pytest.raises(ConfigError, match="'lrr'") as exc:
-        config.load(path)
+        registry.load(path)
     assert "'lr'" in str(exc.value)
 
 
 def test_describe_lists_every_key():
-    text = config.describe()
-    for o in config.OPTIONS:
+    text = registry.describe()
+    for o in SCHEMA.options:
         assert o.key in text
 
 
@@ -458,15 +433,15 @@ def test_describe_lists_every_key():
 
 def test_pyproject_run_config_equals_the_code_defaults():
     table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    flat = cfgmod.flatten(table)
-    assert flat == cfgmod.DEFAULTS
-    assert {k: type(v) for k, v in flat.items()} == {k: type(v) for k, v in cfgmod.DEFAULTS.items()}
+    flat = core.flatten(table)
+    assert flat == DEFAULTS
+    assert {k: type(v) for k, v in flat.items()} == {k: type(v) for k, v in DEFAULTS.items()}
 
 
 def test_defaults_build_and_are_frozen():
-    cfg = cfgmod.build()
-    assert cfg.to_dict() == cfgmod.DEFAULTS
-    assert cfgmod.from_run_config({}) == cfg
+    cfg = registry.build()
+    assert cfg.to_dict() == DEFAULTS
+    assert registry.from_run_config({}) == cfg
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.lr = 1.0  # type: ignore[misc]
 
@@ -474,7 +449,7 @@ def test_defaults_build_and_are_frozen():
 def test_layers_override_in_order(tmp_path):
     y = tmp_path / "e.yaml"
     y.write_text("lr: 0.2\nseed: 4\nfedprox:\n  mu: 0.5\nstrategy: [fedavg, fedprox]\n")
-    cfg = cfgmod.load(y, ["seed=9"], run_config={"lr": 0.3, "batch-size": 64})
+    cfg = registry.load(y, ["seed=9"], run_config={"lr": 0.3, "batch-size": 64})
     assert cfg.lr == 0.2  # YAML over Flower's run config
     assert cfg.seed == 9  # --set over YAML
     assert cfg.batch_size == 64  # run config over defaults
@@ -483,9 +458,9 @@ def test_layers_override_in_order(tmp_path):
 
 
 def test_save_and_reload_roundtrip(tmp_path):
-    cfg = cfgmod.build({"lr": 0.125, "name": "x", "resume": True})
+    cfg = registry.build({"lr": 0.125, "name": "x", "resume": True})
     cfg.save(tmp_path / "c.yaml")
-    assert cfgmod.load(tmp_path / "c.yaml") == cfg
+    assert registry.load(tmp_path / "c.yaml") == cfg
     assert cfg.replace(seed=3).seed == 3 and cfg.replace(seed=3).lr == 0.125
 
 
@@ -505,56 +480,56 @@ def test_save_and_reload_roundtrip(tmp_path):
     ],
 )
 def test_bad_keys_and_values_raise_one_clear_error(layer, needles):
-    with pytest.raises(cfgmod.ConfigError) as e:
-        cfgmod.build(layer)
+    with pytest.raises(ConfigError) as e:
+        registry.build(layer)
     for n in needles:
         assert n in str(e.value)
 
 
 def test_value_parsing():
-    assert cfgmod.coerce("resume", "true") is True and cfgmod.coerce("resume", "off") is False
-    assert cfgmod.coerce("num-clients", 4.0) == 4 and cfgmod.coerce("lr", "0.5") == 0.5
-    assert cfgmod.parse_overrides(["a=1", "b=x y", "c=true", "d="]) == {"a": 1, "b": "x y", "c": True, "d": ""}
-    with pytest.raises(cfgmod.ConfigError, match="key=value"):
-        cfgmod.parse_overrides(["noequals"])
+    assert registry.coerce("resume", "true") is True and registry.coerce("resume", "off") is False
+    assert registry.coerce("num-clients", 4.0) == 4 and registry.coerce("lr", "0.5") == 0.5
+    assert core.parse_overrides(["a=1", "b=x y", "c=true", "d="]) == {"a": 1, "b": "x y", "c": True, "d": ""}
+    with pytest.raises(ConfigError, match="key=value"):
+        core.parse_overrides(["noequals"])
 
 
 def test_yaml_problems_are_config_errors(tmp_path):
-    with pytest.raises(cfgmod.ConfigError, match="not found"):
-        cfgmod.load_yaml(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="not found"):
+        core.load_yaml(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("a: [1, 2\n")
-    with pytest.raises(cfgmod.ConfigError, match="not valid YAML"):
-        cfgmod.load_yaml(bad)
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        core.load_yaml(bad)
     lst = tmp_path / "list.yaml"
     lst.write_text("- 1\n- 2\n")
-    with pytest.raises(cfgmod.ConfigError, match="mapping"):
-        cfgmod.load_yaml(lst)
+    with pytest.raises(ConfigError, match="mapping"):
+        core.load_yaml(lst)
 
 
 def test_shipped_configs_are_valid():
     for f in sorted((ROOT / "configs").glob("*.yaml")):
-        cfgmod.load(f)
+        registry.load(f)
 
 
 def test_the_config_takes_every_registered_name_and_refuses_others():
     """Every registered strategy, trainer and model is a value the config accepts; a name
-    registered nowhere is refused by name.  ``fedsys.config.MODELS`` is a copy of the model
+    registered nowhere is refused by name.  ``fedsys.core.MODELS`` is a copy of the model
     registry's names (config validation does not import torch): it must match."""
     from clients import TRAINERS
     from fedsys.models import MODELS
     from strategies import REGISTRY
 
     for name in REGISTRY:
-        assert cfgmod.build({"strategy": name}).strategies == [name]
+        assert registry.build({"strategy": name}).strategies == [name]
     for name in TRAINERS:
-        assert cfgmod.build({"trainer": name}).trainer == name
+        assert registry.build({"trainer": name}).trainer == name
     for name in MODELS:
-        assert cfgmod.build({"model": name}).model == name
+        assert registry.build({"model": name}).model == name
     assert tuple(core.MODELS) == tuple(MODELS)
     for key in ("strategy", "trainer", "model"):
-        with pytest.raises(cfgmod.ConfigError, match="nosuch"):
-            cfgmod.build({key: "nosuch"})
+        with pytest.raises(ConfigError, match="nosuch"):
+            registry.build({key: "nosuch"})
 
 
 @pytest.mark.parametrize(
@@ -570,8 +545,8 @@ def test_the_config_takes_every_registered_name_and_refuses_others():
 )
 def test_fedcda_presets_equal_the_documented_commands(preset, overrides):
     """Each per-setting preset is the base config plus the overrides docs/results/fedcda.md ran."""
-    want = cfgmod.load(ROOT / "configs" / "fedcda-fmnist.yaml", overrides)
-    got = cfgmod.load(ROOT / "configs" / f"{preset}.yaml")
+    want = registry.load(ROOT / "configs" / "fedcda-fmnist.yaml", overrides)
+    got = registry.load(ROOT / "configs" / f"{preset}.yaml")
     assert got == want
 
 
