@@ -128,10 +128,10 @@ def _probe_server(events: dict[str, dict[str, float]], rounds: list[dict[str, fl
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
-    import fedsys.protocol as proto
+    import fedsys.transport as transport
     from strategies.base import FedsysStrategy
 
-    push, pull = proto._push, proto._pull
+    push, pull = transport._push, transport._pull
     now = {"round": 0.0}
 
     def _push(grid: Any, messages: list[Any]) -> list[str]:
@@ -147,7 +147,7 @@ def _probe_server(events: dict[str, dict[str, float]], rounds: list[dict[str, fl
             events[m.metadata.reply_to_message_id]["pulled"] = time.time()
         return got
 
-    proto._push, proto._pull = _push, _pull
+    transport._push, transport._pull = _push, _pull
 
     def wrap(cls: Any, name: str, key: Any) -> None:
         orig = getattr(cls, name)

@@ -39,7 +39,7 @@ from fedsys import metrics  # noqa: E402
 from fedsys.fedcda import batch_sizes  # noqa: E402
 from fedsys.models import build_model  # noqa: E402
 from fedsys.params import Params, from_torch  # noqa: E402
-from fedsys.protocol import ClientUpdate  # noqa: E402
+from fedsys.validation import ClientUpdate  # noqa: E402
 from launch.registry import build  # noqa: E402
 from strategies.fedavg import FedAvgStrategy  # noqa: E402
 from strategies.fedcda import FedCDAStrategy  # noqa: E402

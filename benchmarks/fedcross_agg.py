@@ -45,7 +45,7 @@ from fedsys import fedcross as maths  # noqa: E402
 from fedsys import metrics  # noqa: E402
 from fedsys.models import build_model  # noqa: E402
 from fedsys.params import Params, from_torch, num_bytes  # noqa: E402
-from fedsys.protocol import ClientUpdate  # noqa: E402
+from fedsys.validation import ClientUpdate  # noqa: E402
 from launch.registry import build  # noqa: E402
 from strategies.fedavg import FedAvgStrategy  # noqa: E402
 from strategies.fedcross import FedCrossStrategy  # noqa: E402

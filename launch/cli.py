@@ -50,34 +50,14 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
     partitions(cfg)
     for _, vcfg in cfg.variants():  # a saved start that does not fit fails here, not in Ray
         initial_params(vcfg)
-    from launch.server_app import branch_point
+    from launch import lifecycle
 
     for label, vcfg in cfg.variants():  # strategy-specific checks (search sizes, K >= 2, ...)
         strategy = registry.make_strategy(vcfg)
-        if vcfg.branch_from and not vcfg.resume:
-            branch_point(vcfg)
-        from fedsys import checkpoint
-
-        ck = cfg.run_dir / label / "checkpoint.pt"
-        if cfg.resume and (ck.exists() or checkpoint.prev_path(ck).exists()):
-            try:  # a broken checkpoint is found here, before any engine starts
-                ckpt, _, note = checkpoint.load_latest(ck)
-            except checkpoint.CheckpointError as exc:
-                raise cfgmod.ConfigError(f"cannot resume {label}: {exc}") from None
-            strategy.workdir = ck.parent
-            try:  # ... and so is what it refers to (FedCDA's cached model files)
-                strategy.load_state_dict(ckpt["strategy"])
-            except (OSError, ValueError, KeyError) as exc:
-                raise cfgmod.ConfigError(
-                    f"cannot resume {label}: {exc}; this strategy cannot be resumed: start the "
-                    f"run again, or remove {ck.parent} to run it afresh") from None
-            try:  # ... and the rounds it logged, kept up to the checkpoint's round
-                metrics.read_jsonl(ck.parent / "metrics.jsonl")
-            except metrics.MetricsFileError as exc:
-                raise cfgmod.ConfigError(f"cannot resume {label}: {exc}; repair or remove "
-                                         "that line (the round it held is lost)") from None
-            if note:
-                print(f"fedsys: {label}: {note}", flush=True)
+        # a broken checkpoint, what it refers to (FedCDA's cached model files), the rounds
+        # it logged, a branch's parent: found here, before any engine starts
+        if note := lifecycle.check(vcfg, cfg.run_dir / label, strategy):
+            print(f"fedsys: {label}: {note}", flush=True)
     # last: what is wrong with the config itself is said first
     if problem := ray_address_problem(os.environ):
         raise cfgmod.ConfigError(problem)

@@ -19,6 +19,7 @@ from flwr.clientapp import ClientApp
 from clients import TRAINERS, LocalConfig, TrainJob
 from clients.base import local_config, run_trainer
 from fedsys import protocol as proto
+from fedsys import trainer_state
 from fedsys.config import ConfigError, RunConfig
 from fedsys.data import Dataset
 from fedsys.models import build_model
@@ -113,10 +114,10 @@ def train(msg: Message, context: Context) -> Message:
     scope = f"{s.get(proto.STATE_SCOPE, '')}/{name}"
     net = _load(cfg, ds, msg)
     job = TrainJob(net, x, y, ds.normalise, run_local_config(cfg, s, derive_seed(cfg.seed, rnd, pid)),
-                   options, proto.state_from_records(context.state, scope),
+                   options, trainer_state.state_from_records(context.state, scope),
                    proto.extra_models(msg.content), rnd, pid, cfg.seed)
     res = run_trainer(trainer(), job)
-    proto.state_to_records(res.state, context.state, scope)
+    trainer_state.state_to_records(res.state, context.state, scope)
     return proto.train_reply(
         msg, _weights(net), res.num_examples,
         {proto.PARTITION_ID: pid, proto.TRAIN_LOSS: res.train_loss,

@@ -31,8 +31,7 @@ from flwr.supercore import log
 
 from fedsys import checkpoint, metrics
 from fedsys import protocol as proto
-from fedsys.config import ConfigError, RunConfig
-from fedsys.ima import start_round
+from fedsys.config import RunConfig
 from fedsys.params import to_torch
 from fedsys.seeding import derive_seed
 from fedsys.task import (
@@ -44,6 +43,8 @@ from fedsys.task import (
     pick_device,
     test_sets,
 )
+from launch import lifecycle
+from launch.lifecycle import kept_checkpoint
 from launch.registry import from_run_config, make_strategy, train_config
 from strategies.base import FedsysStrategy, NoUsableUpdateError
 
@@ -175,60 +176,6 @@ class RoundRecorder:
         strategy.checkpoint_written()
 
 
-def kept_checkpoint(out: Path, rnd: int) -> Path:
-    """Where ``keep-checkpoint`` keeps the checkpoint of round ``rnd``."""
-    return out / f"checkpoint-r{rnd:04d}.pt"
-
-
-#: Keys that never change the numbers of a run (where and how it is stored).
-BRANCH_FREE = frozenset({"name", "about", "output-dir", "resume", "branch-from", "keep-checkpoint",
-                         "checkpoint-every", "save-models", "save-models-from"})
-#: Keys that act only from IMA's start round t_s on.
-BRANCH_LATE = frozenset({"ima.average", "ima.lr-decay"})
-
-
-def branch_point(cfg: RunConfig) -> dict[str, Any]:
-    """Load and check the checkpoint ``cfg.branch_from`` names.
-
-    A branch is exact only if the parent run is this run up to the checkpoint's round:
-    every key must be equal except :data:`BRANCH_FREE` ones and, while IMA has not
-    started (round <= t_s), :data:`BRANCH_LATE` ones.
-
-    Raises
-    ------
-    ConfigError
-        The file is missing or unreadable, or the two runs differ before its round.
-    """
-    path = Path(cfg.branch_from).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"config key 'branch-from': no checkpoint at {path} (keep one with "
-                          "'keep-checkpoint: ROUND' in the parent run)")
-    try:
-        ckpt = checkpoint.load(path)
-        parent, rnd = dict(ckpt["config"]), int(ckpt["round"])
-    except Exception as exc:
-        raise ConfigError(f"config key 'branch-from': {path} is not a fedsys checkpoint "
-                          f"({type(exc).__name__}: {exc})") from exc
-    mine = cfg.to_dict()
-    differ = sorted(k for k in set(mine) | set(parent)
-                    if k not in BRANCH_FREE and mine.get(k) != parent.get(k))
-    t_s = start_round(cfg.num_server_rounds, float(cfg.get("ima.start-fraction")),
-                      int(cfg.get("ima.start-round")))
-    late_ok = cfg.strategy == "ima" and rnd <= t_s
-    bad = [k for k in differ if not (late_ok and k in BRANCH_LATE)]
-    if bad:
-        detail = ", ".join(f"{k}: {parent.get(k)!r} there, {mine.get(k)!r} here" for k in bad)
-        raise ConfigError(f"config key 'branch-from': {path} (round {rnd}) comes from a run "
-                          f"that differs before that round ({detail})")
-    if rnd >= cfg.num_server_rounds:
-        raise ConfigError(f"config key 'branch-from': {path} is at round {rnd}, not before the "
-                          f"last round {cfg.num_server_rounds}")
-    if cfg.get("fedcda.cache") == "disk" and "fedcda" in (cfg.strategy, cfg.get("ima.base")):
-        raise ConfigError("config key 'branch-from': FedCDA's disk cache lives in the parent's "
-                          "run directory; branch with fedcda.cache: ram")
-    return ckpt
-
-
 @dataclass
 class KnownNodes:
     """What the run's nodes declared in their query answers, kept across its strategies.
@@ -277,30 +224,13 @@ def run_strategy(grid: Grid, cfg: RunConfig, name: str, position: str = "",
     strategy.workdir = out
     strategy.run_label = name
     recorder = RoundRecorder(cfg, out, name, position)
-    ckpt_path = out / "checkpoint.pt"
-    if cfg.resume and (ckpt_path.exists() or checkpoint.prev_path(ckpt_path).exists()):
-        ckpt, ckpt_path, note = checkpoint.load_latest(ckpt_path)
-        if note:
-            log(WARNING, "[%s] %s", name, note)
-        strategy.load_state_dict(ckpt["strategy"])
-        checkpoint.set_rng_state(ckpt["rng"])
-        # Rounds logged after the last checkpoint are redone: drop them.
-        kept = [r for r in metrics.read_jsonl(out / "metrics.jsonl") if r["round"] <= strategy.round]
-        metrics.write_jsonl(out / "metrics.jsonl", kept)
+    point = lifecycle.enter(cfg, out, strategy, name)
+    if point.note:
+        log(WARNING, "[%s] %s", name, point.note)
+    if point.kind != "fresh":
         recorder.done_at_start = strategy.round
-        log(INFO, "[%s] resuming after round %d from %s", name, strategy.round, ckpt_path)
-    elif cfg.branch_from:
-        ckpt = branch_point(cfg)
-        strategy.load_state_dict(ckpt["strategy"])
-        checkpoint.set_rng_state(ckpt["rng"])
-        src = Path(cfg.branch_from).expanduser().parent / "metrics.jsonl"
-        kept = [{**r, "strategy": name} for r in metrics.read_jsonl(src)
-                if r["round"] <= strategy.round] if src.exists() else []
-        metrics.write_jsonl(out / "metrics.jsonl", kept)
-        recorder.done_at_start = strategy.round
-        log(INFO, "[%s] branched after round %d from %s", name, strategy.round, cfg.branch_from)
-    else:
-        (out / "metrics.jsonl").unlink(missing_ok=True)
+        log(INFO, "[%s] %s after round %d from %s", name,
+            "resuming" if point.kind == "resume" else "branched", strategy.round, point.path)
     strategy.hooks.append(recorder)
     if cfg.estimators:
         strategy.estimator_fn = make_estimator_fn(cfg)

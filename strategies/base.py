@@ -65,10 +65,11 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
 from fedsys import protocol as proto
+from fedsys import transport, validation
 from fedsys.options import ConfigError, parse_group, suggest
 from fedsys.params import Params, copy, distance
-from fedsys.protocol import ClientUpdate, Rejection
 from fedsys.seeding import derive_seed
+from fedsys.validation import ClientUpdate, Rejection
 
 if TYPE_CHECKING:
     from fedsys.config import RunConfig
@@ -123,6 +124,11 @@ class StrategyWrapper:
     def transform(self, server_round: int, slot: int, model: Params) -> Params:
         """The model to send and evaluate instead of ``model`` (``slot``: which one)."""
         return model
+
+    def branch_late_keys(self, strategy: FedsysStrategy, rnd: int) -> frozenset[str]:
+        """This wrapper's config keys that have not acted by the end of round ``rnd``
+        (:meth:`FedsysStrategy.branch_late_keys`)."""
+        return frozenset()
 
     def client_lr(self, server_round: int, lr: float, lr_decay: float, current: float) -> float:
         """The client learning rate of ``server_round`` (``current``: the strategy's own)."""
@@ -411,7 +417,7 @@ class FedsysStrategy(Strategy):
         if new:
             self.asked.update(new)
             msgs = [proto.query_message(n) for n in new]
-            replies, sent = proto.send_and_receive(grid, msgs, self.round_timeout, self.poll_interval)
+            replies, sent = transport.send_and_receive(grid, msgs, self.round_timeout, self.poll_interval)
             for r in replies:
                 instr = sent.get(r.metadata.reply_to_message_id)
                 if instr is None or r.has_error() or not r.content.metric_records:
@@ -550,7 +556,7 @@ class FedsysStrategy(Strategy):
         seen: set[int] = set()
         read = self.read_keys()
         for r in replies:
-            res = proto.parse_train_reply(
+            res = validation.parse_train_reply(
                 r, sent, self._expected,
                 self._payloads.get(sent[r.metadata.reply_to_message_id].metadata.dst_node_id)
                 if r.metadata.reply_to_message_id in sent else None,
@@ -562,19 +568,19 @@ class FedsysStrategy(Strategy):
                 res = Rejection(res.node_id, res.partition_id, "duplicate reply")
             if isinstance(res, ClientUpdate) and (why := self.check_reply(res)) is not None:
                 res = Rejection(res.node_id, res.partition_id, why)
-            if isinstance(res, Rejection) and res.reason == proto.lacks(self.weighted_by_key):
+            if isinstance(res, Rejection) and res.reason == validation.lacks(self.weighted_by_key):
                 self.tell_once(f"needs-{self.weighted_by_key}", ERROR, "[%s] train replies "
                                "lack the metric '%s' that updates are weighted by (keyword "
                                "weighted_by_key=%r names it); replies without it are refused",
                                self.label, self.weighted_by_key, self.weighted_by_key)
             (ok if isinstance(res, ClientUpdate) else bad).append(res)  # type: ignore[arg-type]
             seen.add(res.node_id)
-        refused = proto.weight_refusals({u.node_id: float(u.num_examples) for u in ok},
+        refused = validation.weight_refusals({u.node_id: float(u.num_examples) for u in ok},
                                         self.node_examples, self.max_examples_ratio)
         bad += [Rejection(u.node_id, u.partition_id, refused[u.node_id]) for u in ok
                 if u.node_id in refused]
         ok = [u for u in ok if u.node_id not in refused]
-        for node in proto.missing_nodes(sent, replies):
+        for node in validation.missing_nodes(sent, replies):
             bad.append(Rejection(node, self._expected.get(node, -1), "no reply before round-timeout"))
         for rj in bad:
             log(WARNING, "[%s] rejected reply of client %d (node %d): %s",
@@ -684,6 +690,18 @@ class FedsysStrategy(Strategy):
         ``fedsys run`` before any engine starts) refuses the run when there is any."""
         return []
 
+    def branch_late_keys(self, rnd: int) -> frozenset[str]:
+        """Config keys that have not acted by the end of round ``rnd``: a run branched
+        from a checkpoint of that round may set them otherwise than its parent did
+        (``branch-from``, :func:`launch.lifecycle.branch_point`).  The strategy's own
+        (none by default) and its wrappers'."""
+        return frozenset().union(*(w.branch_late_keys(self, rnd) for w in self.wrappers))
+
+    def branch_refusal(self) -> str | None:
+        """Why a run of this strategy cannot branch from another run's checkpoint (one
+        sentence), or ``None`` (the default: it can)."""
+        return None
+
     def run_round(self, grid: Grid, server_round: int, train_config: ConfigRecord) -> dict[str, Any]:
         """One training round: configure, send, wait (with timeout), aggregate.
 
@@ -692,7 +710,7 @@ class FedsysStrategy(Strategy):
         """
         assert self.params is not None
         msgs = list(self.configure_train(server_round, proto.to_record(self.params), train_config, grid))
-        replies, _ = proto.send_and_receive(grid, msgs, self.round_timeout, self.poll_interval)
+        replies, _ = transport.send_and_receive(grid, msgs, self.round_timeout, self.poll_interval)
         self.count_traffic(msgs, replies)
         replies = self.resend_lost(grid, server_round, replies)
         _, metrics = self.aggregate_train(server_round, replies)
@@ -700,12 +718,12 @@ class FedsysStrategy(Strategy):
 
     def resend_lost(self, grid: Grid, server_round: int, replies: list[Message]) -> list[Message]:
         """Ask again, up to ``transport_retries`` times, the nodes whose train reply was
-        lost on the way (:data:`fedsys.protocol.TRANSPORT_ERRORS`), with the same
+        lost on the way (:data:`fedsys.transport.TRANSPORT_ERRORS`), with the same
         instruction (the same seeds: the update is the one the first try would have
         given); returns the round's replies with the lost ones replaced."""
         for attempt in range(1, self.transport_retries + 1):
-            lost = {r.metadata.reply_to_message_id for r in replies if proto.lost_in_transport(r)}
-            again = {mid: proto.resend(m) for m in self._outbox
+            lost = {r.metadata.reply_to_message_id for r in replies if transport.lost_in_transport(r)}
+            again = {mid: transport.resend(m) for m in self._outbox
                      if (mid := m.metadata.message_id) in lost}
             if not again:
                 break
@@ -717,7 +735,7 @@ class FedsysStrategy(Strategy):
                 self.transport_retries)
             self._outbox = [m for m in self._outbox if m.metadata.message_id not in again]
             self._outbox += list(again.values())
-            new, _ = proto.send_and_receive(grid, list(again.values()), self.round_timeout,
+            new, _ = transport.send_and_receive(grid, list(again.values()), self.round_timeout,
                                             self.poll_interval)
             self.count_traffic(list(again.values()), new)
             replies = [r for r in replies if r.metadata.reply_to_message_id not in again] + new
@@ -738,7 +756,7 @@ class FedsysStrategy(Strategy):
         self._expected = {node_id: partition_id}
         self._payloads = {node_id: params}
         self._outbox = [proto.message(node_id, MessageType.TRAIN, params, cfg, models)]
-        replies, _ = proto.send_and_receive(grid, self._outbox, self.round_timeout,
+        replies, _ = transport.send_and_receive(grid, self._outbox, self.round_timeout,
                                             self.poll_interval)
         self.last_replies = replies
         self.count_traffic(self._outbox, replies)
@@ -824,7 +842,7 @@ class FedsysStrategy(Strategy):
         """Federated (``fed-*`` keys) and central evaluation of the current model into
         ``record`` and ``result``."""
         assert self.params is not None
-        fed = self.aggregate_evaluate(rnd, proto.send_and_receive(
+        fed = self.aggregate_evaluate(rnd, transport.send_and_receive(
             grid, list(self.configure_evaluate(rnd, proto.to_record(self.params), evaluate_config, grid)),
             self.round_timeout, self.poll_interval)[0])
         if fed is not None:

@@ -4,7 +4,7 @@ Decentralized Data", AISTATS 2017, Algorithm 1)."""
 from __future__ import annotations
 
 from fedsys.params import Params, mean
-from fedsys.protocol import ClientUpdate
+from fedsys.validation import ClientUpdate
 from strategies.base import FedsysStrategy
 
 

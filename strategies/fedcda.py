@@ -24,8 +24,8 @@ from fedsys.fedcda import Layout
 from fedsys.model_cache import ModelCache
 from fedsys.options import ConfigError, option
 from fedsys.params import Params, mean
-from fedsys.protocol import ClientUpdate
 from fedsys.seeding import derive_seed
+from fedsys.validation import ClientUpdate
 from strategies.base import FedsysStrategy
 
 BATCH_TAG = 0xCDA
@@ -146,6 +146,14 @@ class FedCDAStrategy(FedsysStrategy):
             self.warmup = int(self.options.warmup_fraction * num_rounds)
         elif self.options.warmup < 0:
             self.warmup = num_rounds // 4
+
+    def branch_refusal(self) -> str | None:
+        """The disk cache (``fedcda.cache: disk``) lives in the parent's run directory:
+        a branch would share its files."""
+        if self.options.cache == "disk":
+            return ("FedCDA's disk cache lives in the parent's run directory; branch with "
+                    "fedcda.cache: ram")
+        return None
 
     def inert_options(self, num_rounds: int) -> list[str]:
         """A warmup covering every round leaves FedCDA as FedAvg."""

@@ -22,8 +22,8 @@ from flwr.supercore import log
 from fedsys import fedcross as maths
 from fedsys.options import ConfigError, option
 from fedsys.params import Params, copy, mean
-from fedsys.protocol import ClientUpdate
 from fedsys.seeding import derive_seed
+from fedsys.validation import ClientUpdate
 from strategies.base import SAMPLE_TAG, FedsysStrategy
 
 ASSIGN_TAG = 0xC055

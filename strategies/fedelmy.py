@@ -38,11 +38,12 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fedsys import protocol as proto
+from fedsys import transport
 from fedsys.chain import ORDERS, chain_order, parse_order_list
 from fedsys.options import ConfigError, option
 from fedsys.params import Params, mean
-from fedsys.protocol import ClientUpdate
 from fedsys.seeding import derive_seed
+from fedsys.validation import ClientUpdate
 from strategies.base import FedsysStrategy
 
 INIT_TAG = 0x1417
@@ -287,7 +288,7 @@ class ParallelStrategy(FedElmyStrategy):
             if proto.INIT_SEED in s:
                 s[proto.INIT_SEED] = derive_seed(int(s[proto.INIT_SEED]), p)
             self._outbox.append(proto.message(n, MessageType.TRAIN, self.params, s))
-        self.last_replies, _ = proto.send_and_receive(grid, self._outbox, self.round_timeout,
+        self.last_replies, _ = transport.send_and_receive(grid, self._outbox, self.round_timeout,
                                                       self.poll_interval)
         self.count_traffic(self._outbox, self.last_replies)
         ok, _ = self.validate(self.last_replies)

@@ -10,8 +10,8 @@ import numpy as np
 
 from fedsys.options import option
 from fedsys.params import Params, mean
-from fedsys.protocol import ClientUpdate
 from fedsys.server_opt import OptConfig, step
+from fedsys.validation import ClientUpdate
 from strategies.base import FedsysStrategy
 
 

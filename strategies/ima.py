@@ -109,6 +109,12 @@ class IMA(StrategyWrapper):
         self.base_name = strategy.name
         self.t_s = ima.start_round(num_rounds, o.start_fraction, o.start_round)
 
+    def branch_late_keys(self, strategy: FedsysStrategy, rnd: int) -> frozenset[str]:
+        """Averaging and IMA's lr decay act from round :math:`t_s + 1` on: up to round
+        :math:`t_s` a branch may set them otherwise (the models and the lr so far are
+        the base strategy's)."""
+        return frozenset({"ima.average", "ima.lr-decay"}) if rnd <= self.t_s else frozenset()
+
     def inert_options(self, strategy: FedsysStrategy, num_rounds: int) -> list[str]:
         """A start after the last round, or a window of one model, leaves IMA without an
         average.  A start at the last round is allowed: the final model is then the mean

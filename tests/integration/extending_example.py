@@ -16,7 +16,7 @@ from clients import TRAINERS
 from clients.base import Trainer, TrainJob, TrainResult, sgd_loop
 from fedsys.options import option
 from fedsys.params import Params, is_float, mean
-from fedsys.protocol import ClientUpdate
+from fedsys.validation import ClientUpdate
 from strategies import REGISTRY
 from strategies.base import FedsysStrategy
 

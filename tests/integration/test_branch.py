@@ -15,8 +15,8 @@ import torch
 
 from fedsys import checkpoint, metrics
 from fedsys.config import ConfigError
-from launch.registry import build
-from launch.server_app import branch_point, kept_checkpoint
+from launch.lifecycle import branch_point, kept_checkpoint
+from launch.registry import build, make_strategy
 from launch.simulation import simulate
 
 pytestmark = pytest.mark.slow
@@ -68,6 +68,10 @@ def test_branch_from_a_kept_checkpoint_equals_the_full_run(tmp_path):
         assert {r["strategy"] for r in b} == {label}
 
 
+def _branch_point(cfg):
+    return branch_point(cfg, make_strategy(cfg))
+
+
 def test_branch_point_refuses_a_parent_that_differs_too_early(tmp_path):
     parent = _cfg(tmp_path, strategy="ima", **{"ima.base": "fedavg"})
     path = tmp_path / "checkpoint-r0003.pt"
@@ -78,15 +82,27 @@ def test_branch_point_refuses_a_parent_that_differs_too_early(tmp_path):
 
     child = parent.replace(**{"branch-from": str(path), "ima.average": False})
     write(2)
-    assert branch_point(child)["round"] == 2  # before t_s: ima.average has not acted
+    assert _branch_point(child)["round"] == 2  # before t_s: ima.average has not acted
     write(3)
     with pytest.raises(ConfigError, match=re.escape("ima.average: True there, False here")):
-        branch_point(child)  # round 3 > t_s = 2: averaging already changed the model
+        _branch_point(child)  # round 3 > t_s = 2: averaging already changed the model
     write(2, lr=0.1)
     with pytest.raises(ConfigError, match=re.escape("lr: 0.1 there, 0.05 here")):
-        branch_point(child)
+        _branch_point(child)
     with pytest.raises(ConfigError, match="no checkpoint at"):
-        branch_point(child.replace(**{"branch-from": str(tmp_path / "nope.pt")}))
+        _branch_point(child.replace(**{"branch-from": str(tmp_path / "nope.pt")}))
     path.write_text("not a checkpoint")
     with pytest.raises(ConfigError, match="is not a fedsys checkpoint"):
-        branch_point(child)
+        _branch_point(child)
+    # a method's own rule (FedsysStrategy.branch_refusal): FedCDA's disk cache, with IMA
+    # over FedCDA too; the same parent with the cache in memory branches
+    for strategy, extra in (("fedcda", {}), ("ima", {"ima.base": "fedcda"})):
+        disk = _cfg(tmp_path, strategy=strategy, **extra, **{"fedcda.cache": "disk"})
+        checkpoint.save(path, {"round": 1, "strategy": {}, "config": disk.to_dict(),
+                               "rng": checkpoint.rng_state()})
+        with pytest.raises(ConfigError, match="FedCDA's disk cache lives in the parent's"):
+            _branch_point(disk.replace(**{"branch-from": str(path)}))
+        ram = disk.replace(**{"fedcda.cache": "ram"})
+        checkpoint.save(path, {"round": 1, "strategy": {}, "config": ram.to_dict(),
+                               "rng": checkpoint.rng_state()})
+        assert _branch_point(ram.replace(**{"branch-from": str(path)}))["round"] == 1

@@ -351,7 +351,7 @@ def test_nodes_keyed_by_64_bit_node_ids_sample_and_select_exactly(reply_grid):
 
 
 def test_weight_refusals_bound_what_a_reply_may_claim():
-    from fedsys.protocol import weight_refusals
+    from fedsys.validation import weight_refusals
 
     # declared partition sizes are the check; within them any claim is fine
     assert weight_refusals({1: 900.0, 2: 50.0}, {1: 1000, 2: 50}, 10) == {}

@@ -16,7 +16,7 @@ from fedsys import fedcda as m
 from fedsys.config import ConfigError
 from fedsys.model_cache import ModelCache
 from fedsys.params import Params, mean
-from fedsys.protocol import ClientUpdate
+from fedsys.validation import ClientUpdate
 from launch.registry import build
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedcda import FedCDAStrategy

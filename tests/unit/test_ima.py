@@ -8,7 +8,7 @@ import pytest
 
 from fedsys import ima
 from fedsys.params import Params, mean
-from fedsys.protocol import ClientUpdate
+from fedsys.validation import ClientUpdate
 from launch.registry import build, make_strategy
 from strategies import REGISTRY
 from strategies.ima import IMA
@@ -204,3 +204,19 @@ def test_a_checkpoint_from_before_wrappers_still_resumes() -> None:
     for k, w in s.wrappers[0].windows.items():
         assert all(np.array_equal(a["w"], b["w"]) for a, b in zip(w, back.wrappers[0].windows[k],
                                                                    strict=True))
+
+
+@pytest.mark.parametrize("base", ["fedavg", "fedcda"])
+def test_a_branch_may_change_averaging_and_its_decay_up_to_t_s_only(base: str) -> None:
+    """IMA's branch rule (``branch_late_keys``): t_s = 3 of 4 rounds here."""
+    strategy = make_strategy(build({"strategy": "ima", "ima.base": base, "ima.start-round": 3,
+                                    "num-server-rounds": 4, "fedcda.warmup": 1}))
+    late = {"ima.average", "ima.lr-decay"}
+    assert [strategy.branch_late_keys(r) == late for r in range(5)] == [True] * 4 + [False]
+    assert make_strategy(build({"strategy": base, "fedcda.warmup": 1})).branch_late_keys(1) \
+        == frozenset()
+    refusal = strategy.branch_refusal()  # the base's own rule holds under IMA too
+    assert refusal is None
+    disk = make_strategy(build({"strategy": "ima", "ima.base": base, "fedcda.cache": "disk",
+                                "fedcda.warmup": 1}))
+    assert (disk.branch_refusal() is not None) == (base == "fedcda")

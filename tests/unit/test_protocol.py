@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flwr.app import MessageType, RecordDict
 
-from fedsys import protocol
+from fedsys import protocol, trainer_state, transport, validation
 
 
 def model(v: float = 0.0) -> dict[str, np.ndarray]:
@@ -39,35 +39,35 @@ def test_a_reply_may_carry_a_pool_and_each_model_is_checked():
     sent(instr)  # the runtime gives the instruction its id before anyone replies
     ok = protocol.train_reply(instr, model(2.0), 10, {"train-loss": 0.3},
                               models={"pool-0": model(3.0), "pool-1": model(4.0)})
-    upd = protocol.parse_train_reply(ok, sent(instr), {5: 1}, None)
-    assert isinstance(upd, protocol.ClientUpdate)
+    upd = validation.parse_train_reply(ok, sent(instr), {5: 1}, None)
+    assert isinstance(upd, validation.ClientUpdate)
     assert upd.partition_id == 1 and upd.num_examples == 10 and sorted(upd.models) == ["pool-0",
                                                                                        "pool-1"]
     bad_pool = {"w": np.zeros((3, 3), np.float32), "n": np.array(7, dtype=np.int64)}
     bad = protocol.train_reply(instr, model(2.0), 10, {}, models={"pool-0": bad_pool})
-    rj = protocol.parse_train_reply(bad, sent(instr), {5: 1}, None)
-    assert isinstance(rj, protocol.Rejection)
+    rj = validation.parse_train_reply(bad, sent(instr), {5: 1}, None)
+    assert isinstance(rj, validation.Rejection)
     assert rj.reason == "model 'pool-0': array 'w' has shape (3, 3), expected (2, 3)"
     nan = protocol.train_reply(instr, model(2.0), 10, {}, models={"p": model(float("nan"))})
-    assert "NaN" in protocol.parse_train_reply(nan, sent(instr), {5: 1}, None).reason
+    assert "NaN" in validation.parse_train_reply(nan, sent(instr), {5: 1}, None).reason
     work = protocol.train_reply(instr, model(2.0), 10, {"trained-examples": -30})
-    assert protocol.parse_train_reply(work, sent(instr), {5: 1}, None).reason == \
+    assert validation.parse_train_reply(work, sent(instr), {5: 1}, None).reason == \
         "trained-examples is -30"
 
 
 def test_trainer_state_round_trips_per_scope_and_forgets_what_is_gone():
     box = RecordDict()
-    protocol.state_to_records({"rounds": 3, "note": "x", "last": model(5.0)}, box, "fedavg/sgd")
-    protocol.state_to_records({"rounds": 1}, box, "fedprox/fedprox")
-    got = protocol.state_from_records(box, "fedavg/sgd")
+    trainer_state.state_to_records({"rounds": 3, "note": "x", "last": model(5.0)}, box, "fedavg/sgd")
+    trainer_state.state_to_records({"rounds": 1}, box, "fedprox/fedprox")
+    got = trainer_state.state_from_records(box, "fedavg/sgd")
     assert got["rounds"] == 3 and got["note"] == "x" and np.all(got["last"]["w"] == 5.0)
-    assert protocol.state_from_records(box, "fedprox/fedprox") == {"rounds": 1}
-    assert protocol.state_from_records(box, "other/sgd") == {}
-    protocol.state_to_records({"rounds": 4}, box, "fedavg/sgd")
-    assert protocol.state_from_records(box, "fedavg/sgd") == {"rounds": 4}
+    assert trainer_state.state_from_records(box, "fedprox/fedprox") == {"rounds": 1}
+    assert trainer_state.state_from_records(box, "other/sgd") == {}
+    trainer_state.state_to_records({"rounds": 4}, box, "fedavg/sgd")
+    assert trainer_state.state_from_records(box, "fedavg/sgd") == {"rounds": 4}
     with pytest.raises(TypeError, match="trainer state 'opt' is a dict"):
-        protocol.state_to_records({"opt": {"lr": 0.1}}, box, "fedavg/sgd")
-    assert protocol.state_from_records(box, "fedavg/sgd") == {"rounds": 4}  # nothing lost
+        trainer_state.state_to_records({"opt": {"lr": 0.1}}, box, "fedavg/sgd")
+    assert trainer_state.state_from_records(box, "fedavg/sgd") == {"rounds": 4}  # nothing lost
 
 
 def _reply(instr, records: dict) -> object:
@@ -104,8 +104,8 @@ def test_a_reply_that_is_not_exactly_what_is_expected_is_refused_naming_why(reco
             built[k] = ConfigRecord({"note": "x"})
         else:
             built[k] = MetricRecord(v)
-    rj = protocol.parse_train_reply(_reply(instr, built), sent(instr), {5: 1}, None)
-    assert isinstance(rj, protocol.Rejection) and why in rj.reason, getattr(rj, "reason", rj)
+    rj = validation.parse_train_reply(_reply(instr, built), sent(instr), {5: 1}, None)
+    assert isinstance(rj, validation.Rejection) and why in rj.reason, getattr(rj, "reason", rj)
 
 
 def test_a_reply_to_another_message_is_refused():
@@ -114,8 +114,8 @@ def test_a_reply_to_another_message_is_refused():
     other = protocol.message(5, MessageType.TRAIN, model(1.0), {})
     other.metadata.__dict__["_message_id"] = "elsewhere"
     stray = protocol.train_reply(other, model(2.0), 10, {})
-    rj = protocol.parse_train_reply(stray, sent(instr), {5: 1}, None)
-    assert isinstance(rj, protocol.Rejection) and "did not send" in rj.reason
+    rj = validation.parse_train_reply(stray, sent(instr), {5: 1}, None)
+    assert isinstance(rj, validation.Rejection) and "did not send" in rj.reason
 
 
 
@@ -137,7 +137,7 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
-    monkeypatch.setattr(protocol, "time", SimpleNamespace(monotonic=fake.monotonic,
+    monkeypatch.setattr(transport, "time", SimpleNamespace(monotonic=fake.monotonic,
                                                           sleep=fake.sleep))
     return fake
 
@@ -159,7 +159,7 @@ def test_a_superlink_5xx_or_dropped_connection_is_tried_again_and_logged(caplog)
         return ["reply"]
 
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        got = protocol.retry_transient(pull, "pull-messages", time.monotonic() + 30,
+        got = transport.retry_transient(pull, "pull-messages", time.monotonic() + 30,
                                        first_wait=0.01)
     assert got == ["reply"] and len(calls) == 4
     warned = [r.getMessage() for r in caplog.records if "pull-messages failed" in r.getMessage()]
@@ -175,7 +175,7 @@ def test_an_answer_or_a_bug_is_raised_at_once(exc):
         raise exc
 
     with pytest.raises(type(exc)):
-        protocol.retry_transient(pull, "pull-messages", time.monotonic() + 30, first_wait=0.01)
+        transport.retry_transient(pull, "pull-messages", time.monotonic() + 30, first_wait=0.01)
     assert len(calls) == 1
 
 
@@ -187,7 +187,7 @@ def test_a_failure_that_outlasts_the_deadline_is_raised(clock):
         raise _status(500)
 
     with pytest.raises(httpx.HTTPStatusError):
-        protocol.retry_transient(pull, "pull-messages", clock.now + 0.3, first_wait=0.05)
+        transport.retry_transient(pull, "pull-messages", clock.now + 0.3, first_wait=0.05)
     # waits 0.05, 0.1, then the 0.15 s left: 4 tries, the last at the deadline
     assert len(calls) == 4 and sum(clock.waits) == pytest.approx(0.3)
 
@@ -211,7 +211,7 @@ class _SlowLink:
 def test_polling_a_superlink_backs_off_but_sees_a_late_reply_soon(clock):
     link = _SlowLink(clock, 3.0)
     t0 = clock.now
-    replies, sent = protocol.send_and_receive(link, ["instruction"], timeout=30, poll=0.05)
+    replies, sent = transport.send_and_receive(link, ["instruction"], timeout=30, poll=0.05)
     assert len(replies) == 1 and list(sent) == ["m1"]
     # every 0.05 s would be 60 pulls; a wait of a tenth of the time waited makes about
     # 10 (the first 0.5 s) + 10 ln(3 / 0.5) = 28
@@ -225,7 +225,7 @@ def test_a_reply_that_arrives_in_the_last_wait_before_the_deadline_is_taken(cloc
     ready at 0.9 s is taken (before: refused, the loop woke at 1.2 s and gave up)."""
     link = _SlowLink(clock, 0.9)
     t0 = clock.now
-    replies, _ = protocol.send_and_receive(link, ["instruction"], timeout=1.0, poll=0.4,
+    replies, _ = transport.send_and_receive(link, ["instruction"], timeout=1.0, poll=0.4,
                                            max_poll=0.4)
     assert len(replies) == 1
     assert clock.now - t0 == pytest.approx(1.0)
@@ -234,13 +234,13 @@ def test_a_reply_that_arrives_in_the_last_wait_before_the_deadline_is_taken(cloc
 def test_no_reply_the_round_ends_at_the_deadline_after_a_last_pull(clock):
     link = _SlowLink(clock, 60.0)
     t0 = clock.now
-    replies, sent = protocol.send_and_receive(link, ["instruction"], timeout=0.5, poll=0.05)
+    replies, sent = transport.send_and_receive(link, ["instruction"], timeout=0.5, poll=0.05)
     assert replies == [] and list(sent) == ["m1"]
     assert clock.now - t0 == pytest.approx(0.5) and link.pulls >= 3
 
 
 class InMemoryGrid(_SlowLink):
-    """Named as Flower's simulation grid (:func:`protocol.in_process` goes by the name)."""
+    """Named as Flower's simulation grid (:func:`transport.in_process` goes by the name)."""
 
 
 @pytest.mark.parametrize("kind, first, longest", [
@@ -249,7 +249,7 @@ def test_polling_a_superlink_in_this_process_waits_less(clock, kind, first, long
     """A remote SuperLink is pulled after 0.1 s, then less often (up to 0.5 s); one in this
     process (the simulation engine) after 0.01 s and never more than 0.05 s apart."""
     link = kind(clock, 60.0)
-    protocol.send_and_receive(link, ["instruction"], timeout=20.0)
-    assert protocol.in_process(link) == (kind is InMemoryGrid)
+    transport.send_and_receive(link, ["instruction"], timeout=20.0)
+    assert transport.in_process(link) == (kind is InMemoryGrid)
     assert clock.waits[0] == pytest.approx(first)
     assert max(clock.waits) == pytest.approx(longest)

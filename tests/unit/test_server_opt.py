@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedsys.protocol import ClientUpdate
 from fedsys.server_opt import OptConfig, step
+from fedsys.validation import ClientUpdate
 from launch.registry import build, make_strategy
 from strategies import REGISTRY
 

@@ -1,0 +1,198 @@
+"""Whether a client's reply is used: a train reply becomes a :class:`ClientUpdate`, or a
+:class:`Rejection` that names the node, its client and the reason (wrong records, shapes,
+dtypes, NaN or Inf, a partition-id it may not claim, a count it cannot have); a round's
+example counts are bounded (:func:`weight_refusals`) and its silent nodes named
+(:func:`missing_nodes`).  The keys are :mod:`fedsys.protocol`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import Message
+
+from fedsys.params import Params, check_update
+from fedsys.protocol import (
+    ARRAYS,
+    METRICS,
+    MODEL_PREFIX,
+    NUM_EXAMPLES,
+    PARTITION_ID,
+    TRAINED_EXAMPLES,
+    extra_models,
+    from_record,
+    metrics_of,
+)
+
+
+@dataclass
+class ClientUpdate:
+    """A validated train reply.
+
+    ``partition_id`` is what the node declared (its reply's ``partition-id`` or its
+    answer to the query); a node that declares none is keyed by its node id.
+    """
+
+    node_id: int
+    partition_id: int
+    params: Params
+    num_examples: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    models: dict[str, Params] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A reply that was not used, and why."""
+
+    node_id: int
+    partition_id: int
+    reason: str
+
+
+def lacks(key: str) -> str:
+    """The refusal of a reply without the metric ``key``."""
+    return f"reply metrics lack '{key}'"
+
+
+def parse_train_reply(
+    reply: Message,
+    sent: Mapping[str, Message],
+    expected_pid: Mapping[int, int],
+    reference: Params | None,
+    reported: Mapping[int, int] | None = None,
+    weighted_by_key: str = NUM_EXAMPLES,
+    read: Collection[str] | None = None,
+) -> ClientUpdate | Rejection:
+    """Validate one train reply against the model the node was sent.
+
+    ``expected_pid`` maps node ids to the keys they were sampled under this round
+    (partition-ids, or node ids for nodes that reported none).  ``reported`` maps
+    node ids to the partition-id each reported first (``None``: ``expected_pid``
+    holds them): a reply echoing another ``partition-id`` than its node's first, or
+    one that another node reported, is refused; a node's first report is its key; a
+    reply echoing none is keyed as sampled.  ``reference`` is the model whose keys,
+    shapes and dtypes the update must match (the instruction's own arrays when
+    ``None``).  ``weighted_by_key`` names the example count (Flower's keyword).
+    ``read`` lists the metrics the strategy reads: a value of one of them that is
+    not a finite number refuses the reply; any other metric that is not a finite
+    number is left out of :attr:`ClientUpdate.metrics` (``None``: every metric is
+    read).
+    """
+    instr = sent.get(reply.metadata.reply_to_message_id)
+    node = instr.metadata.dst_node_id if instr is not None else reply.metadata.src_node_id
+    pid = expected_pid.get(node, -1)
+    if reported is None:
+        reported = {n: p for n, p in expected_pid.items() if n == node}
+    if instr is None and sent:
+        return Rejection(node, pid, "reply to a message this round did not send")
+    if reply.has_error():
+        err = reply.error
+        return Rejection(node, pid, f"error reply (code {err.code}): {str(err.reason)[-300:]}")
+    content = reply.content
+    if ARRAYS not in content.array_records:
+        return Rejection(node, pid, f"reply holds no ArrayRecord '{ARRAYS}'")
+    odd = [k for k in content.array_records if k != ARRAYS and not k.startswith(MODEL_PREFIX)]
+    if odd:
+        return Rejection(node, pid, f"reply holds unexpected ArrayRecord(s) {odd} (expected "
+                         f"'{ARRAYS}' and named models '{MODEL_PREFIX}<name>')")
+    odd = [k for k in content.metric_records if k != METRICS] + list(content.config_records)
+    if odd:
+        return Rejection(node, pid, f"reply holds unexpected record(s) {odd} (expected one "
+                         f"MetricRecord '{METRICS}')")
+    def is_read(k: str) -> bool:
+        return read is None or k in read
+
+    if METRICS in content.metric_records:
+        typed = [k for k, v in content.metric_records[METRICS].items()
+                 if is_read(k) and (not isinstance(v, int | float) or isinstance(v, bool))]
+        if typed:
+            return Rejection(node, pid, f"metric(s) {typed} are not numbers")
+    metrics = {k: v for k, v in metrics_of(content).items() if is_read(k) or np.isfinite(v)}
+    w = weighted_by_key
+    if w not in metrics:
+        return Rejection(node, pid, lacks(w))
+    n = metrics[w]
+    if np.isfinite(n) and n != int(n):
+        return Rejection(node, pid, f"{w} is {n:g}, not a whole number")
+    if PARTITION_ID in metrics:
+        claim = metrics[PARTITION_ID]
+        if not np.isfinite(claim) or claim != int(claim):
+            return Rejection(node, pid, f"{PARTITION_ID} is {claim:g}, not a whole number")
+        first = reported.get(node)
+        if first is not None and int(claim) != first:
+            return Rejection(node, pid, f"reply echoes {PARTITION_ID} {int(claim)}, expected "
+                             f"{first} (the node's first report; a partition does not change)")
+        holder = next((m for m, p in reported.items() if p == int(claim) and m != node), None)
+        if holder is not None:
+            return Rejection(node, pid, f"reply echoes {PARTITION_ID} {int(claim)}, which node "
+                             f"{holder} reported")
+        pid = int(claim)
+    elif node in reported:
+        pid = reported[node]
+    if not np.isfinite(metrics[w]) or metrics[w] <= 0:
+        return Rejection(node, pid, f"{w} is {metrics[w]}")
+    try:
+        params = from_record(content.array_records[ARRAYS])
+        models = extra_models(content)
+    except Exception as exc:
+        return Rejection(node, pid, f"arrays cannot be decoded: {exc}")
+    if reference is None and instr is not None and ARRAYS in instr.content.array_records:
+        reference = from_record(instr.content.array_records[ARRAYS])
+    if reference is not None:
+        for name, m in [("", params), *models.items()]:
+            why = check_update(m, reference)
+            if why is not None:
+                return Rejection(node, pid, f"model '{name}': {why}" if name else why)
+    bad = [k for k, v in metrics.items() if not np.isfinite(v)]
+    if bad:
+        return Rejection(node, pid, f"metric(s) {bad} are NaN or Inf")
+    if metrics.get(TRAINED_EXAMPLES, 0) < 0:  # the work the results compare methods on
+        return Rejection(node, pid, f"{TRAINED_EXAMPLES} is {metrics[TRAINED_EXAMPLES]:g}")
+    return ClientUpdate(node, pid, params, int(metrics[w]), metrics, models)
+
+
+
+
+def weight_refusals(claims: Mapping[int, float], declared: Mapping[int, int],
+                    max_ratio: float) -> dict[int, str]:
+    """Replies whose claimed ``num-examples`` would let them take over an aggregate.
+
+    A node that declared its partition's size (its answer to the query) may claim up
+    to that.  A node that declared none may claim up to ``max_ratio`` times the median
+    of the *other* replies' claims in the round (leave-one-out, so one huge claim cannot
+    move its own yardstick; 0 turns this bound off; a round with one reply has none):
+    honest partitions can differ in size by far more than any fixed ratio, so the
+    declared size is the check, the ratio the fallback.  Returns ``{node: reason}``
+    with the numbers.
+    """
+    import statistics
+
+    out: dict[int, str] = {}
+    for node, n in claims.items():
+        if node in declared:
+            if n > declared[node]:
+                out[node] = (f"claims num-examples {n:g}, but its partition holds "
+                             f"{declared[node]} (its answer to the query)")
+            continue
+        others = [v for k, v in claims.items() if k != node]
+        if max_ratio > 0 and others:
+            med = statistics.median(others)
+            if med > 0 and n > max_ratio * med:
+                out[node] = (f"claims num-examples {n:g}, {n / med:.3g} times the median "
+                             f"{med:g} of the round's other replies (max-examples-ratio "
+                             f"{max_ratio:g})")
+    return out
+
+
+
+def missing_nodes(sent: Mapping[str, Message], replies: Iterable[Message]) -> list[int]:
+    """Nodes whose instruction got no reply at all (timeout)."""
+    answered = {r.metadata.reply_to_message_id for r in replies}
+    return [m.metadata.dst_node_id for i, m in sent.items() if i not in answered]
+
+
+__all__ = ["ClientUpdate", "Rejection", "lacks", "missing_nodes", "parse_train_reply",
+           "weight_refusals"]
