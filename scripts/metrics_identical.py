@@ -1,9 +1,11 @@
-"""Compare the per-round metrics of two run trees, bit for bit: the proof a refactor gives.
+"""Compare the per-round metrics and final models of two run trees, bit for bit: the proof a
+refactor gives.
 
 Every number of every ``<run>/<strategy>/metrics.jsonl`` under the first tree must be equal in
 the second (wall-clock keys aside: ``round-time``, ``fedcda-aggregation-s``,
-``fedcross-seconds``); keys only the second has are listed, not failed.  Exit 0 when all are
-identical.
+``fedcross-seconds``); keys only the second has are listed, not failed.  Where the first tree
+holds a strategy's final ``model.pt``, the second's must hold the same tensors, bit for bit.
+Exit 0 when all are identical.
 
 Usage, the before/after check of a change (``git worktree`` for the old code)::
 
@@ -47,6 +49,18 @@ def compare(a: Path, b: Path) -> tuple[list[str], int, set[str]]:
     return diffs, values, added
 
 
+def compare_models(a: Path, b: Path) -> list[str]:
+    """Differences between two saved state dicts (``model.pt``): keys, shapes, values."""
+    import torch
+
+    ma, mb = torch.load(a, map_location="cpu"), torch.load(b, map_location="cpu")
+    if ma.keys() != mb.keys():
+        return [f"keys differ: {sorted(set(ma) ^ set(mb))}"]
+    return [f"'{k}' differs" for k in ma
+            if ma[k].shape != mb[k].shape or ma[k].dtype != mb[k].dtype
+            or not torch.equal(ma[k], mb[k])]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Compare every strategy directory of every run under two trees."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
@@ -63,9 +77,17 @@ def main(argv: list[str] | None = None) -> int:
             bad += 1
             continue
         diffs, values, added = compare(args.before / rel, other)
+        model = args.before / rel.parent / "model.pt"
+        tensors = ""
+        if model.exists() and rel.parent.parent != Path("."):
+            theirs = args.after / rel.parent / "model.pt"
+            diffs += compare_models(model, theirs) if theirs.exists() else [
+                f"no model.pt in {theirs.parent}"]
+            tensors = " and the model"
         bad += bool(diffs)
         extra = f"; new keys {sorted(added)}" if added else ""
-        print(f"{rel.parent}: {'DIFFERENT' if diffs else 'IDENTICAL'} ({values} values){extra}")
+        print(f"{rel.parent}: {'DIFFERENT' if diffs else 'IDENTICAL'} ({values} values"
+              f"{tensors}){extra}")
         for d in diffs[:5]:
             print("   ", d)
     print("ALL IDENTICAL" if not bad else f"{bad} of {len(files)} differ")
