@@ -70,6 +70,7 @@ from fedsys.options import ConfigError, parse_group, suggest
 from fedsys.params import Params, copy, distance
 from fedsys.seeding import derive_seed
 from fedsys.validation import ClientUpdate, Rejection
+from strategies.exchange import Exchange
 
 if TYPE_CHECKING:
     from fedsys.config import RunConfig
@@ -275,9 +276,9 @@ class FedsysStrategy(Strategy):
         self.wrappers: list[StrategyWrapper] = []
         self.last_rejections: list[Rejection] = []
         self.poll_interval = 0.1
-        self._outbox: list[Message] = []
-        self._payloads: dict[int, Params] = {}
-        self._expected: dict[int, int] = {}
+        #: The last exchange of training messages (:meth:`exchange`; Flower's
+        #: ``configure_train`` makes it, ``aggregate_train`` reads it).
+        self.last_exchange = Exchange()
         self._told: set[str] = set()
         self.workdir: Path | None = None
         #: The name a run gives this strategy (its results directory), used in the logs.
@@ -514,14 +515,13 @@ class FedsysStrategy(Strategy):
             self.params = proto.from_record(arrays)
         chosen = self.sample(grid, server_round, self.clients_per_round)
         cfg = self.round_config(server_round, config)
-        self._expected = chosen
-        self._payloads = {n: self.payload_for(n, p, server_round) for n, p in chosen.items()}
-        self._outbox = [
-            proto.message(n, MessageType.TRAIN, self._payloads[n], cfg,
+        payloads = {n: self.payload_for(n, p, server_round) for n, p in chosen.items()}
+        self.last_exchange = Exchange(chosen, payloads, [
+            proto.message(n, MessageType.TRAIN, payloads[n], cfg,
                           self.payload_models(n, p, server_round))
             for n, p in chosen.items()
-        ]
-        return list(self._outbox)
+        ])
+        return list(self.last_exchange.outbox)
 
     def check_reply(self, update: ClientUpdate) -> str | None:
         """Why a well-formed update cannot be used by this method (``None``: it can):
@@ -542,25 +542,25 @@ class FedsysStrategy(Strategy):
         return {self.weighted_by_key, self.train_loss_key, proto.PARTITION_ID,
                 proto.TRAINED_EXAMPLES, *(str(getattr(self, k)) for k in self.required_metrics)}
 
-    def validate(self, replies: Iterable[Message]) -> tuple[list[ClientUpdate], list[Rejection]]:
-        """Split replies into usable updates and logged rejections.
+    def validate(self, replies: Iterable[Message], exchange: Exchange | None = None
+                 ) -> tuple[list[ClientUpdate], list[Rejection]]:
+        """Split the replies to ``exchange`` (default :attr:`last_exchange`) into usable
+        updates and logged rejections.
 
         A reply's ``partition-id``, where it reports one, is the node's partition from
         then on (:attr:`node_pid`); a reply reporting another than the node's first, or
         one another connected node holds, is refused.
         """
+        ex = self.last_exchange if exchange is None else exchange
         replies = list(replies)
-        sent = {m.metadata.message_id: m for m in self._outbox if m.metadata.message_id}
+        sent = ex.sent()
         ok: list[ClientUpdate] = []
         bad: list[Rejection] = []
         seen: set[int] = set()
         read = self.read_keys()
         for r in replies:
             res = validation.parse_train_reply(
-                r, sent, self._expected,
-                self._payloads.get(sent[r.metadata.reply_to_message_id].metadata.dst_node_id)
-                if r.metadata.reply_to_message_id in sent else None,
-                reported=self.node_pid, weighted_by_key=self.weighted_by_key, read=read,
+                r, sent, ex.expected, ex.reference(r, sent), reported=self.node_pid, weighted_by_key=self.weighted_by_key, read=read,
             )
             if isinstance(res, ClientUpdate) and proto.PARTITION_ID in res.metrics:
                 self.node_pid.setdefault(res.node_id, res.partition_id)  # its first report
@@ -581,7 +581,7 @@ class FedsysStrategy(Strategy):
                 if u.node_id in refused]
         ok = [u for u in ok if u.node_id not in refused]
         for node in validation.missing_nodes(sent, replies):
-            bad.append(Rejection(node, self._expected.get(node, -1), "no reply before round-timeout"))
+            bad.append(Rejection(node, ex.expected.get(node, -1), "no reply before round-timeout"))
         for rj in bad:
             log(WARNING, "[%s] rejected reply of client %d (node %d): %s",
                 self.label, rj.partition_id, rj.node_id, rj.reason)
@@ -709,21 +709,31 @@ class FedsysStrategy(Strategy):
         this method and returns its round metrics.
         """
         assert self.params is not None
-        msgs = list(self.configure_train(server_round, proto.to_record(self.params), train_config, grid))
-        replies, _ = transport.send_and_receive(grid, msgs, self.round_timeout, self.poll_interval)
-        self.count_traffic(msgs, replies)
-        replies = self.resend_lost(grid, server_round, replies)
+        self.configure_train(server_round, proto.to_record(self.params), train_config, grid)
+        ex = self.last_exchange
+        replies = self.exchange(grid, ex)
+        replies = self.resend_lost(grid, server_round, replies, ex)
         _, metrics = self.aggregate_train(server_round, replies)
         return {k: float(v) for k, v in (metrics or {}).items()}  # type: ignore[arg-type]
 
-    def resend_lost(self, grid: Grid, server_round: int, replies: list[Message]) -> list[Message]:
-        """Ask again, up to ``transport_retries`` times, the nodes whose train reply was
-        lost on the way (:data:`fedsys.transport.TRANSPORT_ERRORS`), with the same
-        instruction (the same seeds: the update is the one the first try would have
+    def exchange(self, grid: Grid, ex: Exchange) -> list[Message]:
+        """Send ``ex``'s instructions, wait for the replies (``round_timeout``), count the
+        traffic; the replies.  ``ex`` becomes :attr:`last_exchange`."""
+        self.last_exchange = ex
+        replies, _ = transport.send_and_receive(grid, ex.outbox, self.round_timeout,
+                                                self.poll_interval)
+        self.count_traffic(ex, ex.outbox, replies)
+        return replies
+
+    def resend_lost(self, grid: Grid, server_round: int, replies: list[Message],
+                    ex: Exchange) -> list[Message]:
+        """Ask again, up to ``transport_retries`` times, the nodes of ``ex`` whose train
+        reply was lost on the way (:data:`fedsys.transport.TRANSPORT_ERRORS`), with the
+        same instruction (the same seeds: the update is the one the first try would have
         given); returns the round's replies with the lost ones replaced."""
         for attempt in range(1, self.transport_retries + 1):
             lost = {r.metadata.reply_to_message_id for r in replies if transport.lost_in_transport(r)}
-            again = {mid: transport.resend(m) for m in self._outbox
+            again = {mid: transport.resend(m) for m in ex.outbox
                      if (mid := m.metadata.message_id) in lost}
             if not again:
                 break
@@ -733,11 +743,10 @@ class FedsysStrategy(Strategy):
                                   if r.metadata.reply_to_message_id in again})),
                 ", ".join(str(m.metadata.dst_node_id) for m in again.values()), attempt,
                 self.transport_retries)
-            self._outbox = [m for m in self._outbox if m.metadata.message_id not in again]
-            self._outbox += list(again.values())
+            ex.replace(again)
             new, _ = transport.send_and_receive(grid, list(again.values()), self.round_timeout,
-                                            self.poll_interval)
-            self.count_traffic(list(again.values()), new)
+                                                self.poll_interval)
+            self.count_traffic(ex, list(again.values()), new)
             replies = [r for r in replies if r.metadata.reply_to_message_id not in again] + new
         return replies
 
@@ -753,25 +762,22 @@ class FedsysStrategy(Strategy):
         why the hop failed.
         """
         cfg = self.round_config(server_round, train_config or {})
-        self._expected = {node_id: partition_id}
-        self._payloads = {node_id: params}
-        self._outbox = [proto.message(node_id, MessageType.TRAIN, params, cfg, models)]
-        replies, _ = transport.send_and_receive(grid, self._outbox, self.round_timeout,
-                                            self.poll_interval)
-        self.last_replies = replies
-        self.count_traffic(self._outbox, replies)
-        ok, _ = self.validate(replies)
+        ex = Exchange({node_id: partition_id}, {node_id: params},
+                      [proto.message(node_id, MessageType.TRAIN, params, cfg, models)])
+        replies = self.last_replies = self.exchange(grid, ex)
+        ok, _ = self.validate(replies, ex)
         return ok[0] if ok else None
 
-    def count_traffic(self, sent: Iterable[Message], replies: Iterable[Message]) -> None:
-        """Add one exchange's ArrayRecords to :attr:`traffic`: those of the instructions
-        ``sent`` and of the ``replies`` that are not errors (refused replies count: they
-        were sent)."""
+    def count_traffic(self, ex: Exchange, sent: Iterable[Message],
+                      replies: Iterable[Message]) -> None:
+        """Add the ArrayRecords of the instructions ``sent`` in ``ex`` and of the
+        ``replies`` that are not errors to :attr:`traffic` (refused replies count: they
+        were sent), and the clients sent to :attr:`reached`."""
         for m in sent:
             k, b = proto.model_bytes(m)
             self.traffic["models-down"] += k
             self.traffic["bytes-down"] += b
-            self.reached.add(self._expected.get(m.metadata.dst_node_id, m.metadata.dst_node_id))
+            self.reached.add(ex.expected.get(m.metadata.dst_node_id, m.metadata.dst_node_id))
         for r in replies:
             if not r.has_error():
                 k, b = proto.model_bytes(r)

@@ -38,13 +38,13 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fedsys import protocol as proto
-from fedsys import transport
 from fedsys.chain import ORDERS, chain_order, parse_order_list
 from fedsys.options import ConfigError, option
 from fedsys.params import Params, mean
 from fedsys.seeding import derive_seed
 from fedsys.validation import ClientUpdate
 from strategies.base import FedsysStrategy
+from strategies.exchange import Exchange
 
 INIT_TAG = 0x1417
 
@@ -280,18 +280,14 @@ class ParallelStrategy(FedElmyStrategy):
         assert self.params is not None
         nodes = {n: p for p in self.pids if (n := self.node_of(grid, p)) is not None}
         settings = self.round_config(rnd, cfg)
-        self._expected = nodes
-        self._payloads = dict.fromkeys(nodes, self.params)
-        self._outbox = []
+        ex = Exchange(nodes, dict.fromkeys(nodes, self.params))
         for n, p in nodes.items():
             s = dict(settings)
             if proto.INIT_SEED in s:
                 s[proto.INIT_SEED] = derive_seed(int(s[proto.INIT_SEED]), p)
-            self._outbox.append(proto.message(n, MessageType.TRAIN, self.params, s))
-        self.last_replies, _ = transport.send_and_receive(grid, self._outbox, self.round_timeout,
-                                                      self.poll_interval)
-        self.count_traffic(self._outbox, self.last_replies)
-        ok, _ = self.validate(self.last_replies)
+            ex.outbox.append(proto.message(n, MessageType.TRAIN, self.params, s))
+        self.last_replies = self.exchange(grid, ex)
+        ok, _ = self.validate(self.last_replies, ex)
         self.last_updates = ok
         return ok
 

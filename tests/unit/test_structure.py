@@ -50,6 +50,31 @@ def test_the_core_imports_nothing_above_it_and_the_sides_not_the_launchers():
         assert not bad, f"{mod} imports {bad} (layer {top} may not)"
 
 
+def _private_writes(path: Path) -> set[str]:
+    """The private attributes (``self._x = ...``, ``self._x += ...``) a file assigns."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else [])
+        for t in targets:
+            for sub in ast.walk(t):
+                if (isinstance(sub, ast.Attribute) and sub.attr.startswith("_")
+                        and not sub.attr.startswith("__") and isinstance(sub.value, ast.Name)
+                        and sub.value.id == "self"):
+                    out.add(sub.attr)
+    return out
+
+
+def test_no_module_writes_the_private_fields_another_module_sets():
+    """A class keeps its own private state: a subclass in another module that assigned
+    its base's ``self._x`` (as FedELMY's parallel round once set the base's round state)
+    would be changing the base behind its back."""
+    writes = {m: _private_writes(p) for m, p in _modules().items()}
+    clashes = sorted((a, b, sorted(writes[a] & writes[b])) for a in writes for b in writes
+                     if a < b and writes[a] & writes[b])
+    assert not clashes, clashes
+
+
 def test_no_import_cycles():
     graph = _graph()
 
