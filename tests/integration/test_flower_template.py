@@ -49,9 +49,9 @@ ROUNDS_OF = {"fedadam": 6}
 EPOCHS_OF = {"fedelmy": 1}
 #: the client lr: the template's 0.01, but 0.001 for the chain, FedELMY's paper's Adam lr
 #: (its presets' too): at 0.01 each hop refits one client's 240 images, and the chain's last
-#: hop ended below its first in one CI run (0.47, 0.46, 0.54, 0.46); at 0.001 every hop added
-#: to the last (6 of 6 runs rising at every hop, last minus first +0.27 to +0.41; 0.01:
-#: +0.18 to +0.35, 2026-11-27)
+#: hop ended below its first in one CI run (0.47, 0.46, 0.54, 0.46); at 0.001 the last hop
+#: ended 0.23 to 0.41 above the first in 6 of 6 runs (with and without partition-id; at 0.01
+#: 0.18 to 0.35 in 3 runs and that CI run's -0.01; 2026-11-27)
 LR_OF = {"fedelmy": 0.001}
 LINE = re.compile(r"template round (\d+): clients-ok (\d+), clients-rejected (\d+), "
                   r"eval_acc ([-\d.]+)")
