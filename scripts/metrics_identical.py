@@ -7,12 +7,11 @@ the second (wall-clock keys aside: ``round-time``, ``fedcda-aggregation-s``,
 holds a strategy's final ``model.pt``, the second's must hold the same tensors, bit for bit.
 Exit 0 when all are identical.
 
-Usage, the before/after check of a change (``git worktree`` for the old code)::
+Usage, the before/after check of a change (``git worktree`` for the old code): every preset
+with each checkout by ``scripts/presets_identical.sh CHECKOUT OUT`` (its header says how),
+then::
 
-    for c in configs/*.yaml; do n=$(basename $c .yaml)
-        fedsys run $c --set num-server-rounds=3 --set name=$n --set output-dir=/tmp/before; done
-    # ... the same with the new code into /tmp/after, then
-    python scripts/metrics_identical.py /tmp/before /tmp/after
+    python scripts/metrics_identical.py /tmp/cmp/before /tmp/cmp/after
 """
 
 from __future__ import annotations
