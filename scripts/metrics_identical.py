@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{tensors}){extra}")
         for d in diffs[:5]:
             print("   ", d)
+    if not files:
+        print(f"no <run>/<strategy>/metrics.jsonl under {args.before}: nothing compared")
+        return 1
     print("ALL IDENTICAL" if not bad else f"{bad} of {len(files)} differ")
     return 1 if bad or not files else 0
 

@@ -50,3 +50,10 @@ def test_equal_trees_pass_and_a_model_tensor_or_a_number_fails(tmp_path, capsys)
     log.write_text(log.read_text().replace('"accuracy": 0.2', '"accuracy": 0.20000000000000004'))
     assert mi.main([str(a), str(b)]) == 1
     assert "'accuracy' 0.2 != 0.20000000000000004" in capsys.readouterr().out
+
+
+def test_an_empty_tree_is_not_called_identical(tmp_path, capsys):
+    (tmp_path / "a").mkdir()
+    assert mi.main([str(tmp_path / "a"), str(_tree(tmp_path / "b"))]) == 1
+    out = capsys.readouterr().out
+    assert "nothing compared" in out and "IDENTICAL" not in out
