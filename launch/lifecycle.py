@@ -118,6 +118,9 @@ def load(strategy: FedsysStrategy, point: StartPoint, out: Path) -> None:
     try:
         strategy.load_state_dict(point.ckpt["strategy"])
     except (OSError, ValueError, KeyError) as exc:
+        if point.kind == "branch":
+            raise ConfigError(f"config key 'branch-from': {point.path} cannot be loaded into "
+                              f"{out.name} ({exc})") from None
         raise ConfigError(
             f"cannot resume {out.name}: {exc}; this strategy cannot be resumed: start the "
             f"run again, or remove {out} to run it afresh") from None
