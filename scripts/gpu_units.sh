@@ -13,6 +13,7 @@
 # DEVICE (cuda), GPUS (1: a client's share of the GPU as Ray counts it; 1 starts one ClientApp
 # actor per run, so that 10 runs at once hold 10 actors, not 100) and EXTRA (more --set flags) change
 # the runs; a smoke test on the CPU: DEVICE=cpu GPUS=0 EXTRA="--set samples-per-client=100".
+# STRATEGIES (labels, space-separated) keeps only those of each preset's strategies.
 # Usage: SEEDS="0 1 2" JOBS=12 scripts/gpu_units.sh fedelmy e3 dir0.5 ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,16 +22,20 @@ FEDSYS=${FEDSYS:-python3 -m launch.cli}
 OUT=${OUT_RUNS:-runs/$method}
 DEVICE=${DEVICE:-cuda} GPUS=${GPUS:-1} EXTRA=${EXTRA:-}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} FEDSYS OUT method DEVICE GPUS EXTRA
-units=$(python3 - "$method" "${SEEDS:-0 1 2}" "$@" <<'PY'
+units=$(STRATEGIES=${STRATEGIES:-} python3 - "$method" "${SEEDS:-0 1 2}" "$@" <<'PY'
+import os
 import sys
 from pathlib import Path
 from launch import registry
 from fedsys.config import parse_strategy
 method, seeds, settings = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
+keep = os.environ["STRATEGIES"].split()
 for s in settings:
     cfg = registry.load(Path(f"configs/{method}-{s}.yaml"))
     for seed in seeds:
         for v in parse_strategy(cfg.strategy, cfg.schema):
+            if keep and v.label not in keep:
+                continue
             entry = v.name + ("[" + ";".join(f"{k}={val}" for k, val in v.overrides) + "]"
                               if v.overrides else "")
             print(s, seed, v.label, entry)

@@ -541,6 +541,9 @@ def test_the_config_takes_every_registered_name_and_refuses_others():
                            "fedcda[fedcda.selection=random]"]),
         ("fedcda-dir0.5", ["name=fedcda-dir0.5", "dirichlet-alpha=0.5"]),
         ("fedcda-shards2", ["name=fedcda-shards2", "partition=shards", "shards-per-client=2"]),
+        ("fedcda-paper-dir0.3", ["name=fedcda-paper-dir0.3", "dirichlet-alpha=0.3",
+                                 "num-server-rounds=200", "local-epochs=20", "lr=0.001",
+                                 "fedcda.warmup=50"]),
     ],
 )
 def test_fedcda_presets_equal_the_documented_commands(preset, overrides):
