@@ -18,7 +18,6 @@ Run directory layout (``<output-dir>/<name>/``)::
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from datetime import timedelta
 from logging import INFO, WARNING
 from pathlib import Path
@@ -47,6 +46,7 @@ from launch import lifecycle
 from launch.lifecycle import kept_checkpoint
 from launch.registry import from_run_config, make_strategy, train_config
 from strategies.base import FedsysStrategy, NoUsableUpdateError
+from strategies.nodes import Known
 
 
 def _fmt(seconds: float) -> str:
@@ -176,51 +176,20 @@ class RoundRecorder:
         strategy.checkpoint_written()
 
 
-@dataclass
-class KnownNodes:
-    """What the run's nodes declared in their query answers, kept across its strategies.
-
-    A node's ``partition-id`` and training size come from its ``node_config``, which
-    does not change while the run lasts, so the first strategy asks (one QUERY message
-    per node, :meth:`FedsysStrategy.refresh_partition_map`) and the next ones start
-    from its answers: a deployed run of S strategies starts S - 1 fewer ClientApp
-    processes per node.  Node ids that are gone, and new ones, are still handled by
-    each strategy as they appear.
-    """
-
-    partition_ids: dict[int, int] = field(default_factory=dict)
-    num_examples: dict[int, int] = field(default_factory=dict)
-    #: Nodes asked already, whether they answered or not (a ClientApp without a query
-    #: handler is not asked again by the next strategy).
-    asked: set[int] = field(default_factory=set)
-
-    def give(self, strategy: FedsysStrategy) -> None:
-        """Start ``strategy`` from what is known."""
-        strategy.node_pid.update(self.partition_ids)
-        strategy.node_examples.update(self.num_examples)
-        strategy.asked.update(self.asked)
-
-    def learn(self, strategy: FedsysStrategy) -> None:
-        """Keep what ``strategy`` learned (it dropped the nodes that left)."""
-        self.partition_ids = dict(strategy.node_pid)
-        self.num_examples = dict(strategy.node_examples)
-        self.asked = set(strategy.asked)
-
-
 def run_strategy(grid: Grid, cfg: RunConfig, name: str, position: str = "",
-                 known: KnownNodes | None = None) -> list[dict[str, Any]]:
+                 known: Known | None = None) -> list[dict[str, Any]]:
     """Run (or resume) one strategy; return its per-round records.
 
     ``cfg`` holds exactly one strategy (see :meth:`RunConfig.variants`); ``name`` is
     its label and names the results directory; ``position`` (``"2/8"``) says which of
-    the run's strategies it is in the progress lines; ``known`` carries the nodes'
-    query answers from one strategy to the next.
+    the run's strategies it is in the progress lines; ``known`` holds the nodes'
+    query answers across the run's strategies (:meth:`strategies.nodes.NodeDirectory.share`).
     """
     out = cfg.run_dir / name
     out.mkdir(parents=True, exist_ok=True)
     strategy = make_strategy(cfg)
     if known is not None:
-        known.give(strategy)
+        strategy.nodes.share(known)
     strategy.workdir = out
     strategy.run_label = name
     recorder = RoundRecorder(cfg, out, name, position)
@@ -241,8 +210,6 @@ def run_strategy(grid: Grid, cfg: RunConfig, name: str, position: str = "",
                        train_config=ConfigRecord({**train_config(cfg, strategy.trainer),
                                                   proto.STATE_SCOPE: name}),
                        evaluate_fn=make_evaluate_fn(cfg))
-        if known is not None:
-            known.learn(strategy)
         if strategy.usable_rounds == 0:
             raise NoUsableUpdateError(
                 f"[{name}] no round produced a usable update: every reply was refused or "
@@ -271,7 +238,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, log_table: bool = True
     log(INFO, "fedsys run '%s': strategies %s, results in %s", cfg.name, cfg.strategies, run_dir)
     results: dict[str, list[dict[str, Any]]] = {}
     variants = list(cfg.variants())
-    known = KnownNodes()
+    known = Known()  # one QUERY per node for all the strategies (deployment: fewer processes)
     for i, (name, vcfg) in enumerate(variants, 1):
         try:
             results[name] = run_strategy(grid, vcfg, name,

@@ -54,23 +54,23 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from logging import ERROR, INFO, WARNING
+from logging import ERROR, INFO
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
-import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
+import strategies.exchange as exchange_ops
 from fedsys import protocol as proto
-from fedsys import transport, validation
+from fedsys import transport
 from fedsys.options import ConfigError, parse_group, suggest
 from fedsys.params import Params, copy, distance
-from fedsys.seeding import derive_seed
 from fedsys.validation import ClientUpdate, Rejection
-from strategies.exchange import Exchange
+from strategies.exchange import TRAFFIC_KEYS, Exchange, Traffic
+from strategies.nodes import EVAL_TAG, SAMPLE_TAG, NodeDirectory, NodesUnavailableError
 
 if TYPE_CHECKING:
     from fedsys.config import RunConfig
@@ -80,14 +80,6 @@ RoundHook = Callable[["FedsysStrategy", dict[str, Any]], None]
 #: Builds a registered strategy by name from a run config (for composites like IMA).
 Builder = Callable[[str], "FedsysStrategy"]
 
-SAMPLE_TAG = 0x5EED
-#: The training-traffic totals every round's record carries (:meth:`FedsysStrategy.count_traffic`).
-TRAFFIC_KEYS = ("models-down", "bytes-down", "models-up", "bytes-up")
-EVAL_TAG = 0xE7A1
-
-
-class NodesUnavailableError(RuntimeError):
-    """Too few nodes connected within ``node_wait_timeout``."""
 
 
 class NoUsableUpdateError(RuntimeError):
@@ -262,13 +254,12 @@ class FedsysStrategy(Strategy):
         self.query_partitions = bool(query_partitions)
         self.train_loss_key = str(train_loss_key)
         self.weighted_by_key = str(weighted_by_key)
-        #: The partition-id each node reported first (its query answer or its first
-        #: train reply); a node not in here is keyed by its node id (:meth:`key_of`).
-        self.node_pid: dict[int, int] = {}
-        #: Nodes sent a QUERY already (answered or not): none is asked twice.
-        self.asked: set[int] = set()
-        #: The training size each node declared for its partition (its query answer).
-        self.node_examples: dict[int, int] = {}
+        #: Who the nodes are and which a round samples (:mod:`strategies.nodes`).
+        self.nodes = NodeDirectory(
+            seed=self.seed, fraction_train=self.fraction_train,
+            min_train_nodes=self.min_train_nodes, min_available_nodes=self.min_available_nodes,
+            wait_timeout=self.node_wait_timeout, query=self.query_partitions,
+            num_partitions=num_partitions, tell=self.tell_once)
         self.max_examples_ratio = float(max_examples_ratio)
         self.transport_retries = int(transport_retries)
         self.history: list[dict[str, Any]] = []
@@ -287,12 +278,8 @@ class FedsysStrategy(Strategy):
         self.last_updates: list[ClientUpdate] = []
         self.last_replies: list[Message] = []
         self.usable_rounds = 0
-        #: Training traffic so far (:data:`TRAFFIC_KEYS`): ArrayRecords and their bytes
-        #: sent to the clients (down) and received from them (up); every round's record
-        #: carries these totals.
-        self.traffic: dict[str, int] = dict.fromkeys(TRAFFIC_KEYS, 0)
-        #: Partitions (clients) sent a training instruction so far: ``clients-reached``.
-        self.reached: set[int] = set()
+        #: Training traffic so far; every round's record carries its totals.
+        self.traffic = Traffic()
         #: Optional per-round analysis (see ``estimators``): ``(round, updates, new
         #: global model) -> metrics``, set by the runner.
         self.estimator_fn: Callable[[int, list[ClientUpdate], Params], dict[str, float]] | None = None
@@ -375,74 +362,6 @@ class FedsysStrategy(Strategy):
 
     # ------------------------------------------------------------------ nodes
 
-    def wait_for_nodes(self, grid: Grid, want: int) -> list[int]:
-        """Return connected node ids once ``want`` are there.
-
-        After ``node_wait_timeout`` seconds the round goes on with the nodes that are
-        connected if there are at least ``min_available_nodes``; otherwise
-        :class:`NodesUnavailableError` is raised.  It never waits forever.
-        """
-        need = min(self.min_available_nodes, want)
-        t0 = time.monotonic()
-        while len(ids := sorted(grid.get_node_ids())) < want:
-            if time.monotonic() - t0 > self.node_wait_timeout:
-                if len(ids) >= need:
-                    log(WARNING, "[%s] %d of %d wanted nodes connected after %.0f s; going on",
-                        self.label, len(ids), want, self.node_wait_timeout)
-                    return ids
-                raise NodesUnavailableError(
-                    f"only {len(ids)} of {need} required nodes connected after "
-                    f"{self.node_wait_timeout:.0f} s (node-wait-timeout, "
-                    f"min-available-clients)"
-                )
-            time.sleep(0.2)
-        return ids
-
-    def key_of(self, node_id: int) -> int:
-        """The key a node is known by: the partition-id it reported first, else its
-        node id."""
-        return self.node_pid.get(node_id, node_id)
-
-    def refresh_partition_map(self, grid: Grid, node_ids: Iterable[int]) -> dict[int, int]:
-        """``{node_id: key}`` of the nodes ``node_ids`` (:meth:`key_of`).
-
-        Forgets the nodes that left (a restarted node comes back with a new id and
-        reports its partition again).  With ``query_partitions`` it first asks every
-        node not asked before for its partition-id through one QUERY round; a node
-        that does not answer it (a ClientApp written from Flower's documentation has no
-        query handler) is keyed by its node id until a train reply reports one.
-        """
-        live = set(node_ids)
-        self.node_pid = {n: p for n, p in self.node_pid.items() if n in live}
-        new = sorted(live - set(self.node_pid) - self.asked) if self.query_partitions else []
-        if new:
-            self.asked.update(new)
-            msgs = [proto.query_message(n) for n in new]
-            replies, sent = transport.send_and_receive(grid, msgs, self.round_timeout, self.poll_interval)
-            for r in replies:
-                instr = sent.get(r.metadata.reply_to_message_id)
-                if instr is None or r.has_error() or not r.content.metric_records:
-                    continue
-                rec = proto.metrics_of(r.content)
-                if proto.PARTITION_ID in rec:
-                    self.node_pid[instr.metadata.dst_node_id] = int(rec[proto.PARTITION_ID])
-                if proto.NUM_EXAMPLES in rec:
-                    self.node_examples[instr.metadata.dst_node_id] = int(rec[proto.NUM_EXAMPLES])
-                nparts = int(rec.get(proto.NUM_PARTITIONS, self.num_partitions or 0))
-                if self.num_partitions is not None and nparts != self.num_partitions:
-                    log(WARNING, "node %d holds partition %s of %d, but num-clients is %d: the "
-                        "federation and the config disagree (flwr run: --federation-config "
-                        "num-supernodes=%d)", instr.metadata.dst_node_id,
-                        rec.get(proto.PARTITION_ID), nparts, self.num_partitions,
-                        self.num_partitions)
-            anon = [n for n in new if n not in self.node_pid]
-            if anon:
-                self.tell_once("anonymous", INFO, "[%s] %d node(s) did not answer the partition-id "
-                               "query (no query handler, or no '%s' in the answer); they are keyed "
-                               "by their node ids until a train reply reports one", self.label,
-                               len(anon), proto.PARTITION_ID)
-        return {n: self.key_of(n) for n in sorted(live)}
-
     def tell_once(self, key: str, level: int, msg: str, *args: Any) -> None:
         """Log ``msg`` the first time ``key`` is told in this strategy's life."""
         if key not in self._told:
@@ -450,30 +369,11 @@ class FedsysStrategy(Strategy):
             log(level, msg, *args)
 
     def sample(self, grid: Grid, server_round: int, k: int | None, tag: int = SAMPLE_TAG) -> dict[int, int]:
-        """Pick ``k`` nodes (``{node_id: partition_id}``) with a seeded generator.
-
-        ``k=None`` takes Flower's rule: ``max(int(fraction_train * connected),
-        min_train_nodes)`` once ``min_available_nodes`` are connected.  The draw is over
-        the nodes' sorted keys (:meth:`key_of`: partition-ids where known) with
-        ``default_rng(seed, round)``, so where every partition-id is known (the query,
-        or replies of earlier rounds) the same seed picks the same clients whatever
-        node ids Flower assigned.
-        """
-        if k is None:
-            connected = len(self.wait_for_nodes(grid, self.min_available_nodes))
-            k = min(connected, max(int(connected * self.fraction_train), self.min_train_nodes))
-        ids = self.wait_for_nodes(grid, k)
-        pid_of = self.refresh_partition_map(grid, ids)
-        by_pid = {p: n for n, p in sorted(pid_of.items())}
-        pids = sorted(by_pid)
-        if len(pids) < k:
-            log(WARNING, "round %d: %d nodes known, %d wanted", server_round, len(pids), k)
-        rng = np.random.default_rng(derive_seed(self.seed, server_round, tag))
-        # draw positions, not values: node ids (the keys of nodes that declare no
-        # partition-id) do not fit numpy's int64; the same draw as choosing from ``pids``
-        picks = rng.choice(len(pids), size=min(k, len(pids)), replace=False)
-        chosen = sorted(pids[int(i)] for i in picks)
-        return {by_pid[p]: int(p) for p in chosen}
+        """Pick ``k`` nodes (``{node_id: partition_id}``): :meth:`NodeDirectory.sample`
+        (``k=None``: Flower's rule, ``fraction_train`` of the connected nodes, at least
+        ``min_train_nodes``).  A method with its own draw overrides this."""
+        return self.nodes.sample(grid, server_round, k, self.label, self.round_timeout,
+                                 self.poll_interval, tag)
 
     # ------------------------------------------------------------------ config
 
@@ -545,48 +445,21 @@ class FedsysStrategy(Strategy):
     def validate(self, replies: Iterable[Message], exchange: Exchange | None = None
                  ) -> tuple[list[ClientUpdate], list[Rejection]]:
         """Split the replies to ``exchange`` (default :attr:`last_exchange`) into usable
-        updates and logged rejections.
-
-        A reply's ``partition-id``, where it reports one, is the node's partition from
-        then on (:attr:`node_pid`); a reply reporting another than the node's first, or
-        one another connected node holds, is refused.
-        """
-        ex = self.last_exchange if exchange is None else exchange
-        replies = list(replies)
-        sent = ex.sent()
-        ok: list[ClientUpdate] = []
-        bad: list[Rejection] = []
-        seen: set[int] = set()
-        read = self.read_keys()
-        for r in replies:
-            res = validation.parse_train_reply(
-                r, sent, ex.expected, ex.reference(r, sent), reported=self.node_pid, weighted_by_key=self.weighted_by_key, read=read,
-            )
-            if isinstance(res, ClientUpdate) and proto.PARTITION_ID in res.metrics:
-                self.node_pid.setdefault(res.node_id, res.partition_id)  # its first report
-            if isinstance(res, ClientUpdate) and res.node_id in seen:
-                res = Rejection(res.node_id, res.partition_id, "duplicate reply")
-            if isinstance(res, ClientUpdate) and (why := self.check_reply(res)) is not None:
-                res = Rejection(res.node_id, res.partition_id, why)
-            if isinstance(res, Rejection) and res.reason == validation.lacks(self.weighted_by_key):
-                self.tell_once(f"needs-{self.weighted_by_key}", ERROR, "[%s] train replies "
-                               "lack the metric '%s' that updates are weighted by (keyword "
-                               "weighted_by_key=%r names it); replies without it are refused",
-                               self.label, self.weighted_by_key, self.weighted_by_key)
-            (ok if isinstance(res, ClientUpdate) else bad).append(res)  # type: ignore[arg-type]
-            seen.add(res.node_id)
-        refused = validation.weight_refusals({u.node_id: float(u.num_examples) for u in ok},
-                                        self.node_examples, self.max_examples_ratio)
-        bad += [Rejection(u.node_id, u.partition_id, refused[u.node_id]) for u in ok
-                if u.node_id in refused]
-        ok = [u for u in ok if u.node_id not in refused]
-        for node in validation.missing_nodes(sent, replies):
-            bad.append(Rejection(node, ex.expected.get(node, -1), "no reply before round-timeout"))
-        for rj in bad:
-            log(WARNING, "[%s] rejected reply of client %d (node %d): %s",
-                self.label, rj.partition_id, rj.node_id, rj.reason)
+        updates and logged rejections (:func:`strategies.exchange.sort_replies`, with this
+        method's :meth:`check_reply`)."""
+        ok, bad = exchange_ops.sort_replies(
+            replies, self.last_exchange if exchange is None else exchange, self.nodes.known,
+            weighted_by_key=self.weighted_by_key, read=self.read_keys(), check=self.check_reply,
+            max_examples_ratio=self.max_examples_ratio, on_lacks_weight=self._lacks_weight,
+            label=self.label)
         self.last_rejections = bad
-        return sorted(ok, key=lambda u: u.partition_id), bad
+        return ok, bad
+
+    def _lacks_weight(self) -> None:
+        self.tell_once(f"needs-{self.weighted_by_key}", ERROR, "[%s] train replies lack the "
+                       "metric '%s' that updates are weighted by (keyword weighted_by_key=%r "
+                       "names it); replies without it are refused", self.label,
+                       self.weighted_by_key, self.weighted_by_key)
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
         """Return the new global model from validated updates (subclasses)."""
@@ -720,35 +593,16 @@ class FedsysStrategy(Strategy):
         """Send ``ex``'s instructions, wait for the replies (``round_timeout``), count the
         traffic; the replies.  ``ex`` becomes :attr:`last_exchange`."""
         self.last_exchange = ex
-        replies, _ = transport.send_and_receive(grid, ex.outbox, self.round_timeout,
-                                                self.poll_interval)
-        self.count_traffic(ex, ex.outbox, replies)
-        return replies
+        return exchange_ops.send(grid, ex, self.traffic, self.round_timeout, self.poll_interval)
 
     def resend_lost(self, grid: Grid, server_round: int, replies: list[Message],
                     ex: Exchange) -> list[Message]:
-        """Ask again, up to ``transport_retries`` times, the nodes of ``ex`` whose train
-        reply was lost on the way (:data:`fedsys.transport.TRANSPORT_ERRORS`), with the
-        same instruction (the same seeds: the update is the one the first try would have
-        given); returns the round's replies with the lost ones replaced."""
-        for attempt in range(1, self.transport_retries + 1):
-            lost = {r.metadata.reply_to_message_id for r in replies if transport.lost_in_transport(r)}
-            again = {mid: transport.resend(m) for m in ex.outbox
-                     if (mid := m.metadata.message_id) in lost}
-            if not again:
-                break
-            log(WARNING, "[%s] round %d: %d train replies lost on the way (%s); asking node(s) %s "
-                "again (try %d of %d)", self.label, server_round, len(again),
-                "; ".join(sorted({(r.error.reason or f"code {r.error.code}").split('.')[0] for r in replies
-                                  if r.metadata.reply_to_message_id in again})),
-                ", ".join(str(m.metadata.dst_node_id) for m in again.values()), attempt,
-                self.transport_retries)
-            ex.replace(again)
-            new, _ = transport.send_and_receive(grid, list(again.values()), self.round_timeout,
-                                                self.poll_interval)
-            self.count_traffic(ex, list(again.values()), new)
-            replies = [r for r in replies if r.metadata.reply_to_message_id not in again] + new
-        return replies
+        """Ask again, up to ``transport_retries`` times, the nodes whose train reply was
+        lost on the way (:func:`strategies.exchange.resend_lost`)."""
+        return exchange_ops.resend_lost(
+            grid, ex, replies, self.traffic, retries=self.transport_retries,
+            timeout=self.round_timeout, poll_interval=self.poll_interval, label=self.label,
+            server_round=server_round)
 
     def train_hop(
         self, grid: Grid, server_round: int, node_id: int, partition_id: int, params: Params,
@@ -767,22 +621,6 @@ class FedsysStrategy(Strategy):
         replies = self.last_replies = self.exchange(grid, ex)
         ok, _ = self.validate(replies, ex)
         return ok[0] if ok else None
-
-    def count_traffic(self, ex: Exchange, sent: Iterable[Message],
-                      replies: Iterable[Message]) -> None:
-        """Add the ArrayRecords of the instructions ``sent`` in ``ex`` and of the
-        ``replies`` that are not errors to :attr:`traffic` (refused replies count: they
-        were sent), and the clients sent to :attr:`reached`."""
-        for m in sent:
-            k, b = proto.model_bytes(m)
-            self.traffic["models-down"] += k
-            self.traffic["bytes-down"] += b
-            self.reached.add(ex.expected.get(m.metadata.dst_node_id, m.metadata.dst_node_id))
-        for r in replies:
-            if not r.has_error():
-                k, b = proto.model_bytes(r)
-                self.traffic["models-up"] += k
-                self.traffic["bytes-up"] += b
 
     def start(
         self,
@@ -815,8 +653,7 @@ class FedsysStrategy(Strategy):
         self.evaluate_initial(evaluate_fn, result)
         for rnd in range(self.round + 1, self.num_rounds + 1):
             t0 = time.monotonic()
-            train = {**self.run_round(grid, rnd, train_config), **self.traffic,
-                     "clients-reached": len(self.reached)}
+            train = {**self.run_round(grid, rnd, train_config), **self.traffic.totals()}
             if train.get("clients-ok", 0) > 0:
                 self.usable_rounds += 1
             record: dict[str, Any] = {"round": rnd, **train}
@@ -889,8 +726,7 @@ class FedsysStrategy(Strategy):
             "params": copy(self.params) if self.params is not None else None,
             "history": [dict(h) for h in self.history],
             "usable_rounds": self.usable_rounds,
-            "traffic": dict(self.traffic),
-            "reached": sorted(self.reached),
+            **self.traffic.state(),
             "wrappers": {w.name: w.state_dict() for w in self.wrappers},
         }
 
@@ -912,10 +748,7 @@ class FedsysStrategy(Strategy):
         self.params = copy(state["params"]) if state["params"] is not None else None
         self.history = [dict(h) for h in state["history"]]
         self.usable_rounds = int(state.get("usable_rounds", self.round))
-        # a checkpoint from before every strategy counted traffic: a chain's own count, else 0
-        saved = state.get("traffic", state.get("chain", {}).get("traffic", {}))
-        self.traffic = {k: int(saved.get(k, 0)) for k in TRAFFIC_KEYS}
-        self.reached = {int(p) for p in state.get("reached", [])}
+        self.traffic.load(state)
         for w in self.wrappers:
             w.load_state_dict((wrapped or {})[w.name])
 

@@ -161,20 +161,21 @@ class FedElmyStrategy(FedsysStrategy):
         node id when it drew its order); the map is refreshed when that node is gone
         (a restarted node has a new id)."""
         live = set(grid.get_node_ids())
-        node = next((n for n in sorted(live) if self.key_of(n) == key or n == key), None)
+        node = next((n for n in sorted(live) if self.nodes.key_of(n) == key or n == key), None)
         if node is None:
-            keys = self.refresh_partition_map(grid, live)
+            keys = self.nodes.refresh(grid, live, self.label, self.round_timeout, self.poll_interval)
             node = next((n for n, k in keys.items() if k == key), None)
         return node
 
     def discover(self, grid: Grid) -> None:
         """Learn the partitions the chain visits (first start only; kept on resume): the
-        connected nodes' keys (:meth:`key_of`: partition-ids with ``query_partitions``,
+        connected nodes' keys (:meth:`NodeDirectory.key_of`: partition-ids with ``query_partitions``,
         else node ids, since no node has replied yet)."""
         if self.pids:
             return
-        ids = self.wait_for_nodes(grid, self.num_partitions or self.min_available_nodes)
-        self.pids = sorted(set(self.refresh_partition_map(grid, ids).values()))
+        ids = self.nodes.wait(grid, self.num_partitions or self.min_available_nodes, self.label)
+        keys = self.nodes.refresh(grid, ids, self.label, self.round_timeout, self.poll_interval)
+        self.pids = sorted(set(keys.values()))
         self.num_rounds = self.plan_length(len(self.pids))
 
     # ------------------------------------------------------------------ steps

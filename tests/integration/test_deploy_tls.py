@@ -12,7 +12,7 @@ ClientApp) and ``fedsys deploy down``.  On it:
   bit-identical to the same config in Flower's simulation engine, uninterrupted
   (node ids do not matter): FedAvg, which ran through, shows deployment equals
   simulation; FedCross, which was resumed, shows the resume is exact.  The run asks
-  each node for its partition once for both strategies (:class:`KnownNodes`);
+  each node for its partition once for both strategies (:class:`strategies.nodes.Known`);
 * a SuperNode with an unregistered key is refused, and clients without the CA
   certificate cannot connect;
 * a SuperNode killed while it trains: the round completes with the others after

@@ -307,7 +307,7 @@ def test_start_as_flower_documents_it_num_rounds_sets_imas_start_and_the_lr(repl
     # plain clients report no partition-id: keyed by node id, every reply accepted, and
     # only train messages were sent (no query, which such a client cannot answer)
     assert all(h["clients-ok"] == 2 for h in s.history)
-    assert s.node_pid == {} and all(s.key_of(n) == n for n in NODES)
+    assert s.nodes.known.partition_ids == {} and all(s.nodes.key_of(n) == n for n in NODES)
     assert {m.metadata.message_type for m in sent} == {MessageType.TRAIN, MessageType.EVALUATE}
 
 
@@ -396,7 +396,7 @@ def test_a_node_may_not_claim_more_than_it_declared(reply_grid):
     s = FedAvgStrategy.from_config(cfg(**{"clients-per-round": 3}))
     grid = reply_grid(NODES, answer=answer)
     msgs = configured(s, grid)
-    assert s.node_examples == {n: 10 * (p + 1) for n, p in NODES.items() if n in s.node_examples}
+    assert s.nodes.known.num_examples == {n: 10 * (p + 1) for n, p in NODES.items() if n in s.nodes.known.num_examples}
     honest = [reply(m) for m in msgs[1:]]
     pid = NODES[msgs[0].metadata.dst_node_id]
     greedy = reply(msgs[0], **{"num-examples": 10 * (pid + 1) + 1})
@@ -460,28 +460,27 @@ class CountingGrid:
 
 
 def test_the_next_strategy_of_a_run_starts_from_the_nodes_answers(reply_grid):
-    """launch.server_app.KnownNodes: a run's second strategy asks no node again, samples
-    as if it had asked, and asks only a node it has not seen."""
-    from launch.server_app import KnownNodes
+    """strategies.nodes.Known, shared by a run's strategies (launch.server_app.run_experiment):
+    the second strategy asks no node again, samples as if it had asked, and asks only a
+    node it has not seen."""
+    from strategies.nodes import Known
 
-    known, grid = KnownNodes(), CountingGrid(reply_grid(NODES))
+    known, grid = Known(), CountingGrid(reply_grid(NODES))
     first = FedAvgStrategy.from_config(cfg())
-    known.give(first)
+    first.nodes.share(known)
     picked = first.sample(grid, 1, 3)
-    known.learn(first)
     assert grid.queries == {n: 1 for n in NODES}
     assert known.partition_ids == NODES
 
     second = FedAvgStrategy.from_config(cfg())
-    known.give(second)
+    second.nodes.share(known)
     assert second.sample(grid, 1, 3) == picked
     assert grid.queries == {n: 1 for n in NODES}  # no second query round
 
     grid.grid.nodes = {**{n: p for n, p in NODES.items() if n != 101}, 999: 0}  # 101 came back as 999
     third = FedAvgStrategy.from_config(cfg())
-    known.give(third)
+    third.nodes.share(known)
     third.sample(grid, 2, 3)
-    known.learn(third)
     assert grid.queries == {**{n: 1 for n in NODES}, 999: 1}
     assert 101 not in known.partition_ids and known.partition_ids[999] == 0
 
@@ -536,8 +535,8 @@ def test_a_nodes_first_partition_id_is_its_key_and_a_later_change_is_refused(rep
     grid = reply_grid(NODES, flower_client(sent, pid_of))
     s.params = model(0.0)
     assert s.run_round(grid, 1, ConfigRecord())["clients-ok"] == 4
-    assert s.node_pid == NODES and [u.partition_id for u in s.last_updates] == [0, 1, 2, 3]
-    assert {s.key_of(n) for n in NODES} == set(NODES.values())  # sampled by partition-id now
+    assert s.nodes.known.partition_ids == NODES and [u.partition_id for u in s.last_updates] == [0, 1, 2, 3]
+    assert {s.nodes.key_of(n) for n in NODES} == set(NODES.values())  # sampled by partition-id now
     pid_of[101] = 7         # a node changes its partition-id: refused
     pid_of[205] = 2         # one claims another node's: refused (333 reported 2 first)
     del pid_of[478]         # one stops reporting: still keyed by what it reported first
@@ -547,7 +546,7 @@ def test_a_nodes_first_partition_id_is_its_key_and_a_later_change_is_refused(rep
     assert "echoes partition-id 7, expected 0" in reasons[101]
     assert "echoes partition-id 2, expected 1" in reasons[205]
     assert sorted(u.partition_id for u in s.last_updates) == [2, 3]
-    assert s.node_pid == NODES
+    assert s.nodes.known.partition_ids == NODES
 
 
 def test_a_new_node_may_not_take_a_partition_another_node_reported(reply_grid):
@@ -555,9 +554,9 @@ def test_a_new_node_may_not_take_a_partition_another_node_reported(reply_grid):
     s.params = model(0.0)
     grid = reply_grid({1: 0, 2: 1}, flower_client([], {1: 5, 2: 5}))
     got = s.run_round(grid, 1, ConfigRecord())
-    (first,) = s.node_pid  # whichever reply came first holds partition 5
+    (first,) = s.nodes.known.partition_ids  # whichever reply came first holds partition 5
     (rj,) = s.last_rejections
-    assert got["clients-ok"] == 1 and s.node_pid == {first: 5}
+    assert got["clients-ok"] == 1 and s.nodes.known.partition_ids == {first: 5}
     assert rj.node_id != first and f"which node {first} reported" in rj.reason
 
 
