@@ -13,8 +13,8 @@ does not ship the template (``flwr new`` downloads it from Flower Hub), so the f
 written after it, not copied.
 
 Each strategy runs in Flower's simulation engine (4 nodes, 3 rounds; the FedELMY chain
-one hop per node), and IMA over FedCDA once more in a deployment (a SuperLink and 2
-SuperNodes as processes on 127.0.0.1, ``flwr run``, 2 rounds): every reply is used, federated accuracy rises, and
+one hop per node), and IMA over FedCDA once more in a deployment (test_flower_template_deploy.py: a
+SuperLink and 2 SuperNodes as processes on 127.0.0.1, ``flwr run``, 2 rounds): every reply is used, federated accuracy rises, and
 the log holds no ERROR, no traceback and no refused reply.  The same client with
 ``partition-id`` added to its train metrics (``client_app_pid.py``) gives the same
 results in that sense under the strategies that key clients (FedCDA's cache, FedCross's
@@ -111,17 +111,3 @@ def test_flowers_template_trains_under_every_fedsys_strategy(strategy, client, t
     check("\n".join(r.getMessage() for r in caplog.records) + out + err, strategy,
           rounds_run=ROUNDS_OF.get(strategy, ROUNDS))
     assert (tmp_path / "final_model.pt").is_file()
-
-
-@pytest.mark.deploy
-def test_flowers_template_in_a_deployment(tmp_path):
-    from launch.deploy import LocalDeployment
-
-    # small: in a deployment every message starts a ClientApp process (torch, the data)
-    dep = LocalDeployment(tmp_path / "deploy", num_nodes=2)
-    try:
-        dep.up()
-        out = dep.flwr_run(APP, {"strategy": "fedcda+ima", "num-server-rounds": 2}, timeout=400)
-    finally:
-        dep.down()
-    check(out, "fedcda+ima", nodes=2, rounds_run=2)
