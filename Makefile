@@ -52,17 +52,17 @@ data: $(VENV)/.installed
 run: $(VENV)/.installed data
 	$(FEDSYS) run configs/default.yaml
 
-# four xdist workers on 2 cores, each file's tests on one (a module's deployment starts once;
+# three xdist workers on 2 cores, each file's tests on one (a module's deployment starts once;
 # loadgroup does not group under pytest 9 with xdist 3.8): the tests wait on Ray's start-up,
 # the SuperNodes' polling and round timeouts, and in CI one worker waits for the Docker images,
-# so the CPU was busy 0.9 of 2 cores with three workers (2026-11-27: 24 min of CPU in a
-# 27-minute CI run) and the TLS deployment's module, one file, ran 18 minutes on one worker:
-# it is two modules now (test_deploy_tls, test_deploy_faults: a deployment each), as are the
-# killed-run and template-deployment tests.  Each worker's simulations join one Ray cluster of
-# one CPU, so each starts one ClientApp actor (tests/conftest.py; the suite 1390 -> 1137 s
-# beside a niced run)
+# so a third worker fills cores that two left idle (2026-11-25: the integration tests in 1166 s
+# instead of about 1370 s); each worker's simulations join one Ray cluster of one CPU, so each
+# starts one ClientApp actor (tests/conftest.py; the suite 1390 -> 1137 s beside a niced run).
+# A fourth worker does not help: the suite is CPU-bound (load average 5-6 through a fresh-clone
+# CI run); 2026-11-27, idle machine: pytest 1427 s with -n 3, 1478 s with -n 4 and the longest
+# modules split (test_deploy_tls/test_deploy_faults, test_killed_run, test_flower_template_deploy)
 test: $(VENV)/.installed-dev data lint
-	$(PY) -m pytest -q -rs --durations=20 -n 4 --dist loadfile
+	$(PY) -m pytest -q -rs --durations=20 -n 3 --dist loadfile
 
 test-fast: $(VENV)/.installed-dev
 	$(PY) -m pytest -q -m "not slow and not deploy"
