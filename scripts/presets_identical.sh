@@ -11,7 +11,8 @@
 # Each preset runs with PYTHONPATH=CHECKOUT from CHECKOUT (its log in OUT-logs/<preset>.log;
 # a preset whose log says it finished is skipped, so the script resumes).  Overrides, the
 # same for both halves: configs/default.yaml in full; the others num-server-rounds=3; a
-# warm-up that would cover 3 rounds (refused by the run) made 1 (FedCDA's), FedCross's
+# warm-up that would cover 3 rounds (refused by the run) made 1 (FedCDA's; its paper-schedule
+# preset at 1 local epoch, not 20: 20 minutes a round here), FedCross's
 # acceleration windows scaled to 3 rounds, IMA's smoke start at round 1; the FedELMY chains
 # with 3 clients (a round is a hop, the chain visits every client) and, with the LSS
 # presets, 300 samples a client and 1,000 test images (at their sizes a chain preset takes
@@ -38,6 +39,7 @@ for c in configs/*.yaml; do n=$(basename "$c" .yaml)
   grep -q "finished: results" "$out-logs/$n.log" 2>/dev/null && continue
   case $n in
     default) extra=() ;;
+    fedcda-paper-*) extra=(--set num-server-rounds=3 --set fedcda.warmup=1 --set local-epochs=1) ;;
     fedcda-*) extra=(--set num-server-rounds=3 --set fedcda.warmup=1) ;;
     fedcross-accel) extra=(--set num-server-rounds=3 --set "strategy=fedcross[fedcross.warmup=1],fedcross[fedcross.propeller-rounds=2],fedcross[fedcross.dynamic-alpha-rounds=2],fedcross[fedcross.propeller-rounds=1;fedcross.dynamic-alpha-rounds=1]") ;;
     fedelmy-*) extra=(--set num-server-rounds=3 --set num-clients=3 --set clients-per-round=3 "${small[@]}") ;;
