@@ -65,6 +65,8 @@ class NodeDirectory:
         The partitions the nodes should hold; a node declaring another count is logged.
     tell : callable
         Logs a message once per key (the strategy's ``tell_once``).
+    known : Known
+        What the nodes declared (a run's strategies share one: :meth:`share`).
     """
 
     seed: int = 0
