@@ -30,7 +30,6 @@ from launch.deploy import (
 )
 from launch.registry import build
 from tests.integration.tls_deployment import (  # noqa: F401  (tls_dep: the fixture dep)
-    HAS_FEDCROSS,
     KILL_ROUND_TIMEOUT,
     NODES,
     ROOT,
@@ -135,8 +134,7 @@ def test_fedelmy_chain_goes_on_when_a_site_dies_mid_hop(dep: LocalDeployment,
 # crash case runs last, so nothing waits for the crashed site to come back.
 KILL_CASES = [
     pytest.param("fedavg", "shutdown", id="fedavg-shutdown"),
-    pytest.param("fedcross", "crash", id="fedcross-crash", marks=pytest.mark.skipif(
-        not HAS_FEDCROSS, reason="fedcross is not in strategies.REGISTRY yet")),
+    pytest.param("fedcross", "crash", id="fedcross-crash"),
 ]
 
 

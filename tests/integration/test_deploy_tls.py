@@ -59,9 +59,9 @@ if TYPE_CHECKING:
 
 from tests.integration.tls_deployment import (  # noqa: F401  (tls_dep: the fixture dep)
     NODES,
-    PER_STRATEGY,
     RESUME_STRATEGY,
     ROOT,
+    STRATEGIES,
     _count,
     _wait_for,
     run_config,
@@ -156,7 +156,7 @@ def test_deployment_uses_tls_and_registered_nodes(dep: LocalDeployment) -> None:
             assert group.read_text().split()[-1] == str(want_group), (name, group.read_text())
 
 
-@pytest.mark.parametrize("strategy", PER_STRATEGY)
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_run_completes_over_tls_with_node_auth(reference: Reference, strategy: str) -> None:
     recs = metrics.read_jsonl(reference.dir / strategy / "metrics.jsonl")
     assert [r["round"] for r in recs] == [0, 1, 2], reference.log[-3000:]

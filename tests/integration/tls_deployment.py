@@ -20,20 +20,13 @@ from launch.deploy import (
     LocalDeployment,
     _alive,
 )
-from strategies import REGISTRY
 
 if TYPE_CHECKING:
     from conftest import FedsysCLI
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = 3
-HAS_FEDCROSS = "fedcross" in REGISTRY
-STRATEGIES = ["fedavg", "fedcross"] if HAS_FEDCROSS else ["fedavg"]
-PER_STRATEGY = [
-    "fedavg",
-    pytest.param("fedcross", marks=pytest.mark.skipif(
-        not HAS_FEDCROSS, reason="fedcross is not in strategies.REGISTRY yet")),
-]
+STRATEGIES = ["fedavg", "fedcross"]
 # A healthy reply takes 5-25 s on a busy 2-core machine.  Runs without faults wait
 # for every reply (a late one would change the results); the node-kill runs wait
 # KILL_ROUND_TIMEOUT for the reply that never comes.
