@@ -13,9 +13,12 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: the CLI's commands without
+    import torch  # data (deploy, keys, status) start without it (about 3 s of CPU each)
 
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 DEBIAN_PACKAGE = "dataset-fashion-mnist"
@@ -62,6 +65,7 @@ class Dataset:
 
     def normalise(self, x: torch.Tensor) -> torch.Tensor:
         """Map a ``uint8`` batch to normalised float32."""
+        import torch
         m = torch.tensor(self.mean, dtype=torch.float32).view(1, -1, 1, 1)
         s = torch.tensor(self.std, dtype=torch.float32).view(1, -1, 1, 1)
         return (x.to(torch.float32) / 255.0 - m) / s
@@ -151,6 +155,7 @@ def load_fashion_mnist(data_dir: str = "") -> Dataset:
         When no directory holds the four IDX files (a given ``data_dir`` is named: only
         an empty one searches the defaults).
     """
+    import torch
     searched = fmnist_search_path(data_dir)
     for d in searched:
         files = _find_idx(d)
@@ -221,6 +226,7 @@ def load_cifar(name: str, data_dir: str = "") -> Dataset:
     The root is ``data_dir``, else ``$FEDSYS_DATA``, else ``~/.cache/fedsys``;
     torchvision downloads there when the machine is online.
     """
+    import torch
     from torchvision import datasets
 
     cls = {"cifar10": datasets.CIFAR10, "cifar100": datasets.CIFAR100}[name]
@@ -265,6 +271,7 @@ def make_synthetic(
 
     The data are fixed by ``seed`` (not the run seed), like a real dataset.
     """
+    import torch
     rng = np.random.default_rng(seed)
     protos = rng.uniform(40, 215, size=(num_classes, 1, 8, 8))
 

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from fedsys import config as cfgmod
 from fedsys import metrics
@@ -87,6 +86,8 @@ def _models(args: argparse.Namespace) -> tuple[list[Params], list[str], cfgmod.R
     for p in paths:
         if not p.exists():
             raise cfgmod.ConfigError(f"model file not found: {p}")
+    import torch  # here, not above: every `fedsys` command builds this tool's parser
+
     models = [from_torch(torch.load(p, map_location="cpu")) for p in paths]
     return models, [p.stem for p in paths], cfg, out
 

@@ -184,3 +184,37 @@ def test_connection_toml_escapes_what_it_writes(tmp_path: Path) -> None:
                                                        "root-certificates": str(ca)}}
     plain = tomllib.loads(connection_toml("[::1]:9093", None))["superlink"]
     assert plain[CONNECTION] == {"address": "[::1]:9093", "insecure": True}
+
+
+def test_the_staged_app_builds_the_same_fab_from_a_few_files(tmp_path: Path) -> None:
+    """``flwr run`` is given a copy of the FAB's files (``staged_app``), not a checkout with
+    its virtual environments: the FAB is byte-identical to the one built from the checkout,
+    gitignored and non-matching files stay out, and the copy is made once per content."""
+    from flwr.cli.build import build_fab_from_disk
+
+    from launch.deploy import staged_app
+
+    app = tmp_path / "app"
+    (app / "pkg" / "sub").mkdir(parents=True)
+    (app / "pkg" / "__init__.py").write_text("X = 1\n")
+    (app / "pkg" / "sub" / "m.py").write_text("Y = 2\n")
+    (app / "pkg" / "gen.py").write_text("GENERATED = 1\n")
+    (app / ".gitignore").write_text("pkg/gen.py\n")
+    for junk in (".venv/lib/site.py", "docs/results.md", "runs/r/metrics.jsonl", "tests/t.py"):
+        (app / junk).parent.mkdir(parents=True, exist_ok=True)
+        (app / junk).write_text("junk\n")
+    (app / "pyproject.toml").write_text(
+        '[project]\nname = "demo"\nversion = "1.0.0"\ndependencies = []\n\n'
+        '[tool.flwr.app]\npublisher = "me"\nfab-include = ["pkg/**/*.py"]\n\n'
+        '[tool.flwr.app.components]\nserverapp = "pkg:server"\nclientapp = "pkg:client"\n')
+    staged = staged_app(app, tmp_path / "cli")
+    assert staged.parent == tmp_path / "cli"
+    assert sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file()) \
+        == [".gitignore", "pkg/__init__.py", "pkg/gen.py", "pkg/sub/m.py", "pyproject.toml"]
+    assert build_fab_from_disk(staged) == build_fab_from_disk(app)
+    assert staged_app(app, tmp_path / "cli") == staged  # the same content: the same copy
+    (app / "pkg" / "sub" / "m.py").write_text("Y = 3\n")
+    assert staged_app(app, tmp_path / "cli") != staged
+    # without fab-include patterns (Flower's app template) the app directory goes as it is
+    (app / "pyproject.toml").write_text('[project]\nname = "demo"\n')
+    assert staged_app(app, tmp_path / "cli2") == app

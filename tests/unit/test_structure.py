@@ -122,3 +122,15 @@ def test_config_validation_imports_neither_torch_nor_ray():
 @pytest.mark.parametrize("mod", sorted(_modules()))
 def test_every_module_has_a_docstring(mod):
     assert ast.get_docstring(ast.parse(_modules()[mod].read_text())), mod
+
+
+def test_commands_without_data_start_without_torch():
+    """``fedsys --help``, ``keys`` and the ``deploy`` actions (up, status, down, the
+    submission) read no data: building the parser and the error handling of ``main`` import
+    no torch (about 3 s of CPU for every command otherwise, measured 2026-11-27)."""
+    code = ("import sys; from launch import cli, deploy_cli, results; cli.parser(); "
+            "from fedsys.data import DataError; from fedsys.partition import PartitionError; "
+            "bad = [m for m in ('torch', 'ray', 'torchvision') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
