@@ -6,44 +6,22 @@ Build a fedsys strategy like one of Flower's own::
     result = strategy.start(grid, initial_arrays, num_rounds=50, timeout=600,
                             train_config=ConfigRecord({"lr": 0.01}), evaluate_fn=...)
 
-Keyword arguments are Flower's usual ones (``fraction_train``, ``fraction_evaluate``,
-``min_train_nodes``, ``min_evaluate_nodes``, ``min_available_nodes``), a few of
-fedsys's (``clients_per_round``, ``seed``, ``node_wait_timeout``, ``lr_decay``,
-``trainer``), and the method's own options, declared once in its module as a frozen
-dataclass (:attr:`FedsysStrategy.Options`) whose fields are also its config keys
-(``fedcda.memory``).  :meth:`FedsysStrategy.from_config` builds the same object
-from a fedsys run config.
-
-What every fedsys strategy gets from :class:`FedsysStrategy`:
-
-* a fresh ``RecordDict`` per node, built from :meth:`payload_for` (and extra named
-  models from :meth:`payload_models`), so a strategy that sends a different model
-  to each node overrides one method;
-* a round loop (:meth:`start`, as Flower documents it: ``num_rounds`` sets the
-  schedule, ``timeout`` bounds each round, the caller's ``train_config`` keys reach
-  the clients unchanged) that calls :meth:`run_round`; a strategy with a different
-  loop (a chain of single-node hops) overrides :meth:`run_round` and keeps
-  checkpoints, metrics and evaluation;
-* node sampling with its own seeded generator, by the partition-id a node reports
-  (node ids are random and change when a node restarts; a node that reports none is
-  keyed by its node id), and waiting for nodes with a timeout;
-* only the messages Flower's documentation teaches a ClientApp to answer, train and
-  evaluate: a node's partition is the ``partition-id`` its first train reply reports
-  (a later change is refused); one QUERY per node asks for it before sampling only
-  when the caller passes ``query_partitions=True`` (fedsys's own ServerApp does);
-* the reply metrics it reads named by keywords, as Flower's strategies name them
-  (``weighted_by_key="num-examples"``, ``train_loss_key="train_loss"``); other
-  numeric metrics are welcome and never a reason to refuse a reply;
-* validation of every reply (error replies, missing keys, shape or dtype mismatch,
-  NaN or Inf, metrics the method needs): rejected replies are logged and the round
-  goes on; a round without a usable update is an error in the log;
-* **wrappers** (:class:`StrategyWrapper`, e.g. IMA) acting on the models the strategy
-  is about to send and evaluate, through :meth:`FedsysStrategy.finish`;
-* server-side evaluation each round through ``evaluate_fn`` and per-round hooks
-  (metrics, progress, checkpoints);
-* :meth:`state_dict` / :meth:`load_state_dict` of the whole strategy state.
-
-Subclasses implement :meth:`aggregate` (pure maths lives in :mod:`fedsys`).
+Keyword arguments are Flower's usual ones, a few of fedsys's and the method's own
+options, declared once in its module as a frozen dataclass (:attr:`FedsysStrategy.Options`)
+whose fields are also its config keys (``fedcda.memory``); :meth:`FedsysStrategy.from_config`
+builds the same object from a fedsys run config.  The base keeps Flower's template
+:meth:`~FedsysStrategy.start` (``num_rounds`` sets the schedule, ``timeout`` bounds each
+round, the caller's ``train_config`` keys reach the clients unchanged), the hooks a method
+overrides (:meth:`~FedsysStrategy.aggregate`; :meth:`~FedsysStrategy.payload_for` for a
+model per node; :meth:`~FedsysStrategy.run_round` for another loop, a chain's hops), the
+options and the state (:meth:`~FedsysStrategy.state_dict`).  The rest is in modules of its
+own: who the nodes are and which a round samples (:mod:`strategies.nodes`: partition-ids
+a node reports, one QUERY per node only with ``query_partitions=True``), one exchange of
+messages with its resends and traffic (:mod:`strategies.exchange`), which replies are usable
+(:mod:`strategies.replies`: error replies, missing keys, shape or dtype mismatch, NaN or
+Inf, a metric the method needs; each refusal logged, the round goes on) and what acts on
+every strategy's models (:mod:`strategies.wrapper`: IMA).  Pure maths lives in
+:mod:`fedsys`.
 """
 
 from __future__ import annotations
@@ -64,6 +42,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
 import strategies.exchange as exchange_ops
+import strategies.replies as replies_ops
 from fedsys import protocol as proto
 from fedsys import transport
 from fedsys.options import ConfigError, parse_group, suggest
@@ -71,6 +50,8 @@ from fedsys.params import Params, copy, distance
 from fedsys.validation import ClientUpdate, Rejection
 from strategies.exchange import TRAFFIC_KEYS, Exchange, Traffic
 from strategies.nodes import EVAL_TAG, SAMPLE_TAG, NodeDirectory, NodesUnavailableError
+from strategies.replies import ReplyPolicy, why_refused
+from strategies.wrapper import StrategyWrapper
 
 if TYPE_CHECKING:
     from fedsys.config import RunConfig
@@ -89,57 +70,6 @@ class NoUsableUpdateError(RuntimeError):
 @dataclass(frozen=True)
 class NoOptions:
     """A method without options of its own."""
-
-
-class StrategyWrapper:
-    """Acts on the models a strategy is about to send and evaluate (IMA, later a robust
-    aggregator or server-side DP).
-
-    Attach with :meth:`FedsysStrategy.wrap`.  After each aggregation the strategy
-    passes every model it has just made (its global model, or FedCross's changed
-    slots; FedAdam/FedYogi their client mean before the optimiser step) through
-    :meth:`transform` of each wrapper in order (:meth:`FedsysStrategy.finish`).  A
-    wrapper returns the model unchanged (the same object) when it does not act.
-    """
-
-    #: Name of the wrapper (its config prefix and its key in checkpoints).
-    name: ClassVar[str] = "wrapper"
-
-    def on_start(self, strategy: FedsysStrategy, num_rounds: int) -> None:
-        """Called by :meth:`FedsysStrategy.start` with the schedule's length."""
-
-    def inert_options(self, strategy: FedsysStrategy, num_rounds: int) -> list[str]:
-        """What in this wrapper's options would leave it inert for ``num_rounds`` rounds
-        (one sentence each, naming the key); :meth:`FedsysStrategy.prepare` refuses
-        the run when there is any."""
-        return []
-
-    def transform(self, server_round: int, slot: int, model: Params) -> Params:
-        """The model to send and evaluate instead of ``model`` (``slot``: which one)."""
-        return model
-
-    def branch_late_keys(self, strategy: FedsysStrategy, rnd: int) -> frozenset[str]:
-        """This wrapper's config keys that have not acted by the end of round ``rnd``
-        (:meth:`FedsysStrategy.branch_late_keys`)."""
-        return frozenset()
-
-    def client_lr(self, server_round: int, lr: float, lr_decay: float, current: float) -> float:
-        """The client learning rate of ``server_round`` (``current``: the strategy's own)."""
-        return current
-
-    def round_metrics(self) -> dict[str, float]:
-        """Metrics of the last round."""
-        return {}
-
-    def summary(self) -> None:
-        """Log the wrapper's settings."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """The wrapper's state, for exact resume."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output."""
 
 
 class FedsysStrategy(Strategy):
@@ -261,6 +191,11 @@ class FedsysStrategy(Strategy):
             wait_timeout=self.node_wait_timeout, query=self.query_partitions,
             num_partitions=num_partitions, tell=self.tell_once)
         self.max_examples_ratio = float(max_examples_ratio)
+        #: Which train replies the method uses (:mod:`strategies.replies`).
+        self.replies = ReplyPolicy(
+            self.name, self.weighted_by_key, self.train_loss_key, self.max_examples_ratio,
+            {str(getattr(self, kw)): (kw, why) for kw, why in self.required_metrics.items()},
+            self.tell_once)
         self.transport_retries = int(transport_retries)
         self.history: list[dict[str, Any]] = []
         self.hooks: list[RoundHook] = []
@@ -423,43 +358,14 @@ class FedsysStrategy(Strategy):
         ])
         return list(self.last_exchange.outbox)
 
-    def check_reply(self, update: ClientUpdate) -> str | None:
-        """Why a well-formed update cannot be used by this method (``None``: it can):
-        it lacks a metric of :attr:`required_metrics` (said once, as an ERROR naming
-        the key and the keyword that names it)."""
-        for keyword, why in self.required_metrics.items():
-            key = str(getattr(self, keyword))
-            if key not in update.metrics:
-                self.tell_once(f"needs-{key}", ERROR, "[%s] %s needs the metric '%s' in every "
-                               "train reply (%s; keyword %s=%r names it); replies without it "
-                               "are refused", self.label, self.name, key, why, keyword, key)
-                return f"reply metrics lack '{key}', which {self.name} needs"
-        return None
-
-    def read_keys(self) -> set[str]:
-        """The reply metrics this strategy reads: a reply whose value for one of them is
-        not a finite number is refused; any other metric is the client's own affair."""
-        return {self.weighted_by_key, self.train_loss_key, proto.PARTITION_ID,
-                proto.TRAINED_EXAMPLES, *(str(getattr(self, k)) for k in self.required_metrics)}
-
     def validate(self, replies: Iterable[Message], exchange: Exchange | None = None
                  ) -> tuple[list[ClientUpdate], list[Rejection]]:
         """Split the replies to ``exchange`` (default :attr:`last_exchange`) into usable
-        updates and logged rejections (:func:`strategies.exchange.sort_replies`, with this
-        method's :meth:`check_reply`)."""
-        ok, bad = exchange_ops.sort_replies(
-            replies, self.last_exchange if exchange is None else exchange, self.nodes.known,
-            weighted_by_key=self.weighted_by_key, read=self.read_keys(), check=self.check_reply,
-            max_examples_ratio=self.max_examples_ratio, on_lacks_weight=self._lacks_weight,
-            label=self.label)
+        updates and logged rejections (:meth:`strategies.replies.ReplyPolicy.sort`)."""
+        ok, bad = self.replies.sort(replies, self.last_exchange if exchange is None else exchange,
+                                    self.nodes.known, self.label)
         self.last_rejections = bad
         return ok, bad
-
-    def _lacks_weight(self) -> None:
-        self.tell_once(f"needs-{self.weighted_by_key}", ERROR, "[%s] train replies lack the "
-                       "metric '%s' that updates are weighted by (keyword weighted_by_key=%r "
-                       "names it); replies without it are refused", self.label,
-                       self.weighted_by_key, self.weighted_by_key)
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
         """Return the new global model from validated updates (subclasses)."""
@@ -490,15 +396,7 @@ class FedsysStrategy(Strategy):
             if self.estimator_fn is not None:
                 self.round_metrics.update(self.estimator_fn(server_round, updates, new))
         self.last_updates = updates
-        metrics: dict[str, float | int] = {"clients-ok": len(updates), "clients-rejected": len(rejected)}
-        key = self.train_loss_key
-        with_loss = [u for u in updates if key in u.metrics]
-        n = sum(u.num_examples for u in with_loss)
-        if with_loss and n > 0:
-            metrics[key] = sum(u.metrics[key] * u.num_examples for u in with_loss) / n
-        if any(proto.TRAINED_EXAMPLES in u.metrics for u in updates):
-            metrics[proto.TRAINED_EXAMPLES] = sum(u.metrics.get(proto.TRAINED_EXAMPLES, 0)
-                                                  for u in updates)
+        metrics = replies_ops.train_metrics(updates, len(rejected), self.train_loss_key)
         metrics.update(self.round_metrics)
         return (proto.to_record(new) if new is not None else None), proto.metric_record(metrics)
 
@@ -515,19 +413,10 @@ class FedsysStrategy(Strategy):
         return [proto.message(nd, MessageType.EVALUATE, arrays, cfg) for nd in chosen]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Mean of the clients' evaluation metrics weighted by ``weighted_by_key``, as
-        Flower's FedAvg: every finite metric all usable replies report (fedsys's
-        ClientApp: ``eval-loss``, ``eval-acc``), but the weight and ``partition-id``."""
-        w = self.weighted_by_key
-        good = [r for r in replies if not r.has_error() and r.content.metric_records]
-        rows = [m for m in (proto.metrics_of(r.content) for r in good)
-                if math.isfinite(m.get(w, math.nan)) and m[w] >= 0]
-        n = sum(r[w] for r in rows)
-        if not rows or n <= 0:
-            return None
-        keys = [k for k in rows[0] if k not in (w, proto.PARTITION_ID)
-                and all(math.isfinite(r.get(k, math.nan)) for r in rows)]
-        return proto.metric_record({k: sum(r[k] * r[w] for r in rows) / n for k in keys})
+        """Mean of the clients' evaluation metrics weighted by ``weighted_by_key``
+        (:func:`strategies.replies.evaluate_mean`)."""
+        mean = replies_ops.evaluate_mean(replies, self.weighted_by_key)
+        return None if mean is None else proto.metric_record(mean)
 
     def summary(self) -> None:
         """Log the strategy's settings."""
@@ -751,19 +640,6 @@ class FedsysStrategy(Strategy):
         self.traffic.load(state)
         for w in self.wrappers:
             w.load_state_dict((wrapped or {})[w.name])
-
-
-def why_refused(rejections: Iterable[Rejection]) -> str:
-    """The distinct reasons of ``rejections``, most frequent first, with their counts
-    (``"3x reply metrics lack 'train_loss', which fedcda needs"``)."""
-    counts: dict[str, int] = {}
-    for rj in rejections:
-        counts[rj.reason] = counts.get(rj.reason, 0) + 1
-    if not counts:
-        return "no node was sent an instruction"
-    top = sorted(counts.items(), key=lambda kv: -kv[1])
-    text = "; ".join(f"{n}x {why}" for why, n in top[:3])
-    return text + (f"; {len(top) - 3} other reasons" if len(top) > 3 else "")
 
 
 __all__ = ["EVAL_TAG", "SAMPLE_TAG", "TRAFFIC_KEYS", "Builder", "ConfigError", "EvaluateFn", "FedsysStrategy",

@@ -1,15 +1,15 @@
 """One exchange of training messages between the server and its nodes (a round's, or a
 chain's hop): to which node each instruction went, under which key the node was sampled
 and with which model (:class:`Exchange`); sending it and asking again for the replies lost
-on the way (:func:`send`, :func:`resend_lost`), the training traffic (:class:`Traffic`) and
-the split of the replies into usable updates and refusals (:func:`sort_replies`).  A
+on the way (:func:`send`, :func:`resend_lost`) and the training traffic (:class:`Traffic`);
+which replies are usable is :mod:`strategies.replies`'s.  A
 strategy makes one :class:`Exchange` per exchange and passes it to what reads it; nothing
 else holds a round's messages.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import WARNING
 from typing import Any
@@ -19,10 +19,8 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fedsys import protocol as proto
-from fedsys import transport, validation
+from fedsys import transport
 from fedsys.params import Params
-from fedsys.validation import ClientUpdate, Rejection
-from strategies.nodes import Known
 
 #: The training-traffic totals every round's record carries (:class:`Traffic`).
 TRAFFIC_KEYS = ("models-down", "bytes-down", "models-up", "bytes-up")
@@ -126,50 +124,4 @@ def resend_lost(grid: Grid, ex: Exchange, replies: list[Message], traffic: Traff
     return replies
 
 
-def sort_replies(replies: Iterable[Message], ex: Exchange, known: Known, *, weighted_by_key: str,
-                 read: set[str], check: Callable[[ClientUpdate], str | None],
-                 max_examples_ratio: float, on_lacks_weight: Callable[[], None], label: str
-                 ) -> tuple[list[ClientUpdate], list[Rejection]]:
-    """Split the replies to ``ex`` into usable updates (by partition) and logged refusals.
-
-    A reply's ``partition-id``, where it reports one, is the node's key from then on (the
-    first report is kept in ``known``); a reply reporting another than the node's first,
-    or one another connected node holds, is refused, as are a node's second reply, a
-    reply ``check`` finds unusable for the method, a claimed weight out of bounds
-    (:func:`fedsys.validation.weight_refusals`) and a missing reply.
-    ``on_lacks_weight`` is called for a reply without ``weighted_by_key``.
-    """
-    replies = list(replies)
-    sent = ex.sent()
-    ok: list[ClientUpdate] = []
-    bad: list[Rejection] = []
-    seen: set[int] = set()
-    for r in replies:
-        res = validation.parse_train_reply(
-            r, sent, ex.expected, ex.reference(r, sent), reported=known.partition_ids,
-            weighted_by_key=weighted_by_key, read=read,
-        )
-        if isinstance(res, ClientUpdate) and proto.PARTITION_ID in res.metrics:
-            known.partition_ids.setdefault(res.node_id, res.partition_id)  # its first report
-        if isinstance(res, ClientUpdate) and res.node_id in seen:
-            res = Rejection(res.node_id, res.partition_id, "duplicate reply")
-        if isinstance(res, ClientUpdate) and (why := check(res)) is not None:
-            res = Rejection(res.node_id, res.partition_id, why)
-        if isinstance(res, Rejection) and res.reason == validation.lacks(weighted_by_key):
-            on_lacks_weight()
-        (ok if isinstance(res, ClientUpdate) else bad).append(res)  # type: ignore[arg-type]
-        seen.add(res.node_id)
-    refused = validation.weight_refusals({u.node_id: float(u.num_examples) for u in ok},
-                                         known.num_examples, max_examples_ratio)
-    bad += [Rejection(u.node_id, u.partition_id, refused[u.node_id]) for u in ok
-            if u.node_id in refused]
-    ok = [u for u in ok if u.node_id not in refused]
-    for node in validation.missing_nodes(sent, replies):
-        bad.append(Rejection(node, ex.expected.get(node, -1), "no reply before round-timeout"))
-    for rj in bad:
-        log(WARNING, "[%s] rejected reply of client %d (node %d): %s",
-            label, rj.partition_id, rj.node_id, rj.reason)
-    return sorted(ok, key=lambda u: u.partition_id), bad
-
-
-__all__ = ["TRAFFIC_KEYS", "Exchange", "Traffic", "resend_lost", "send", "sort_replies"]
+__all__ = ["TRAFFIC_KEYS", "Exchange", "Traffic", "resend_lost", "send"]

@@ -2,7 +2,7 @@
 (Zhou et al., "Mitigating Data Heterogeneity in Federated Learning with Iterative
 Moving Averaging of Global Models", Algorithm 1; spec ``fedima.md`` §2.3-2.5).
 
-IMA is a :class:`~strategies.base.StrategyWrapper`: it acts on the models the wrapped
+IMA is a :class:`~strategies.wrapper.StrategyWrapper`: it acts on the models the wrapped
 strategy is about to send and evaluate, through the strategy's documented hook
 (:meth:`~strategies.base.FedsysStrategy.finish`), and on the client learning rate.
 In a Flower app::
@@ -25,7 +25,8 @@ from flwr.supercore import log
 from fedsys import ima
 from fedsys.options import REGISTERED_STRATEGIES, option, parse_group
 from fedsys.params import Params, copy, mean
-from strategies.base import Builder, FedsysStrategy, StrategyWrapper
+from strategies.base import Builder, FedsysStrategy
+from strategies.wrapper import StrategyWrapper, Wrapped
 
 if TYPE_CHECKING:
     from fedsys.config import RunConfig
@@ -103,19 +104,19 @@ class IMA(StrategyWrapper):
         opts = cfg.fields_of(cls.name)
         return build(str(opts["base"])).wrap(cls(**opts))
 
-    def on_start(self, strategy: FedsysStrategy, num_rounds: int) -> None:
+    def on_start(self, strategy: Wrapped, num_rounds: int) -> None:
         """Resolve :math:`t_s` from the run's length."""
         o = self.options
         self.base_name = strategy.name
         self.t_s = ima.start_round(num_rounds, o.start_fraction, o.start_round)
 
-    def branch_late_keys(self, strategy: FedsysStrategy, rnd: int) -> frozenset[str]:
+    def branch_late_keys(self, strategy: Wrapped, rnd: int) -> frozenset[str]:
         """Averaging and IMA's lr decay act from round :math:`t_s + 1` on: up to round
         :math:`t_s` a branch may set them otherwise (the models and the lr so far are
         the base strategy's)."""
         return frozenset({"ima.average", "ima.lr-decay"}) if rnd <= self.t_s else frozenset()
 
-    def inert_options(self, strategy: FedsysStrategy, num_rounds: int) -> list[str]:
+    def inert_options(self, strategy: Wrapped, num_rounds: int) -> list[str]:
         """A start after the last round, or a window of one model, leaves IMA without an
         average.  A start at the last round is allowed: the final model is then the mean
         of the window (a last-round average, as stochastic weight averaging ends)."""
