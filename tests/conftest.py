@@ -22,6 +22,9 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on 127.0.0.1
+# uncompressed copies of the datasets' IDX files (fedsys.data.idx_cache) in /tmp, shared by
+# the workers and later sessions, not in the home directory (the tests write many small ones)
+os.environ.setdefault("FEDSYS_CACHE", str(Path(tempfile.gettempdir()) / f"fedsys-test-cache-{os.getuid()}"))
 
 
 def _interrupt(signum: int, frame: object) -> None:

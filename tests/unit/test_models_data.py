@@ -314,3 +314,27 @@ def test_a_data_dir_without_the_data_is_an_error_naming_it(tmp_path, monkeypatch
         fdata.load_dataset("synthetic", str(tmp_path / "nonexistent"))
     assert fdata.load_dataset("synthetic", str(tmp_path / "empty")).num_classes > 0
     fdata.load_dataset.cache_clear()
+
+
+def test_a_gz_is_read_through_an_uncompressed_copy_made_once(tmp_path, monkeypatch):
+    """The first load decompresses and keeps a copy in $FEDSYS_CACHE; later loads read the
+    copy (the same arrays); a copy cut short is made again; a changed file gets a new copy;
+    without a writable cache the .gz is read every time."""
+    monkeypatch.setenv("FEDSYS_CACHE", str(tmp_path / "cache"))
+    arrays = _write_fmnist(tmp_path / "data")
+    first = fdata.load_fashion_mnist(str(tmp_path / "data"))
+    copies = sorted((tmp_path / "cache" / "idx").iterdir())
+    assert len(copies) == 4 and all(not c.name.startswith(".") for c in copies)
+    images = fdata.idx_cache(tmp_path / "data" / "train-images-idx3-ubyte.gz")
+    assert images in copies and images.read_bytes() == _idx_bytes(arrays["train-images-idx3-ubyte"])
+    images.write_bytes(images.read_bytes()[:100])  # cut short: not used, made again
+    again = fdata.load_fashion_mnist(str(tmp_path / "data"))
+    assert torch.equal(again.x_train, first.x_train) and torch.equal(again.y_test, first.y_test)
+    assert images.read_bytes() == _idx_bytes(arrays["train-images-idx3-ubyte"])
+    changed = _write_fmnist(tmp_path / "data", n_train=7)  # new size: a new copy
+    assert fdata.load_fashion_mnist(str(tmp_path / "data")).x_train.shape[0] == 7
+    np.testing.assert_array_equal(fdata.load_fashion_mnist(str(tmp_path / "data")).x_train[:, 0].numpy(),
+                                  changed["train-images-idx3-ubyte"])
+    (tmp_path / "blocked").write_text("a file where the cache directory would be")
+    monkeypatch.setenv("FEDSYS_CACHE", str(tmp_path / "blocked"))
+    assert fdata.load_fashion_mnist(str(tmp_path / "data")).x_train.shape[0] == 7
