@@ -28,6 +28,8 @@ import argparse
 import re
 import statistics
 import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +38,83 @@ sys.path.insert(0, str(ROOT))
 
 from fedsys import metrics  # noqa: E402
 
+#: A paper's claim judged on the seeds: (claim, setting, method, baseline's setting,
+#: baseline, statistic, ">" or "<"), see :func:`claims_table`.
+Claim = tuple[str, str, str, str, str, str, str]
+#: Strategy (a run's results directory) -> how the page names it.
+Names = Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Page:
+    """What one generated section of a results page shows, for one group of runs
+    (``runs/<group>/<setting>/seed-<k>/<strategy>/``).
+
+    Attributes
+    ----------
+    points : tuple
+        The accuracy points of the tables: a round, ``"final"`` or ``"last10"``.
+    settings : Mapping[str, str]
+        Setting -> its title, in the page's order; runs of other settings are not read.
+    names : Names
+        How the tables name each strategy.
+    xlabel : str
+        The curves' x axis.
+    doc, section : str
+        The page (``docs/results/<doc>.md``, default: the group's name) and the section
+        the generated text replaces.
+    config : str or Mapping[str, str]
+        The command or preset behind each setting (``{setting}`` filled in), or one per
+        setting.
+    claims : tuple of Claim
+        The paper's claims, judged on the seeds.
+    baseline : tuple
+        (baseline strategy, baseline setting -> the settings compared with it): paired
+        tables against one baseline (:func:`paired`).
+    pairs : tuple
+        Named comparisons (setting, strategy, baseline's setting, baseline), possibly
+        across settings (:func:`paired_table`).
+    paired : str, optional
+        A baseline in every setting, compared on the same seed.
+    means : Mapping[str, str]
+        Round metrics averaged from round ``means_from`` on (key -> label), with curves.
+    regime : tuple of (str, str), optional
+        (method, its warm-up key): the regime table (:func:`regime_table`).
+    windows : Mapping[str, tuple]
+        Setting -> windows of rounds (:func:`windows_table`).
+    """
+
+    points: tuple[int | str, ...]
+    settings: Mapping[str, str]
+    names: Names
+    xlabel: str = "round"
+    doc: str = ""
+    section: str = "## Measured (generated)"
+    config: str | Mapping[str, str] = ""
+    claims: tuple[Claim, ...] = ()
+    baseline: tuple[tuple[str, Mapping[str, tuple[str, ...]]], ...] = ()
+    pairs: tuple[tuple[str, str, str, str], ...] = ()
+    paired: str | None = None
+    means: Mapping[str, str] = field(default_factory=dict)
+    means_from: int = 1
+    regime: tuple[str, str] | None = None
+    windows: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+
+    def source(self, group: str, setting: str) -> str:
+        """The command or preset behind ``setting``."""
+        c = self.config or f"configs/{group}-{{setting}}.yaml"
+        return (c if isinstance(c, str) else c[setting]).format(setting=setting)
+
 
 def across_seeds(doc: str, section: str, settings: dict[str, str], names: dict[str, str],
-                 **extra: Any) -> dict[str, Any]:
-    """A round-based method's entry: final and last-10 accuracy per seed, into the
+                 **extra: Any) -> Page:
+    """A round-based method's page: final and last-10 accuracy per seed, into the
     section ``section`` of docs/results/``doc``.md."""
-    return {"points": ["final", "last10"], "doc": doc, "section": section,
-            "settings": settings, "names": names, "xlabel": "round", **extra}
+    return Page(points=("final", "last10"), doc=doc, section=section, settings=settings,
+                names=names, **extra)
 
 
-def fedcda_claims(setting: str) -> list[tuple[str, str, str, str, str, str, str]]:
+def fedcda_claims(setting: str) -> list[Claim]:
     """FedCDA's two claims of Table 1 in ``setting``: above FedAvg, and steadier."""
     return [("FedCDA above FedAvg (Table 1)", setting, "fedcda", setting, "fedavg", "last10", ">"),
             ("FedCDA steadier than FedAvg (Table 1's std)", setting, "fedcda", setting, "fedavg",
@@ -73,7 +142,7 @@ FEDELMY_NAMES = {
 }
 
 
-def fedelmy_claims() -> list[tuple[str, str, str, str, str, str, str]]:
+def fedelmy_claims() -> list[Claim]:
     """FedELMY's claims (Tables 1-3, 7-9, Figs. 6, 11, 12) on the final model, per regime."""
     seq = {"dir0.5": ("fedseq", "fedseq-local-epochs-5"), "dir0.3": ("fedseq",
            "fedseq-local-epochs-5"), "dir0.1": ("fedseq", "fedseq-local-epochs-5"),
@@ -115,7 +184,7 @@ def fedelmy_claims() -> list[tuple[str, str, str, str, str, str, str]]:
 FEDELMY_CLAIMS = fedelmy_claims()
 
 
-def lss_claims() -> list[tuple[str, str, str, str, str, str, str]]:
+def lss_claims() -> list[Claim]:
     """LSS's claims (Table 1, Fig. 4, Tables 3, 11) in the premise regime, after round 1
     unless said: above the baselines, its gap largest at R = 1 (the baseline gains more from
     round 1 to 3 than LSS), rising with N, both regularisers helping, kept from a random start."""
@@ -151,10 +220,10 @@ def lss_claims() -> list[tuple[str, str, str, str, str, str, str]]:
 
 LSS_CLAIMS = lss_claims()
 
-METHODS: dict[str, dict[str, Any]] = {
-    "fedelmy": {
-        "points": ["final"],
-        "settings": {
+PAGES: dict[str, Page] = {
+    "fedelmy": Page(
+        points=("final",),
+        settings={
             "e3": "E_local = 3, E_w = 3, Dirichlet 0.5, 10 clients (H200 GPU)",
             "dir0.5": "Dirichlet 0.5, 10 clients (H200 GPU)",
             "dir0.3": "Dirichlet 0.3, 10 clients (H200 GPU)",
@@ -164,39 +233,39 @@ METHODS: dict[str, dict[str, Any]] = {
             "ablation": "d1/d2 ablation, Dirichlet 0.5 (H200 GPU)",
             "fewshot": "few-shot T = 3, Dirichlet 0.5 (H200 GPU)",
         },
-        "names": FEDELMY_NAMES,
-        "xlabel": "step (chains: hop; one-shot FedAvg: warm-up, parallel round)",
-        "config": {**{s: f"SEEDS=\"0 1 2\" scripts/gpu_units.sh fedelmy {s}" for s in (
+        names=FEDELMY_NAMES,
+        xlabel="step (chains: hop; one-shot FedAvg: warm-up, parallel round)",
+        config={**{s: f"SEEDS=\"0 1 2\" scripts/gpu_units.sh fedelmy {s}" for s in (
             "e3", "dir0.5", "dir0.3", "dir0.1", "pool", "ablation", "fewshot")},
                    "domain": "scripts/reproduce_fedelmy.sh domain"},
-        "claims": FEDELMY_CLAIMS,
-    },
+        claims=tuple(FEDELMY_CLAIMS),
+    ),
     # the runs before issue 39 (2026-11, 2 CPU cores): FedELMY without App. A's scaling
-    "fedelmy-cpu": {
-        "points": ["final"],
-        "doc": "fedelmy", "section": "## Earlier runs: the paper form without App. A scaling "
-                                     "(generated)",
-        "settings": {s: f"{t}, 2 CPU cores" for s, t in (
+    "fedelmy-cpu": Page(
+        points=("final",),
+        doc="fedelmy", section="## Earlier runs: the paper form without App. A scaling "
+                               "(generated)",
+        settings={s: f"{t}, 2 CPU cores" for s, t in (
             ("dir0.5", "Dirichlet 0.5, 10 clients"), ("dir0.3", "Dirichlet 0.3, 10 clients"),
             ("dir0.1", "Dirichlet 0.1, 10 clients"),
             ("domain", "domain shift (4 transforms), 4 clients"),
             ("pool", "pool size, Dirichlet 0.5"), ("ablation", "d1/d2 ablation, Dirichlet 0.5"),
             ("fewshot", "few-shot T = 3, Dirichlet 0.5"))},
-        "names": {**FEDELMY_NAMES, **{k: v + ", without App. A scaling" for k, v in
+        names={**FEDELMY_NAMES, **{k: v + ", without App. A scaling" for k, v in
                                       FEDELMY_NAMES.items()
                                       if k.startswith("fedelmy") and "alpha-0.0-beta" not in k
                                       and k != "fedelmy-form-code"}},
-        "xlabel": "step (chains: hop; one-shot FedAvg: warm-up, parallel round)",
-        "config": "scripts/reproduce_fedelmy.sh {setting} (before issue 39)",
-    },
-    "lss": {
-        "points": [1, 3],
+        xlabel="step (chains: hop; one-shot FedAvg: warm-up, parallel round)",
+        config="scripts/reproduce_fedelmy.sh {setting} (before issue 39)",
+    ),
+    "lss": Page(
+        points=(1, 3),
         # paired differences: every row against FedAvg of the same seed and start
-        "baseline": [("fedavg-optimizer-adam", {"fmnist": ("fmnist", "tuned", "ingredients",
-                                                           "ablation"),
-                                                "random": ("random",)}),
-                     ("fedavg", {"premise": ("premise",), "premise-random": ("premise-random",)})],
-        "settings": {
+        baseline=(("fedavg-optimizer-adam", {"fmnist": ("fmnist", "tuned", "ingredients",
+                                                        "ablation"),
+                                             "random": ("random",)}),
+                  ("fedavg", {"premise": ("premise",), "premise-random": ("premise-random",)})),
+        settings={
             "premise": "the premise regime: classes 0-4 pre-trained start, Dirichlet 0.1, "
                        "5 clients of 2,000 samples",
             "premise-random": "the premise regime from a random start",
@@ -209,7 +278,7 @@ METHODS: dict[str, dict[str, Any]] = {
             "tuned": "LSS at the swept lambda (0.01)",
             "full": "whole partitions (~10,800 samples per client)",
         },
-        "names": {
+        names={
             "fedavg-optimizer-adam": "FedAvg (Adam, 1 epoch)",
             "fedprox-optimizer-adam": "FedProx (Adam, 1 epoch)",
             "fedavg-trainer-lss": "LSS, N = 4 x 1 epoch (paper protocol)",
@@ -242,14 +311,14 @@ METHODS: dict[str, dict[str, Any]] = {
             **{f"lss-{v}": f"LSS, lambda_a = lambda_d = {v}"
                for v in ("0", "0.01", "0.03", "0.1", "0.3", "1", "3")},
         },
-        "xlabel": "round",
-        "config": {"premise-lambda": "configs/lss-premise-lambda.yaml",
+        xlabel="round",
+        config={"premise-lambda": "configs/lss-premise-lambda.yaml",
                    **{s: f"SEEDS=\"0 1 2\" scripts/reproduce_lss.sh {s}"
                       for s in ("premise", "premise-random")},
                    **{s: f"configs/lss-{s}.yaml" for s in (
                        "fmnist", "lambda", "ingredients", "ablation", "random", "tuned", "full")}},
-        "claims": LSS_CLAIMS,
-    },
+        claims=tuple(LSS_CLAIMS),
+    ),
     "fedcda-regime": across_seeds(
         "fedcda", "## Local-training regime (generated)",
         {f"dir{a}-{r}": f"Dirichlet {a}, {t}" for a in ("0.5", "0.3") for r, t in (
@@ -262,8 +331,8 @@ METHODS: dict[str, dict[str, Any]] = {
                "global-step": "global model's step (L2)",
                "train-loss": "clients' training loss"},
         means_from=31, paired="fedavg", regime=("fedcda", "fedcda-warmup"),
-        claims=[c for a in ("0.5", "0.3") for r in ("m1e-4-e1", "m0.9-e1", "m0.9-e2")
-                for c in fedcda_claims(f"dir{a}-{r}")],
+        claims=tuple(c for a in ("0.5", "0.3") for r in ("m1e-4-e1", "m0.9-e1", "m0.9-e2")
+                     for c in fedcda_claims(f"dir{a}-{r}")),
         config="SEEDS=0,1,2 scripts/regime_fedcda.sh {setting}"),
     "fedcda-seeds": across_seeds(
         "fedcda", "## Across seeds (generated)",
@@ -275,8 +344,8 @@ METHODS: dict[str, dict[str, Any]] = {
          "dir0.3-balanced-work": "Dirichlet 0.3 (`partition: dirichlet-balanced`), the paper's "
                                  "local work: 20 epochs at lr 1e-3, 30 rounds, warmup 7"},
         {"fedavg": "FedAvg", "fedcda": "FedCDA"}, paired="fedavg",
-        claims=[c for s in ("dir0.1", "shards2", "dir0.3-balanced", "dir0.5-balanced",
-                            "dir0.3-balanced-work") for c in fedcda_claims(s)],
+        claims=tuple(c for s in ("dir0.1", "shards2", "dir0.3-balanced", "dir0.5-balanced",
+                                 "dir0.3-balanced-work") for c in fedcda_claims(s)),
         config={**{s: f"SEEDS=0,1,2 scripts/reproduce_fedcda.sh {s}" for s in ("dir0.1",
                                                                              "shards2")},
                 **{f"{s}-balanced": f"SEEDS=0,1,2 scripts/reproduce_fedcda.sh {s}"
@@ -292,9 +361,9 @@ METHODS: dict[str, dict[str, Any]] = {
          "fedcross-alpha-0.9": "FedCross (alpha 0.9)"},
         means={"fedcross-slot-spread": "slot spread"}, means_from=1, paired="fedavg",
         # the horizon's question: does the gap close once the slots' spread settles?
-        windows={"horizon": [(1, 50), (51, 100), (101, 150), (151, 200), (201, 250),
-                             (251, 300)]},
-        claims=[
+        windows={"horizon": ((1, 50), (51, 100), (101, 150), (151, 200), (201, 250),
+                             (251, 300))},
+        claims=(
             *[(f"FedCross above {b} (Table II)", "dir0.1", "fedcross", "dir0.1", f, "last10", ">")
               for f, b in (("fedavg", "FedAvg"), ("fedprox", "FedProx"))],
             ("FedCross fluctuates less (Fig. 5)", "dir0.1", "fedcross", "dir0.1", "fedavg",
@@ -312,7 +381,7 @@ METHODS: dict[str, dict[str, Any]] = {
                "fedcross", "dir0.1-capped-work", f, "last10", ">")
               for f, b in (("fedavg", "FedAvg"), ("fedprox", "FedProx"))],
             ("FedCross fluctuates less at the paper's local work (Fig. 5)", "dir0.1-capped-work",
-             "fedcross", "dir0.1-capped-work", "fedavg", "last10-std", "<")],
+             "fedcross", "dir0.1-capped-work", "fedavg", "last10-std", "<")),
         config={"dir0.1": "SEEDS=0,1,2 scripts/reproduce_fedcross.sh dir0.1",
                 "horizon": "SEEDS=0,1 scripts/reproduce_fedcross.sh horizon",
                 "dir0.1-capped-work": "SEEDS=0,1,2 scripts/reproduce_fedcross.sh work"}),
@@ -329,12 +398,12 @@ METHODS: dict[str, dict[str, Any]] = {
          "ima-base-fedprox-average-false-lr-decay-0.99": "FedProx"},
         # IMA against its base and against the control, each branched from the IMA run's
         # own round-75 checkpoint of the same seed
-        pairs=[(part, ima, f"{part}-{base}", f"ima-base-{base}-average-false{tail}")
-               for part in ("shards2", "dir0.3") for ima, base, tail in (
-                   ("ima-base-fedavg", "fedavg", "-lr-decay-0.99"),
-                   ("ima-base-fedavg", "fedavg", ""),
-                   ("ima-base-fedprox", "fedprox", "-lr-decay-0.99"))],
-        claims=[c for part, target in (("shards2", 76), ("dir0.3", 82)) for c in (
+        pairs=tuple((part, ima, f"{part}-{base}", f"ima-base-{base}-average-false{tail}")
+                    for part in ("shards2", "dir0.3") for ima, base, tail in (
+                        ("ima-base-fedavg", "fedavg", "-lr-decay-0.99"),
+                        ("ima-base-fedavg", "fedavg", ""),
+                        ("ima-base-fedprox", "fedprox", "-lr-decay-0.99"))),
+        claims=tuple(c for part, target in (("shards2", 76), ("dir0.3", 82)) for c in (
             ("IMA lifts FedAvg (Table I)", part, "ima-base-fedavg", f"{part}-fedavg",
              "ima-base-fedavg-average-false-lr-decay-0.99", "last10", ">"),
             ("IMA lifts FedProx (Table I)", part, "ima-base-fedprox", f"{part}-fedprox",
@@ -347,14 +416,11 @@ METHODS: dict[str, dict[str, Any]] = {
             # the target: the level IMA's seed-0 run of 2026-11-23 reached soon after round 75
             ("IMA reaches the target sooner (Table II)", part, "ima-base-fedavg",
              f"{part}-fedavg", "ima-base-fedavg-average-false-lr-decay-0.99",
-             f"rounds-to:{target}", "<"))],
+             f"rounds-to:{target}", "<"))),
         config={f"{part}{run}": f"SEEDS=0,1,2 scripts/reproduce_ima.sh {part}"
                 for part in ("shards2", "dir0.3") for run in ("", "-fedavg", "-fedprox")}),
 }
 HEADS = {"final": "final", "last10": "last-10 mean"}
-SETTINGS: dict[str, str] = {}
-NAMES: dict[str, str] = {}
-METHOD: list[str] = [""]
 
 Runs = dict[str, dict[str, dict[int, list[dict[str, Any]]]]]  # setting -> strategy -> seed -> recs
 
@@ -364,8 +430,9 @@ def refused(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in recs if float(r.get("clients-rejected", 0)) > 0]
 
 
-def collect(runs: Path, data: Path) -> Runs:
-    """Every run's records, from ``runs`` (copied to ``data``) or from ``data``.
+def collect(runs: Path, data: Path, group: str, settings: Mapping[str, str]) -> Runs:
+    """Every run's records of ``group`` in ``settings``, from ``runs`` (copied to ``data``)
+    or from ``data``.
 
     A finished run with refused or missing replies is not the experiment as configured
     (every client replies in a simulation unless the machine stalls it past
@@ -387,10 +454,10 @@ def collect(runs: Path, data: Path) -> Runs:
             print(f"seeds_report: {f.parent} refused replies in rounds {bad}: not archived, "
                   f"moved to {aside.name}; run the seed again", file=sys.stderr)
             continue
-        metrics.write_jsonl(data / f"{METHOD[0]}-{setting}-s{seed}-{strategy}.jsonl", recs)
-    for f in sorted(data.glob(f"{METHOD[0]}-*-s*-*.jsonl")):
-        m = re.fullmatch(rf"{METHOD[0]}-(.+?)-s(\d+)-(.+)\.jsonl", f.name)
-        if m and m.group(1) in SETTINGS:
+        metrics.write_jsonl(data / f"{group}-{setting}-s{seed}-{strategy}.jsonl", recs)
+    for f in sorted(data.glob(f"{group}-*-s*-*.jsonl")):
+        m = re.fullmatch(rf"{re.escape(group)}-(.+?)-s(\d+)-(.+)\.jsonl", f.name)
+        if m and m.group(1) in settings:
             out.setdefault(m.group(1), {}).setdefault(m.group(3), {})[int(m.group(2))] = \
                 metrics.read_jsonl(f)
     return out
@@ -410,7 +477,7 @@ def at(recs: list[dict[str, Any]], point: int | str, key: str = "accuracy") -> f
     return 100 * float(hit[0]) if hit else None
 
 
-def last(recs: list[dict[str, Any]], points: list[int | str], key: str) -> float | None:
+def last(recs: list[dict[str, Any]], points: Sequence[int | str], key: str) -> float | None:
     """``key`` at the latest of ``points`` the run reached."""
     vals = [v for p in points if (v := at(recs, p, key)) is not None]
     return vals[-1] if vals else None
@@ -425,7 +492,8 @@ def stat(values: list[float], mean_fmt: str = ".2f", sd_fmt: str = ".2f",
     return f"{statistics.mean(values):{mean_fmt}} ± {sd:{sd_fmt}} (n={len(values)})"
 
 
-def table(runs: Runs, setting: str, points: list[int | str], key: str = "accuracy") -> str:
+def table(runs: Runs, setting: str, points: tuple[int | str, ...], names: Names,
+          key: str = "accuracy") -> str:
     """One setting's strategies: mean ± std across seeds at each point, each seed's value."""
     heads = [HEADS.get(str(p), f"after round {p}") for p in points]
     rows = ["| method | " + " | ".join(f"{h} %, mean ± std" for h in heads) + " | per seed | rounds |",
@@ -436,12 +504,12 @@ def table(runs: Runs, setting: str, points: list[int | str], key: str = "accurac
         per = ", ".join(f"s{s}: {v:.2f}" for s, r in sorted(seeds.items())
                         if (v := last(r, points, key)) is not None)
         steps = max((int(r[-1]["round"]) for r in seeds.values() if r), default=0)
-        rows.append(f"| {NAMES.get(strategy, strategy)} | " + " | ".join(cells) +
+        rows.append(f"| {names.get(strategy, strategy)} | " + " | ".join(cells) +
                     f" | {per} | {steps} |")
     return "\n".join(rows)
 
 
-def refusals(runs: Runs, setting: str) -> str:
+def refusals(runs: Runs, setting: str, names: Names | None = None) -> str:
     """The rounds of ``setting`` in which replies were refused or missing
     (``clients-rejected`` > 0), one entry per seed and strategy, so a reader sees which
     numbers rest on fewer clients than the round asked; ``""`` when there are none."""
@@ -452,26 +520,27 @@ def refusals(runs: Runs, setting: str) -> str:
                    f"{int(r['clients-rejected'] + r.get('clients-ok', 0))})"
                    for r in refused(recs)]
             if bad:
-                hits.append(f"{NAMES.get(strategy, strategy)} s{seed}: {', '.join(bad)}")
+                hits.append(f"{(names or {}).get(strategy, strategy)} s{seed}: {', '.join(bad)}")
     if not hits:
         return ""
     return ("**Refused or missing replies** (that round's update rests on fewer clients; "
             "the reasons are in the run's log): " + "; ".join(hits) + ".\n")
 
 
-def paired(runs: Runs, points: list[int | str], base: str,
-           groups: dict[str, tuple[str, ...]]) -> str:
+def paired(runs: Runs, points: tuple[int | str, ...], base: str,
+           groups: Mapping[str, tuple[str, ...]], names: Names) -> str:
     """Each method minus ``base`` of the same seed (same partition, start and draws) in
     the baseline's setting (``groups``: baseline setting -> settings compared with it),
     mean ± std of the per-seed differences, in points."""
     pairs = [(setting, strategy, base_setting, base)
              for base_setting, settings in groups.items() for setting in settings
              for strategy in runs.get(setting, {}) if strategy != base]
-    return paired_table(runs, points, pairs, f"against {NAMES.get(base, base)}")
+    return paired_table(runs, points, pairs, names, f"against {names.get(base, base)}")
 
 
-def paired_table(runs: Runs, points: list[int | str],
-                 pairs: list[tuple[str, str, str, str]], against: str = "") -> str:
+def paired_table(runs: Runs, points: tuple[int | str, ...],
+                 pairs: tuple[tuple[str, str, str, str], ...] | list[tuple[str, str, str, str]],
+                 names: Names, against: str = "") -> str:
     """The paired table of ``pairs``: (setting, strategy, baseline's setting, baseline),
     each the strategy minus its baseline on the same seed, mean ± std across seeds, with
     the verdict on the last point.  Without ``against`` (one baseline for all) a row names
@@ -498,9 +567,9 @@ def paired_table(runs: Runs, points: list[int | str],
             d = [v - b for k, r in seeds.items() if k in ref
                  and (v := at(r, p)) is not None and (b := at(ref[k], p)) is not None]
             cells.append(stat(d) if d else "(not run)")
-        label = NAMES.get(strategy, strategy)
+        label = names.get(strategy, strategy)
         if not against:
-            label += f" − {NAMES.get(base, base)}"
+            label += f" − {names.get(base, base)}"
         rows.append(f"| {setting} | {label} | " + " | ".join(cells)
                     + f" | {metrics.verdict(d) if d else '-'} |")
     return "\n".join(rows) + "\n"
@@ -547,7 +616,7 @@ def first_round(recs: list[dict[str, Any]], target: float) -> float | None:
     return float(next((rnd for rnd, v in vals if v >= target - 1e-9), vals[-1][0] + 1))
 
 
-def claims_table(runs: Runs, claims: list[tuple[str, str, str, str, str, str, str]]) -> str:
+def claims_table(runs: Runs, claims: tuple[Claim, ...], names: Names) -> str:
     """The paper's claims, each judged on the seeds: (claim, setting, method, baseline's
     setting, baseline, statistic, ``">"`` or ``"<"``: the method's statistic claimed above or
     below the baseline's).  Each row gives both sides (mean ± std across seeds), their
@@ -577,8 +646,8 @@ def claims_table(runs: Runs, claims: list[tuple[str, str, str, str, str, str, st
             "gain": f"accuracy gain over rounds {arg} (points)",
         }.get(kind, f"mean of rounds {arg}")
         rows.append(f"| {claim} | {setting} | {label}, claimed {sign} | "
-                    f"{NAMES.get(strategy, strategy)}: {stat(list(mine.values()), empty='-')} | "
-                    f"{NAMES.get(base, base)}: {stat(list(theirs.values()), empty='-')} | "
+                    f"{names.get(strategy, strategy)}: {stat(list(mine.values()), empty='-')} | "
+                    f"{names.get(base, base)}: {stat(list(theirs.values()), empty='-')} | "
                     f"{stat(d, empty='-')} | {judged} |")
     return "\n".join(rows) + "\n"
 
@@ -591,17 +660,17 @@ def window_mean(recs: list[dict[str, Any]], key: str, lo: int, hi: int,
     return statistics.mean(vals) if vals and recs[-1]["round"] >= hi else None
 
 
-def windows_table(runs: Runs, setting: str, windows: list[tuple[int, int]], base: str,
-                  keys: dict[str, str]) -> str:
+def windows_table(runs: Runs, setting: str, windows: tuple[tuple[int, int], ...], base: str,
+                  keys: Mapping[str, str], names: Names) -> str:
     """Per window of rounds, each strategy's mean accuracy minus ``base``'s on the same
     seed, and the round metrics ``keys`` averaged over the window (mean ± std across seeds):
     whether a gap closes as, say, FedCross's slots settle."""
     others = [s for s in runs.get(setting, {}) if s != base]
     ref = runs.get(setting, {}).get(base, {})
-    heads = [f"{NAMES.get(s, s)} − {NAMES.get(base, base)}, accuracy points" for s in others]
+    heads = [f"{names.get(s, s)} − {names.get(base, base)}, accuracy points" for s in others]
     logged = [(k, s) for k in keys for s in others
               if any(k in r for recs in runs[setting][s].values() for r in recs)]
-    heads += [f"{keys[k]}, {NAMES.get(s, s)}" for k, s in logged]
+    heads += [f"{keys[k]}, {names.get(s, s)}" for k, s in logged]
     rows = ["| rounds | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
     for lo, hi in windows:
         cells = []
@@ -624,7 +693,7 @@ def mean_from(recs: list[dict[str, Any]], key: str, first: int) -> float | None:
     return window_mean(recs, key, first, int(recs[-1]["round"])) if recs else None
 
 
-def means(runs: Runs, setting: str, keys: dict[str, str], first: int,
+def means(runs: Runs, setting: str, keys: Mapping[str, str], first: int, names: Names,
           base: str | None = None) -> str:
     """Round metrics averaged over rounds ``first`` onwards, per seed, then mean ± std
     across seeds; with ``base``, each metric the baseline logs also as a ratio to the
@@ -632,7 +701,7 @@ def means(runs: Runs, setting: str, keys: dict[str, str], first: int,
     ref = runs.get(setting, {}).get(base or "", {})
     ratio_keys = [k for k in keys if any(mean_from(r, k, first) is not None for r in ref.values())]
     heads = [f"{v}, mean of rounds {first}+" for v in keys.values()]
-    heads += [f"{keys[k]}, ratio to {NAMES.get(base or '', base)} (same seed)" for k in ratio_keys]
+    heads += [f"{keys[k]}, ratio to {names.get(base or '', base)} (same seed)" for k in ratio_keys]
     rows = ["| method | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
     for strategy, seeds in runs.get(setting, {}).items():
         cells = []
@@ -644,7 +713,7 @@ def means(runs: Runs, setting: str, keys: dict[str, str], first: int,
                    and (v := mean_from(recs, k, first)) is not None
                    and (b := mean_from(ref[s], k, first))]
             cells.append(stat(rat, ".4g", ".2g", "-"))
-        rows.append(f"| {NAMES.get(strategy, strategy)} | " + " | ".join(cells) + " |")
+        rows.append(f"| {names.get(strategy, strategy)} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
@@ -654,8 +723,8 @@ def warmup_end(recs: list[dict[str, Any]], key: str) -> int | None:
     return max(marked) if marked else None
 
 
-def regime_table(runs: Runs, method: str, base: str, warmup_key: str, keys: dict[str, str],
-                 first: int) -> str:
+def regime_table(runs: Runs, method: str, base: str, warmup_key: str, keys: Mapping[str, str],
+                 first: int, names: Names, settings: Mapping[str, str]) -> str:
     """One row per setting: where ``method``'s gain over ``base`` holds and why.
 
     The paired last-10 difference and its verdict; the accuracy when ``method``'s warmup
@@ -664,7 +733,7 @@ def regime_table(runs: Runs, method: str, base: str, warmup_key: str, keys: dict
     metrics ``keys`` averaged over rounds ``first`` onwards (``method``'s, and its ratio to the
     base's where the base logs the metric too); and how much less ``method`` swings (the base's
     last-10 std over ``method``'s).  All mean ± std across seeds."""
-    m, b = NAMES.get(method, method), NAMES.get(base, base)
+    m, b = names.get(method, method), names.get(base, base)
     ratio = {k: any(mean_from(r, k, first) is not None
                     for s in runs.values() for r in s.get(base, {}).values()) for k in keys}
     heads = [f"{m} − {b}, last-10 mean (paired): per seed", "verdict",
@@ -673,7 +742,7 @@ def regime_table(runs: Runs, method: str, base: str, warmup_key: str, keys: dict
     heads += [f"{keys[k]}, {m} (× {b}'s)" if ratio[k] else f"{keys[k]}, {m}" for k in keys]
     heads.append(f"last-10 std, {b}'s / {m}'s")
     rows = ["| setting | " + " | ".join(heads) + " |", "|---|---:|---|" + "---:|" * (len(heads) - 2)]
-    for setting in [s for s in SETTINGS if s in runs] or list(runs):
+    for setting in [s for s in settings if s in runs] or list(runs):
         mine, ref = runs[setting].get(method, {}), runs[setting].get(base, {})
         seeds = sorted(k for k in mine if k in ref)
         if not seeds:
@@ -704,52 +773,39 @@ def regime_table(runs: Runs, method: str, base: str, warmup_key: str, keys: dict
             f"are each strategy's last-10 mean minus that accuracy.\n\n" + "\n".join(rows) + "\n")
 
 
-def curves(runs: Runs, setting: str, path: Path, title: str, key: str = "accuracy",
-           ylabel: str = "test accuracy (%)", scale: float = 100.0) -> Path:
+def curves(runs: Runs, setting: str, path: Path, title: str, names: Names, xlabel: str,
+           key: str = "accuracy", ylabel: str = "test accuracy (%)", scale: float = 100.0) -> Path:
     """``key`` (accuracy: after every hop of a chain and after the parallel round) per
     round of ``setting``, mean across seeds with a ±1 std band (:func:`metrics.plot_seed_curves`)."""
-    named = {NAMES.get(strategy, strategy): seeds
+    named = {names.get(strategy, strategy): seeds
              for strategy, seeds in runs.get(setting, {}).items()}
     return metrics.plot_seed_curves(named, path, title, key=key, scale=scale, ylabel=ylabel,
-                                    xlabel=METHODS[METHOD[0]]["xlabel"])
+                                    xlabel=xlabel)
 
 
-def main() -> None:
-    """Collect, tabulate, plot, and write the generated section."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("method", choices=tuple(METHODS))
-    ap.add_argument("--runs", help="default: runs/<method>")
-    ap.add_argument("--out", default=str(ROOT / "docs" / "results"))
-    args = ap.parse_args()
-    spec = METHODS[args.method]
-    METHOD[0] = args.method
-    SETTINGS.update(spec["settings"])
-    NAMES.update(spec["names"])
-    out = Path(args.out)
-    data = out / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    runs = collect(Path(args.runs or ROOT / "runs" / args.method), data)
-    parts = []
-    for setting, title in SETTINGS.items():
+def section(page: Page, group: str, runs: Runs, out: Path) -> str:
+    """The generated section of ``page`` from ``runs``, its curves written under ``out``."""
+    names, parts = page.names, []
+    for setting, title in page.settings.items():
         if setting not in runs:
             continue
-        source = spec.get("config", f"configs/{args.method}-{{setting}}.yaml")
-        source = (source[setting] if isinstance(source, dict) else source).format(setting=setting)
-        parts.append(f"### {title} (`{source}`)\n\n"
-                     f"{table(runs, setting, spec['points'])}\n")
-        if flagged := refusals(runs, setting):
+        parts.append(f"### {title} (`{page.source(group, setting)}`)\n\n"
+                     f"{table(runs, setting, page.points, names)}\n")
+        if flagged := refusals(runs, setting, names):
             parts.append(flagged)
-        if "means" in spec:
-            parts.append(means(runs, setting, spec["means"], spec["means_from"], spec.get("paired")) + "\n")
-            for k, label in spec["means"].items():
+        if page.means:
+            parts.append(means(runs, setting, page.means, page.means_from, names, page.paired)
+                         + "\n")
+            for k, label in page.means.items():
                 if any(k in r for seeds in runs[setting].values() for recs in seeds.values()
                        for r in recs):
-                    png = curves(runs, setting, out / f"{args.method}-{setting}-{k}.png",
-                                 f"{title}: {label}", key=k, ylabel=label, scale=1.0)
+                    png = curves(runs, setting, out / f"{group}-{setting}-{k}.png",
+                                 f"{title}: {label}", names, page.xlabel, key=k, ylabel=label,
+                                 scale=1.0)
                     parts.append(f"![{title}: {label}]({png.name})\n")
-        if setting in spec.get("windows", {}):
-            parts.append(windows_table(runs, setting, spec["windows"][setting], spec["paired"],
-                                       spec["means"]))
+        if setting in page.windows:
+            parts.append(windows_table(runs, setting, page.windows[setting], str(page.paired),
+                                       page.means, names))
         doms = sorted({k for seeds in runs[setting].values() for recs in seeds.values()
                        for k in recs[-1] if k.startswith("accuracy-domain-")})
         if doms:
@@ -758,28 +814,45 @@ def main() -> None:
             for strategy, seeds in runs[setting].items():
                 cells = [stat([v for r in seeds.values() if (v := at(r, "final", d)) is not None])
                          for d in doms]
-                rows.append(f"| {NAMES.get(strategy, strategy)} | " + " | ".join(cells) + " |")
+                rows.append(f"| {names.get(strategy, strategy)} | " + " | ".join(cells) + " |")
             parts.append("Per domain (final accuracy %, mean ± std across seeds; domain k is "
                          "client k's transform):\n\n" + "\n".join(rows) + "\n")
-        png = curves(runs, setting, out / f"{args.method}-{setting}-accuracy.png", title)
+        png = curves(runs, setting, out / f"{group}-{setting}-accuracy.png", title, names,
+                     page.xlabel)
         parts.append(f"![{title}]({png.name})\n")
-    for base, groups in spec.get("baseline", []):
-        parts.append(paired(runs, spec["points"], base, groups))
-    if "pairs" in spec:  # named comparisons, possibly across settings
-        parts.append(paired_table(runs, spec["points"], spec["pairs"]))
-    if "paired" in spec:  # against the baseline of the same setting and seed
-        parts.append(paired(runs, spec["points"], spec["paired"], {s: (s,) for s in SETTINGS if s in runs}))
-    if "regime" in spec:  # one row per setting: where the gain holds, and the mechanism
-        method, warmup_key = spec["regime"]
-        parts.append(regime_table(runs, method, spec["paired"], warmup_key, spec["means"],
-                                  spec["means_from"]))
-    if "claims" in spec:
-        parts.append(claims_table(runs, spec["claims"]))
-    body = "\n".join(parts) or "(no runs yet)\n"
-    doc = out / f"{spec.get('doc', args.method)}.md"
-    text = doc.read_text() if doc.exists() else f"# {args.method}\n"
-    doc.write_text(metrics.replace_section(text, spec.get("section", "## Measured (generated)"),
-                                           "\n" + body))
+    for base, groups in page.baseline:
+        parts.append(paired(runs, page.points, base, groups, names))
+    if page.pairs:  # named comparisons, possibly across settings
+        parts.append(paired_table(runs, page.points, page.pairs, names))
+    if page.paired:  # against the baseline of the same setting and seed
+        parts.append(paired(runs, page.points, page.paired,
+                            {s: (s,) for s in page.settings if s in runs}, names))
+    if page.regime:  # one row per setting: where the gain holds, and the mechanism
+        method, warmup_key = page.regime
+        parts.append(regime_table(runs, method, str(page.paired), warmup_key, page.means,
+                                  page.means_from, names, page.settings))
+    if page.claims:
+        parts.append(claims_table(runs, page.claims, names))
+    return "\n".join(parts) or "(no runs yet)\n"
+
+
+def main() -> None:
+    """Collect, tabulate, plot, and write the generated section."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("method", choices=tuple(PAGES))
+    ap.add_argument("--runs", help="default: runs/<method>")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "results"))
+    args = ap.parse_args()
+    group: str = args.method
+    page = PAGES[group]
+    out = Path(args.out)
+    data = out / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    runs = collect(Path(args.runs or ROOT / "runs" / group), data, group, page.settings)
+    body = section(page, group, runs, out)
+    doc = out / f"{page.doc or group}.md"
+    text = doc.read_text() if doc.exists() else f"# {group}\n"
+    doc.write_text(metrics.replace_section(text, page.section, "\n" + body))
     print(body)
     print(f"written: {doc}")
 

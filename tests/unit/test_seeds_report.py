@@ -4,6 +4,8 @@ rounds whose replies were refused (a number that rests on fewer clients than ask
 from __future__ import annotations
 
 import importlib.util
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -11,13 +13,17 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def report() -> ModuleType:
+def report() -> Iterator[ModuleType]:
     path = Path(__file__).resolve().parents[2] / "scripts" / "seeds_report.py"
     spec = importlib.util.spec_from_file_location("seeds_report", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    sys.modules["seeds_report"] = mod  # its dataclasses look their module up while defined
+    try:
+        spec.loader.exec_module(mod)
+        yield mod
+    finally:
+        sys.modules.pop("seeds_report", None)
 
 
 def _recs(accs: list[float], rejected: dict[int, int] | None = None) -> list[dict]:
@@ -77,7 +83,7 @@ def test_claims_are_judged_in_their_claimed_direction(report: ModuleType) -> Non
               ("above", "s", "fedcda", "s", "fedavg", "last10", ">"),
               ("above, not run", "s", "fedcross", "s", "fedavg", "last10", ">")]
     rows = {r.split(" | ")[0].lstrip("| "): r for r in
-            report.claims_table(runs, claims).splitlines() if r.startswith("| ")}
+            report.claims_table(runs, tuple(claims), {}).splitlines() if r.startswith("| ")}
     assert rows["steadier"].endswith("| holds |")
     assert rows["swings more"].endswith("| does not hold here |")
     assert rows["above"].endswith("| holds within noise |")            # 0.00, 0.10, 0.40 points
@@ -96,15 +102,15 @@ def test_windows_show_a_gap_closing_as_the_spread_settles(report: ModuleType) ->
         "fedcross": {k: run([0.7 + 0.01 * k] * 10 + [0.8 + 0.01 * k] * 10, [1.0] * 10 + [0.2] * 10)
                      for k in range(2)},
         "short": {k: run([0.8] * 15) for k in range(2)}}}        # never reached round 20
-    text = report.windows_table(runs, "horizon", [(1, 10), (11, 20)], "fedavg",
-                                {"fedcross-slot-spread": "slot spread"})
+    text = report.windows_table(runs, "horizon", ((1, 10), (11, 20)), "fedavg",
+                                {"fedcross-slot-spread": "slot spread"}, {})
     rows = [r for r in text.splitlines() if r.startswith("| 1")]
     assert rows[0].startswith("| 1-10 | -10.00 ± 0.00 (n=2) | -0.50 ± 0.71 (n=2) | 1 ± 0 (n=2) |")
     assert rows[1].startswith("| 11-20 | 0.00 ± 0.00 (n=2) | - | 0.2 ± 0 (n=2) |")
 
 
 def test_a_run_with_refused_replies_is_set_aside_not_archived(report: ModuleType, tmp_path,
-                                                             capsys, monkeypatch) -> None:
+                                                             capsys) -> None:
     from fedsys import metrics
 
     runs, data = tmp_path / "runs", tmp_path / "data"
@@ -114,15 +120,14 @@ def test_a_run_with_refused_replies_is_set_aside_not_archived(report: ModuleType
         d.mkdir(parents=True)
         metrics.write_jsonl(d / "metrics.jsonl", recs)
         (d / "model.pt").write_bytes(b"")
-    monkeypatch.setattr(report, "METHOD", ["g"])
-    monkeypatch.setitem(report.SETTINGS, "dir0.3", "Dirichlet 0.3")
-    got = report.collect(runs, data)
+    settings = {"dir0.3": "Dirichlet 0.3"}
+    got = report.collect(runs, data, "g", settings)
     assert list(got["dir0.3"]) == ["fedavg"]
     assert sorted(p.name for p in data.iterdir()) == ["g-dir0.3-s0-fedavg.jsonl"]
     assert (runs / "dir0.3" / "seed-0" / "fedcda.refused-1" / "metrics.jsonl").exists()
     assert not (runs / "dir0.3" / "seed-0" / "fedcda").exists()     # the seed runs it again
     assert "refused replies in rounds [3]: not archived" in capsys.readouterr().err
-    report.collect(runs, data)                                     # set aside once only
+    report.collect(runs, data, "g", settings)                      # set aside once only
     assert not list((runs / "dir0.3" / "seed-0").glob("*.refused-1.refused-*"))
 
 
@@ -155,10 +160,9 @@ def test_the_generated_section_has_every_part(report: ModuleType, tmp_path, monk
     assert (out / "fedcda-regime-dir0.5-m0.9-e1-global-step.png").stat().st_size > 0
 
 
-def test_the_regime_row_reads_the_warmup_from_the_records(report: ModuleType,
-                                                          monkeypatch) -> None:
-    monkeypatch.setattr(report, "NAMES", {"fedavg": "FedAvg", "fedcda": "FedCDA"})
-    monkeypatch.setattr(report, "SETTINGS", {"dir0.3-x": "", "dir0.5-x": ""})
+def test_the_regime_row_reads_the_warmup_from_the_records(report: ModuleType) -> None:
+    names = {"fedavg": "FedAvg", "fedcda": "FedCDA"}
+    settings = {"dir0.3-x": "", "dir0.5-x": ""}
     def run(accs: list[float], warmup: int, step: float, fresh: float | None = None) -> list[dict]:
         recs = _recs(accs)
         for r in recs[1:]:
@@ -175,9 +179,24 @@ def test_the_regime_row_reads_the_warmup_from_the_records(report: ModuleType,
                           0.1 * (k + 1), 0.2) for k in range(2)}},
         "dir0.3-x": {"fedavg": {0: run([0.5] * 15, 0, 1.0)}}}   # FedCDA not run: no row
     text = report.regime_table(runs, "fedcda", "fedavg", "fedcda-warmup",
-                               {"fedcda-fresh-fraction": "fresh", "global-step": "step"}, 4)
+                               {"fedcda-fresh-fraction": "fresh", "global-step": "step"}, 4,
+                               names, settings)
     rows = [r for r in text.splitlines() if r.startswith("| dir")]
     assert rows == ["| dir0.5-x | -9.00 ± 1.41 (n=2): -10.00, -8.00 | does not hold here | 60.00 ± 0.00 (n=2) "
                     "(round 3) | 20.00 ± 0.00 (n=2) | 11.00 ± 1.41 (n=2) | 0.2 ± 0 (n=2) | "
                     "0.15 ± 0.071 (n=2) (× 0.15 ± 0.071 (n=2)) | 4 ± 0 (n=2) |"], text
     assert "fresh, FedCDA |" in text and "step, FedCDA (× FedAvg's) |" in text
+
+
+def test_every_page_is_a_typed_description_and_the_module_keeps_no_state(report: ModuleType) -> None:
+    """Issue 43 item 3: each generated section is a frozen :class:`Page`; the tables read
+    what they need from it, not from module globals a run fills in."""
+    import dataclasses
+
+    assert report.PAGES and all(isinstance(p, report.Page) for p in report.PAGES.values())
+    page = report.PAGES["fedcda-seeds"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        page.doc = "other"  # type: ignore[misc]
+    assert page.source("fedcda-seeds", "dir0.1") == "SEEDS=0,1,2 scripts/reproduce_fedcda.sh dir0.1"
+    assert report.PAGES["lss"].source("lss", "fmnist") == "configs/lss-fmnist.yaml"
+    assert not [n for n in ("SETTINGS", "NAMES", "METHOD", "METHODS") if hasattr(report, n)]
