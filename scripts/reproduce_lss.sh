@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Local Superior Soups against FedAvg and FedProx on real Fashion-MNIST from a pre-trained
 # start (docs/results/lss.md): first `fedsys pretrain` (once per start, shared by every
-# seed and method: runs/lss/pretrained.pt, pretrained-labels.pt), then presets configs/lss-<setting>.yaml, seeds 0 1 2,
-# one run directory per seed: runs/lss/<setting>/seed-<k>/.  An interrupted run resumes
-# (run this script again); two copies side by side take turns by lock file.
-# Then: python scripts/seeds_report.py lss
-# Usage: scripts/reproduce_lss.sh [fmnist ingredients ablation random tuned premise premise-random]
+# seed and method: runs/lss/pretrained.pt, pretrained-labels.pt), then presets configs/lss-<setting>.yaml, seeds 0 1 2
+# (or $SEEDS), one run directory per seed: runs/lss/<setting>/seed-<k>/.  An interrupted run
+# resumes (run this script again); a finished one (results.md) is skipped.  Seeds are driven
+# by scripts/reproduce_seeds.sh lss (one seed of one setting at a time, a lock per seed,
+# records archived to docs/results/data/ by scripts/seeds_report.py lss).
+# Usage: [SEEDS="0 1 2"] scripts/reproduce_lss.sh [fmnist ingredients ablation random tuned premise premise-random]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FEDSYS=${FEDSYS:-.venv/bin/fedsys}
 OUT=${OUT:-runs/lss}
+SEEDS=${SEEDS:-0 1 2}
 settings=("$@")
 [[ ${#settings[@]} -gt 0 ]] || settings=(fmnist ingredients ablation random tuned premise premise-random)
 mkdir -p "$OUT"
@@ -23,12 +25,10 @@ for s in "${settings[@]}"; do
   exec {plock}>&-
 done
 for s in "${settings[@]}"; do
-  for seed in ${SEEDS:-0 1 2}; do
+  for seed in ${SEEDS//,/ }; do
     dir="$OUT/$s/seed-$seed"
     if [[ -f "$dir/results.md" ]]; then continue; fi
     mkdir -p "$OUT/$s"
-    exec {lock}>"$dir.lock"
-    if ! flock -n "$lock"; then exec {lock}>&-; continue; fi  # another copy has it
     sets=(--set seed="$seed" --set output-dir="$OUT/$s" --set name="seed-$seed")
     pre=$(start_of "$s")
     [[ -n "$pre" ]] && sets+=(--set init-from="$OUT/$pre")
@@ -37,6 +37,5 @@ for s in "${settings[@]}"; do
     else
       $FEDSYS run "configs/lss-$s.yaml" "${sets[@]}" || echo "reproduce_lss: $dir failed" >&2
     fi
-    exec {lock}>&-
   done
 done

@@ -19,11 +19,15 @@
 # and the pages are rewritten by one at a time.  That is for a machine with cores to spare:
 # on 2 cores a pair is no faster (measured 2026-11-26: a Dirichlet 0.3, E = 1 FedAvg round
 # took 13.6 s alone and 28-30 s beside a second copy, which took as long), so run one.
+#   fedelmy         FedELMY's CPU setting (domain shift; the others run on a GPU, scripts/gpu_units.sh)
+#   lss             LSS's settings (scripts/reproduce_lss.sh pre-trains each start once first)
 #   setups (issue 45): FedCDA Dirichlet 0.3 and 0.5 on the balanced split, and Dirichlet 0.3
 #                   with the paper's 20 local epochs (30 rounds); FedCross with the paper's 5
 #                   local epochs, Dirichlet 0.1 capped, 100 rounds; seeds 0 1 2 (about 2 h, 2 h,
 #                   7.5 h and 6 h, estimated)
-# Usage: nice -n 10 scripts/reproduce_seeds.sh [regime] [horizon] [headlines] [setups]
+# Every seeded experiment goes through unit() below: one seed of one setting at a time, a
+# lock per seed, a seed skipped once its records are archived, the records archived after it.
+# Usage: nice -n 10 scripts/reproduce_seeds.sh [regime] [horizon] [headlines] [setups] [fedelmy] [lss]
 # (not 19: beside a busy process at 0 a round then gets about 1 % of the CPU and can pass the
 # 600 s round-timeout; a run with refused replies is not archived but run again, see unit).
 # Beside the test suite, whose deployment tests start many sessions, give it 0: at 10 a FedAvg
@@ -35,6 +39,9 @@ DATA=docs/results/data
 parts=("$@")
 [[ ${#parts[@]} -gt 0 ]] || parts=(regime horizon headlines)
 status=0
+runs_of() {  # PRESET: the strategy runs one seed of it makes (its records per seed)
+  "$PY" -c "import sys; from launch import registry; print(len(registry.load(sys.argv[1]).variants()))" "$1"
+}
 # unit GROUP SETTING STRATEGIES SEED COMMAND...: run COMMAND with SEEDS=SEED unless the
 # records of STRATEGIES finished strategies of that seed are archived; then archive.
 # SETTING may join several with "+" (one command writing three settings, IMA's): their
@@ -118,7 +125,17 @@ for p in "${parts[@]}"; do
       for k in 0 1 2; do
         unit fedcross-seeds dir0.1-capped-work 3 $k scripts/reproduce_fedcross.sh work
       done ;;
-    *) echo "usage: $0 [regime] [horizon] [headlines] [setups]" >&2; exit 2 ;;
+    fedelmy)  # docs/results/fedelmy.md's CPU setting
+      for k in 0 1 2; do
+        unit fedelmy domain "$(runs_of configs/fedelmy-domain.yaml)" $k scripts/reproduce_fedelmy.sh domain
+      done ;;
+    lss)  # docs/results/lss.md (the lambda sweeps run once, at tuning seed 100: configs/lss-*lambda.yaml)
+      for s in premise premise-random fmnist ingredients ablation random tuned; do
+        for k in 0 1 2; do
+          unit lss "$s" "$(runs_of "configs/lss-$s.yaml")" $k scripts/reproduce_lss.sh "$s"
+        done
+      done ;;
+    *) echo "usage: $0 [regime] [horizon] [headlines] [setups] [fedelmy] [lss]" >&2; exit 2 ;;
   esac
 done
 exit $status
