@@ -13,7 +13,7 @@ does not ship the template (``flwr new`` downloads it from Flower Hub), so the f
 written after it, not copied.
 
 Each strategy runs in Flower's simulation engine (4 nodes, 3 rounds; the FedELMY chain
-one hop per node), and IMA over FedCDA once more in a deployment (test_flower_template_deploy.py: a
+one hop per node), and IMA over FedCDA once more in a deployment (test_deploy_smoke.py: a
 SuperLink and 2 SuperNodes as processes on 127.0.0.1, ``flwr run``, 2 rounds): every reply is used, federated accuracy rises, and
 the log holds no ERROR, no traceback and no refused reply.  The same client with
 ``partition-id`` added to its train metrics (``client_app_pid.py``) gives the same
