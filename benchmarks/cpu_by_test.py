@@ -37,6 +37,8 @@ def _usage() -> float:
 def pytest_configure(config: Any) -> None:
     """Move this process into its worker's cgroup; open its record file."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    if worker == "main" and getattr(config.option, "numprocesses", None):
+        return  # the xdist controller: it hears of every test but runs none
     cg = CGROUPS / f"cpu-by-test-{os.getpid()}-{worker}"
     cg.mkdir(exist_ok=True)
     (cg / "cgroup.procs").write_text(str(os.getpid()))
@@ -49,13 +51,14 @@ def pytest_configure(config: Any) -> None:
 
 def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
     """The counters at a test's start."""
+    if "cg" not in _state:
+        return
     _state["start"] = (_usage(), time.monotonic())
 
 
 def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
-    """One record per test: its CPU and wall seconds (the xdist controller, which hears of
-    every test, keeps none)."""
-    if "start" not in _state:
+    """One record per test: its CPU and wall seconds (the xdist controller keeps none)."""
+    if "start" not in _state or "cg" not in _state:
         return
     cpu0, wall0 = _state["start"]
     f: TextIO = _state["file"]

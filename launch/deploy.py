@@ -95,17 +95,18 @@ def staged_app(app_dir: Path, into: Path) -> Path:
                     if p.is_file() and not p.is_symlink()})
     files = [project, *([app_dir / ".gitignore"] if (app_dir / ".gitignore").is_file() else []),
              *(f for f in files if f != project)]
+    content = {f.relative_to(app_dir).as_posix(): f.read_bytes() for f in files}
     digest = hashlib.sha256()
-    for f in files:
-        digest.update(f.relative_to(app_dir).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    for rel, data in content.items():
+        digest.update(rel.encode() + b"\0" + data + b"\0")
     target = into / f"app-{digest.hexdigest()[:16]}"
     if target.is_dir():
         return target
     tmp = into / f".app-{os.getpid()}-{time.time_ns()}"
-    for f in files:
-        dst = tmp / f.relative_to(app_dir)
+    for rel, data in content.items():
+        dst = tmp / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(f, dst)
+        dst.write_bytes(data)
     try:
         tmp.rename(target)
     except OSError:  # another submission made the same copy first
