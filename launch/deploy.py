@@ -294,7 +294,8 @@ class LocalDeployment:
                     "--disable-runtime-dependency-installation",
                     "--host", HOST, "--port", str(self.port)], {}
         if name == SERVER_EXEC:
-            return [_bin("flower-superexec"), *self._client_tls("--root-certificates"),
+            # Flower's flower-superexec, its app processes forked warm (launch/superexec.py)
+            return [sys.executable, "-m", "launch.superexec", *self._client_tls("--root-certificates"),
                     *secret, "--runtime-api-address", self.address], {}
         kind, _, idx = name.rpartition("-")
         i = int(idx)
@@ -313,7 +314,7 @@ class LocalDeployment:
         if self.gpus:
             ids = [g.strip() for g in self.gpus.split(",") if g.strip()]
             env["CUDA_VISIBLE_DEVICES"] = ids[i % len(ids)]
-        return [_bin("flower-superexec"), "--insecure",
+        return [sys.executable, "-m", "launch.superexec", "--insecure",
                 "--runtime-api-address", f"{HOST}:{self.node_ports[i]}"], env
 
     # ------------------------------------------------------------------ processes
