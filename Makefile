@@ -24,14 +24,20 @@ FLWR_OLDEST  := 1.41.0
 # pip installs uv (the range FLWR_DEFAULT requires, so flwr keeps it), and uv installs the rest:
 # the same packages as pip, in less time (docs/performance.md "Setting up").
 # uv honours pip's configured constraint file (on this machine it caps torch) and uses the
-# system's certificates; it reads no other pip setting.  It compiles the bytecode as pip
-# does: without it, three test workers starting Ray at once compiled Ray's modules side
-# by side and Ray's start-up timed out.
+# system's certificates; it reads no other pip setting.
+# Bytecode is compiled when a module is first imported and kept (Python's own way; make
+# undoes a PYTHONDONTWRITEBYTECODE it inherits, which would compile every import of every
+# process anew), not for the whole venv at install: that cost 73 s of CPU per venv for
+# 12,900 files, of which the suite imports about 3,200 (docs/performance.md "Setting up").
+# IMPORT_AHEAD compiles the heavy ones once before the test workers start (three workers
+# compiling torch and Ray side by side once made Ray's start-up time out).
+unexport PYTHONDONTWRITEBYTECODE
+IMPORT_AHEAD := -c 'import launch.cli, launch.client_app, launch.server_app, launch.simulation, ray, flwr.simulation'
 UV_REQ := uv>=0.13.5,<0.14
 UV_REQ_OLDEST := uv>=0.12.20,<0.13
 PIP_CONSTRAINTS = $(shell $(PYTHON) -m pip config list 2>/dev/null \
                     | sed -n "s/^[^.]*\.constraint='\(.*\)'$$/\1/p" | tail -1)
-UV_PIP = UV_NATIVE_TLS=1 $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) \
+UV_PIP = UV_NATIVE_TLS=1 $(VENV)/bin/uv pip install -q --python $(PY) \
          $(foreach c,$(PIP_CONSTRAINTS),-c $(c))
 VENV_OLDEST := .venv-flwr$(FLWR_OLDEST)
 TEMPLATE_TEST := tests/integration/test_flower_template.py::test_flowers_template_trains_under_every_fedsys_strategy
@@ -62,6 +68,7 @@ run: $(VENV)/.installed data
 # CI run); 2026-11-27, idle machine: pytest 1427 s with -n 3, 1478 s with -n 4 and the longest
 # modules split (test_deploy_tls/test_deploy_faults, test_killed_run; the template's deployment test later joined test_deploy_smoke)
 test: $(VENV)/.installed-dev data lint
+	$(PY) $(IMPORT_AHEAD)
 	$(PY) -m pytest -q -rs --durations=20 -n 3 --dist loadfile
 
 test-fast: $(VENV)/.installed-dev
@@ -73,7 +80,7 @@ test-fast: $(VENV)/.installed-dev
 $(VENV_OLDEST)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV_OLDEST)
 	$(VENV_OLDEST)/bin/python -m pip install -q '$(UV_REQ_OLDEST)'
-	UV_NATIVE_TLS=1 $(VENV_OLDEST)/bin/uv pip install -q --compile-bytecode \
+	UV_NATIVE_TLS=1 $(VENV_OLDEST)/bin/uv pip install -q \
 	    --python $(VENV_OLDEST)/bin/python $(foreach c,$(PIP_CONSTRAINTS),-c $(c)) \
 	    -e '.[dev]' 'flwr[simulation]==$(FLWR_OLDEST)'
 	touch $@
@@ -86,6 +93,7 @@ oldest-venv: $(VENV_OLDEST)/.installed
 
 test-flwr-oldest: $(VENV_OLDEST)/.installed data
 	$(VENV_OLDEST)/bin/python -c 'import flwr; assert flwr.__version__ == "$(FLWR_OLDEST)", flwr.__version__'
+	$(VENV_OLDEST)/bin/python $(IMPORT_AHEAD)
 	$(VENV_OLDEST)/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests/unit \
 	    $(foreach t,$(FLOWER_FREE_UNIT_TESTS),--ignore=tests/unit/$(t).py) \
 	    tests/integration/test_simulation.py::test_three_nodes_two_rounds_two_strategies \
