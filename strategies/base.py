@@ -9,58 +9,49 @@ Build a fedsys strategy like one of Flower's own::
 Keyword arguments are Flower's usual ones, a few of fedsys's and the method's own
 options, declared once in its module as a frozen dataclass (:attr:`FedsysStrategy.Options`)
 whose fields are also its config keys (``fedcda.memory``); :meth:`FedsysStrategy.from_config`
-builds the same object from a fedsys run config.  The base keeps Flower's template
-:meth:`~FedsysStrategy.start` (``num_rounds`` sets the schedule, ``timeout`` bounds each
-round, the caller's ``train_config`` keys reach the clients unchanged), the hooks a method
-overrides (:meth:`~FedsysStrategy.aggregate`; :meth:`~FedsysStrategy.payload_for` for a
-model per node; :meth:`~FedsysStrategy.run_round` for another loop, a chain's hops), the
-options and the state (:meth:`~FedsysStrategy.state_dict`).  The rest is in modules of its
-own: who the nodes are and which a round samples (:mod:`strategies.nodes`: partition-ids
-a node reports, one QUERY per node only with ``query_partitions=True``), one exchange of
-messages with its resends and traffic (:mod:`strategies.exchange`), which replies are usable
-(:mod:`strategies.replies`: error replies, missing keys, shape or dtype mismatch, NaN or
-Inf, a metric the method needs; each refusal logged, the round goes on) and what acts on
-every strategy's models (:mod:`strategies.wrapper`: IMA).  Pure maths lives in
-:mod:`fedsys`.
+builds the same object from a fedsys run config.  The base holds what a method decides:
+its options, its wrappers (:mod:`strategies.wrapper`: IMA), which nodes a round samples,
+the learning-rate schedule, the hooks a method overrides (:meth:`~FedsysStrategy.aggregate`;
+:meth:`~FedsysStrategy.payload_for` for a model per node; ``run_round`` for another loop, a
+chain's hops), the schedule's checks and the state (:meth:`~FedsysStrategy.state_dict`).
+How rounds run is :class:`strategies.rounds.RoundEngine`'s: Flower's template ``start``,
+its message API and the loop, on the parts in modules of their own: the nodes
+(:mod:`strategies.nodes`: partition-ids a node reports, one QUERY per node only with
+``query_partitions=True``), one exchange of messages with its resends and traffic
+(:mod:`strategies.exchange`) and which replies are usable (:mod:`strategies.replies`: error
+replies, missing keys, shape or dtype mismatch, NaN or Inf, a metric the method needs; each
+refusal logged, the round goes on).  Pure maths lives in :mod:`fedsys`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from logging import ERROR, INFO
+from logging import INFO
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
-import strategies.exchange as exchange_ops
-import strategies.replies as replies_ops
 from fedsys import protocol as proto
-from fedsys import transport
 from fedsys.options import ConfigError, parse_group, suggest
-from fedsys.params import Params, copy, distance
-from fedsys.validation import ClientUpdate, Rejection
-from strategies.exchange import TRAFFIC_KEYS, Exchange, Traffic
+from fedsys.params import Params, copy
+from strategies.exchange import TRAFFIC_KEYS
 from strategies.nodes import EVAL_TAG, SAMPLE_TAG, NodeDirectory, NodesUnavailableError
 from strategies.replies import ReplyPolicy, why_refused
+from strategies.rounds import EvaluateFn, RoundEngine
 from strategies.wrapper import StrategyWrapper
 
 if TYPE_CHECKING:
     from fedsys.config import RunConfig
 
-EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 RoundHook = Callable[["FedsysStrategy", dict[str, Any]], None]
 #: Builds a registered strategy by name from a run config (for composites like IMA).
 Builder = Callable[[str], "FedsysStrategy"]
-
 
 
 class NoUsableUpdateError(RuntimeError):
@@ -72,7 +63,7 @@ class NoOptions:
     """A method without options of its own."""
 
 
-class FedsysStrategy(Strategy):
+class FedsysStrategy(RoundEngine):
     """Base class of every fedsys strategy (see the module docstring).
 
     Parameters
@@ -165,59 +156,36 @@ class FedsysStrategy(Strategy):
         weighted_by_key: str = proto.NUM_EXAMPLES,
         **options: Any,
     ) -> None:
+        self._told: set[str] = set()
         self.options = self.parse_options(options)
         self.fraction_train = float(fraction_train)
-        self.fraction_evaluate = float(fraction_evaluate)
         self.min_train_nodes = int(min_train_nodes)
-        self.min_evaluate_nodes = int(min_evaluate_nodes)
         self.min_available_nodes = int(min_available_nodes)
-        self.clients_per_round = clients_per_round
         self.seed = int(seed)
         self.node_wait_timeout = float(node_wait_timeout)
         self.lr_decay = float(lr_decay)
         self.trainer = self.default_trainer if trainer == "auto" else trainer
         self.num_partitions = num_partitions
-        self.num_rounds = 0
-        self.round_timeout = 3600.0
-        self.round = 0
-        self.params: Params | None = None
         self.query_partitions = bool(query_partitions)
-        self.train_loss_key = str(train_loss_key)
-        self.weighted_by_key = str(weighted_by_key)
-        #: Who the nodes are and which a round samples (:mod:`strategies.nodes`).
-        self.nodes = NodeDirectory(
-            seed=self.seed, fraction_train=self.fraction_train,
-            min_train_nodes=self.min_train_nodes, min_available_nodes=self.min_available_nodes,
-            wait_timeout=self.node_wait_timeout, query=self.query_partitions,
-            num_partitions=num_partitions, tell=self.tell_once)
         self.max_examples_ratio = float(max_examples_ratio)
-        #: Which train replies the method uses (:mod:`strategies.replies`).
-        self.replies = ReplyPolicy(
-            self.name, self.weighted_by_key, self.train_loss_key, self.max_examples_ratio,
-            {str(getattr(self, kw)): (kw, why) for kw, why in self.required_metrics.items()},
-            self.tell_once)
-        self.transport_retries = int(transport_retries)
-        self.history: list[dict[str, Any]] = []
-        self.hooks: list[RoundHook] = []
+        keys = {"train_loss_key": str(train_loss_key), "weighted_by_key": str(weighted_by_key)}
+        super().__init__(
+            nodes=NodeDirectory(  # who the nodes are and which a round samples
+                seed=self.seed, fraction_train=self.fraction_train,
+                min_train_nodes=self.min_train_nodes, min_available_nodes=self.min_available_nodes,
+                wait_timeout=self.node_wait_timeout, query=self.query_partitions,
+                num_partitions=num_partitions, tell=self.tell_once),
+            replies=ReplyPolicy(  # which train replies the method uses
+                self.name, keys["weighted_by_key"], keys["train_loss_key"],
+                self.max_examples_ratio,
+                {keys[kw]: (kw, why) for kw, why in self.required_metrics.items()},
+                self.tell_once),
+            clients_per_round=clients_per_round, fraction_evaluate=fraction_evaluate,
+            min_evaluate_nodes=min_evaluate_nodes, transport_retries=transport_retries, **keys)
         self.wrappers: list[StrategyWrapper] = []
-        self.last_rejections: list[Rejection] = []
-        self.poll_interval = 0.1
-        #: The last exchange of training messages (:meth:`exchange`; Flower's
-        #: ``configure_train`` makes it, ``aggregate_train`` reads it).
-        self.last_exchange = Exchange()
-        self._told: set[str] = set()
         self.workdir: Path | None = None
         #: The name a run gives this strategy (its results directory), used in the logs.
         self.run_label = ""
-        self.round_metrics: dict[str, float] = {}
-        self.last_updates: list[ClientUpdate] = []
-        self.last_replies: list[Message] = []
-        self.usable_rounds = 0
-        #: Training traffic so far; every round's record carries its totals.
-        self.traffic = Traffic()
-        #: Optional per-round analysis (see ``estimators``): ``(round, updates, new
-        #: global model) -> metrics``, set by the runner.
-        self.estimator_fn: Callable[[int, list[ClientUpdate], Params], dict[str, float]] | None = None
 
     # ------------------------------------------------------------------ options
 
@@ -295,6 +263,13 @@ class FedsysStrategy(Strategy):
             models = {i: w.transform(server_round, i, m) for i, m in sorted(models.items())}
         return models
 
+    def wrapper_metrics(self) -> dict[str, float]:
+        """Every wrapper's round metrics, in the order they were attached."""
+        out: dict[str, float] = {}
+        for w in self.wrappers:
+            out.update(w.round_metrics())
+        return out
+
     # ------------------------------------------------------------------ nodes
 
     def tell_once(self, key: str, level: int, msg: str, *args: Any) -> None:
@@ -330,93 +305,6 @@ class FedsysStrategy(Strategy):
         if proto.LR in out:
             out[proto.LR] = self.client_lr(server_round, float(out[proto.LR]))
         return out
-
-    # ------------------------------------------------------------------ Flower API
-
-    def payload_for(self, node_id: int, partition_id: int, server_round: int) -> Params:
-        """The model sent to one node (the global model; FedCross overrides)."""
-        assert self.params is not None
-        return self.params
-
-    def payload_models(self, node_id: int, partition_id: int, server_round: int) -> dict[str, Params]:
-        """Further named models sent to one node (anchors; none here)."""
-        return {}
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Sample nodes and build one fresh train message per node."""
-        if self.params is None:
-            self.params = proto.from_record(arrays)
-        chosen = self.sample(grid, server_round, self.clients_per_round)
-        cfg = self.round_config(server_round, config)
-        payloads = {n: self.payload_for(n, p, server_round) for n, p in chosen.items()}
-        self.last_exchange = Exchange(chosen, payloads, [
-            proto.message(n, MessageType.TRAIN, payloads[n], cfg,
-                          self.payload_models(n, p, server_round))
-            for n, p in chosen.items()
-        ])
-        return list(self.last_exchange.outbox)
-
-    def validate(self, replies: Iterable[Message], exchange: Exchange | None = None
-                 ) -> tuple[list[ClientUpdate], list[Rejection]]:
-        """Split the replies to ``exchange`` (default :attr:`last_exchange`) into usable
-        updates and logged rejections (:meth:`strategies.replies.ReplyPolicy.sort`)."""
-        ok, bad = self.replies.sort(replies, self.last_exchange if exchange is None else exchange,
-                                    self.nodes.known, self.label)
-        self.last_rejections = bad
-        return ok, bad
-
-    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
-        """Return the new global model from validated updates (subclasses)."""
-        raise NotImplementedError
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Validate replies, aggregate the good ones, report train metrics.
-
-        The training loss (``train_loss_key``) is the example-weighted mean over the
-        updates that report one.  A round without a usable update is an ERROR saying
-        why (the refusals' reasons).
-        """
-        updates, rejected = self.validate(replies)
-        self.round_metrics = {}
-        new = self.aggregate(server_round, updates) if updates else None
-        if new is None:
-            log(ERROR, "[%s] round %d: no usable update (%d replies refused or missing: %s); "
-                "model unchanged", self.label, server_round, len(rejected),
-                why_refused(rejected))
-        else:
-            if self.params is not None:  # how far the broadcast model moved this round
-                self.round_metrics["global-step"] = distance(new, self.params)
-            self.params = new
-            for w in self.wrappers:
-                self.round_metrics.update(w.round_metrics())
-            if self.estimator_fn is not None:
-                self.round_metrics.update(self.estimator_fn(server_round, updates, new))
-        self.last_updates = updates
-        metrics = replies_ops.train_metrics(updates, len(rejected), self.train_loss_key)
-        metrics.update(self.round_metrics)
-        return (proto.to_record(new) if new is not None else None), proto.metric_record(metrics)
-
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Federated evaluation on ``fraction_evaluate`` of the nodes (0: none)."""
-        if self.fraction_evaluate <= 0:
-            return []
-        connected = len(list(grid.get_node_ids()))
-        n = min(connected, max(self.min_evaluate_nodes, math.ceil(self.fraction_evaluate * connected)))
-        chosen = self.sample(grid, server_round, n, tag=EVAL_TAG)
-        cfg = {**dict(config), proto.SERVER_ROUND: server_round}
-        return [proto.message(nd, MessageType.EVALUATE, arrays, cfg) for nd in chosen]
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Mean of the clients' evaluation metrics weighted by ``weighted_by_key``
-        (:func:`strategies.replies.evaluate_mean`)."""
-        mean = replies_ops.evaluate_mean(replies, self.weighted_by_key)
-        return None if mean is None else proto.metric_record(mean)
 
     def summary(self) -> None:
         """Log the strategy's settings."""
@@ -463,147 +351,6 @@ class FedsysStrategy(Strategy):
         """Why a run of this strategy cannot branch from another run's checkpoint (one
         sentence), or ``None`` (the default: it can)."""
         return None
-
-    def run_round(self, grid: Grid, server_round: int, train_config: ConfigRecord) -> dict[str, Any]:
-        """One training round: configure, send, wait (with timeout), aggregate.
-
-        A strategy with another loop (e.g. a chain of single-node hops) overrides
-        this method and returns its round metrics.
-        """
-        assert self.params is not None
-        self.configure_train(server_round, proto.to_record(self.params), train_config, grid)
-        ex = self.last_exchange
-        replies = self.exchange(grid, ex)
-        replies = self.resend_lost(grid, server_round, replies, ex)
-        _, metrics = self.aggregate_train(server_round, replies)
-        return {k: float(v) for k, v in (metrics or {}).items()}  # type: ignore[arg-type]
-
-    def exchange(self, grid: Grid, ex: Exchange) -> list[Message]:
-        """Send ``ex``'s instructions, wait for the replies (``round_timeout``), count the
-        traffic; the replies.  ``ex`` becomes :attr:`last_exchange`."""
-        self.last_exchange = ex
-        return exchange_ops.send(grid, ex, self.traffic, self.round_timeout, self.poll_interval)
-
-    def resend_lost(self, grid: Grid, server_round: int, replies: list[Message],
-                    ex: Exchange) -> list[Message]:
-        """Ask again, up to ``transport_retries`` times, the nodes whose train reply was
-        lost on the way (:func:`strategies.exchange.resend_lost`)."""
-        return exchange_ops.resend_lost(
-            grid, ex, replies, self.traffic, retries=self.transport_retries,
-            timeout=self.round_timeout, poll_interval=self.poll_interval, label=self.label,
-            server_round=server_round)
-
-    def train_hop(
-        self, grid: Grid, server_round: int, node_id: int, partition_id: int, params: Params,
-        train_config: ConfigRecord | Mapping[str, Any] | None = None,
-        models: Mapping[str, Params] | None = None,
-    ) -> ClientUpdate | None:
-        """Send ``params`` to one node, wait for its reply, validate it.
-
-        The building block of sequential strategies (a chain of single-node hops,
-        FedSeq / FedELMY): returns the validated update, or ``None`` after logging
-        why the hop failed.
-        """
-        cfg = self.round_config(server_round, train_config or {})
-        ex = Exchange({node_id: partition_id}, {node_id: params},
-                      [proto.message(node_id, MessageType.TRAIN, params, cfg, models)])
-        replies = self.last_replies = self.exchange(grid, ex)
-        ok, _ = self.validate(replies, ex)
-        return ok[0] if ok else None
-
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: EvaluateFn | None = None,
-    ) -> Result:
-        """Run rounds ``self.round + 1 .. num_rounds`` (resumes after a checkpoint).
-
-        As Flower's :meth:`Strategy.start`: ``num_rounds`` sets the schedule (and what
-        depends on it: IMA's start round, a warmup given as a fraction), ``timeout``
-        bounds each round's wait for replies, ``train_config`` and ``evaluate_config``
-        reach the clients with their keys unchanged (see :meth:`round_config`), and
-        ``evaluate_fn(round, arrays)`` evaluates the global model centrally, also
-        before round 1.
-        """
-        self.prepare(num_rounds)
-        self.round_timeout = float(timeout)
-        train_config = train_config if train_config is not None else ConfigRecord()
-        evaluate_config = evaluate_config if evaluate_config is not None else ConfigRecord()
-        if self.params is None:
-            self.params = proto.from_record(initial_arrays)
-        self.discover(grid)
-        self.summary()
-        result = Result()
-        self.evaluate_initial(evaluate_fn, result)
-        for rnd in range(self.round + 1, self.num_rounds + 1):
-            t0 = time.monotonic()
-            train = {**self.run_round(grid, rnd, train_config), **self.traffic.totals()}
-            if train.get("clients-ok", 0) > 0:
-                self.usable_rounds += 1
-            record: dict[str, Any] = {"round": rnd, **train}
-            if self.evaluate_now(rnd):
-                self.evaluate_round(grid, rnd, evaluate_config, evaluate_fn, result, record)
-            result.train_metrics_clientapp[rnd] = proto.metric_record(
-                {k: v for k, v in train.items() if isinstance(v, int | float)})
-            self.round = rnd
-            record["round-time"] = time.monotonic() - t0
-            self._emit(record)
-        if self.usable_rounds == 0 and self.round > 0:
-            log(ERROR, "[%s] no round of the run used a reply: %d rounds, every train reply "
-                "refused or missing (the last round's: %s); the model is the one it started "
-                "from", self.label, self.round, why_refused(self.last_rejections))
-        result.arrays = proto.to_record(self.params)
-        return result
-
-    def discover(self, grid: Grid) -> None:
-        """Learn what the plan needs from the connected nodes before the first round
-        (nothing here; a chain learns the partitions it visits)."""
-
-    def evaluate_now(self, rnd: int) -> bool:
-        """Whether round ``rnd`` ends with an evaluation (every round here)."""
-        return True
-
-    def evaluate_round(self, grid: Grid, rnd: int, evaluate_config: ConfigRecord,
-                       evaluate_fn: EvaluateFn | None, result: Result,
-                       record: dict[str, Any]) -> None:
-        """Federated (``fed-*`` keys) and central evaluation of the current model into
-        ``record`` and ``result``."""
-        assert self.params is not None
-        fed = self.aggregate_evaluate(rnd, transport.send_and_receive(
-            grid, list(self.configure_evaluate(rnd, proto.to_record(self.params), evaluate_config, grid)),
-            self.round_timeout, self.poll_interval)[0])
-        if fed is not None:
-            result.evaluate_metrics_clientapp[rnd] = fed
-            record.update({f"fed-{k}": float(v) for k, v in fed.items()})  # type: ignore[arg-type]
-        if evaluate_fn is not None:
-            res = evaluate_fn(rnd, proto.to_record(self.params))
-            if res is not None:
-                result.evaluate_metrics_serverapp[rnd] = res
-                record.update({k: float(v) for k, v in res.items()})  # type: ignore[arg-type]
-
-    def evaluate_initial(self, evaluate_fn: EvaluateFn | None, result: Result) -> None:
-        """Central evaluation of the starting model as round 0 (not after a resume)."""
-        if self.round == 0 and evaluate_fn is not None:
-            assert self.params is not None
-            res = evaluate_fn(0, proto.to_record(self.params))
-            if res is not None:
-                result.evaluate_metrics_serverapp[0] = res
-                self._emit({"round": 0, **{k: float(v) for k, v in res.items()},  # type: ignore[arg-type]
-                            "round-time": 0.0})
-
-    def progress(self, record: dict[str, Any]) -> str:
-        """Where the run stands after ``record``, for the progress line."""
-        return f"round {int(record['round'])}/{self.num_rounds}"
-
-    def _emit(self, record: dict[str, Any]) -> None:
-        self.history.append(record)
-        for hook in self.hooks:
-            hook(self, record)
 
     # ------------------------------------------------------------------ state
 

@@ -1,0 +1,350 @@
+"""The round engine under every fedsys strategy: Flower's message API
+(``configure_train``, ``aggregate_train``, ``configure_evaluate``, ``aggregate_evaluate``)
+and the template :meth:`RoundEngine.start`, the loop of rounds with its resends, a
+chain's hops, evaluation and the per-round records.
+
+It works on the parts a strategy is made of, each in a module of its own: the nodes and
+which a round samples (:class:`strategies.nodes.NodeDirectory`), one exchange of messages
+with its resends and traffic (:mod:`strategies.exchange`) and which replies are usable
+(:class:`strategies.replies.ReplyPolicy`), all handed in by the strategy's constructor.
+What a method decides, it asks through the hooks below (:meth:`~RoundEngine.aggregate`,
+:meth:`~RoundEngine.payload_for`, :meth:`~RoundEngine.sample`, ...), which
+:class:`strategies.base.FedsysStrategy` implements with the options, the wrappers and the
+state.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from logging import ERROR
+from typing import Any, Self
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+from flwr.supercore import log
+
+import strategies.exchange as exchange_ops
+import strategies.replies as replies_ops
+from fedsys import protocol as proto
+from fedsys import transport
+from fedsys.params import Params, distance
+from fedsys.validation import ClientUpdate, Rejection
+from strategies.exchange import Exchange, Traffic
+from strategies.nodes import EVAL_TAG, SAMPLE_TAG, NodeDirectory
+from strategies.replies import ReplyPolicy, why_refused
+
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+
+
+class RoundEngine(Strategy):
+    """Flower's :class:`Strategy` API and the round loop over a strategy's parts.
+
+    Parameters
+    ----------
+    nodes : NodeDirectory
+        Who the nodes are and which a round samples.
+    replies : ReplyPolicy
+        Which train replies are usable.
+    clients_per_round : int, optional
+        Sample exactly this many nodes per training round (else the directory's rule).
+    fraction_evaluate : float
+        Fraction of the nodes asked for federated evaluation (0: none).
+    min_evaluate_nodes : int
+        Fewest nodes asked for federated evaluation.
+    transport_retries : int
+        Times a round sends its instruction again to a node whose reply was lost.
+    train_loss_key, weighted_by_key : str
+        The train-reply metrics holding the training loss and the example count.
+    """
+
+    def __init__(self, *, nodes: NodeDirectory, replies: ReplyPolicy,
+                 clients_per_round: int | None, fraction_evaluate: float,
+                 min_evaluate_nodes: int, transport_retries: int, train_loss_key: str,
+                 weighted_by_key: str) -> None:
+        self.nodes = nodes
+        self.replies = replies
+        self.clients_per_round = clients_per_round
+        self.fraction_evaluate = float(fraction_evaluate)
+        self.min_evaluate_nodes = int(min_evaluate_nodes)
+        self.transport_retries = int(transport_retries)
+        self.train_loss_key = str(train_loss_key)
+        self.weighted_by_key = str(weighted_by_key)
+        self.num_rounds = 0
+        self.round_timeout = 3600.0
+        self.round = 0
+        self.params: Params | None = None
+        self.poll_interval = 0.1
+        self.history: list[dict[str, Any]] = []
+        #: Called with the strategy and each round's record (``RoundHook``).
+        self.hooks: list[Callable[[Self, dict[str, Any]], None]] = []
+        #: The last exchange of training messages (:meth:`exchange`; Flower's
+        #: ``configure_train`` makes it, ``aggregate_train`` reads it).
+        self.last_exchange = Exchange()
+        self.last_rejections: list[Rejection] = []
+        self.round_metrics: dict[str, float] = {}
+        self.last_updates: list[ClientUpdate] = []
+        self.last_replies: list[Message] = []
+        self.usable_rounds = 0
+        #: Training traffic so far; every round's record carries its totals.
+        self.traffic = Traffic()
+        #: Optional per-round analysis (see ``estimators``): ``(round, updates, new
+        #: global model) -> metrics``, set by the runner.
+        self.estimator_fn: Callable[[int, list[ClientUpdate], Params], dict[str, float]] | None = None
+
+    # ------------------------------------------------------------------ hooks
+
+    @property
+    def label(self) -> str:
+        """How the logs name the strategy."""
+        return type(self).__name__
+
+    def sample(self, grid: Grid, server_round: int, k: int | None, tag: int = SAMPLE_TAG) -> dict[int, int]:
+        """Pick ``k`` nodes of the round (``{node_id: key}``)."""
+        raise NotImplementedError
+
+    def round_config(self, server_round: int, config: ConfigRecord | Mapping[str, Any]) -> dict[str, Any]:
+        """The train settings of one round from the caller's ``config``."""
+        return {**dict(config), proto.SERVER_ROUND: server_round}
+
+    def payload_for(self, node_id: int, partition_id: int, server_round: int) -> Params:
+        """The model sent to one node (the global model; FedCross overrides)."""
+        assert self.params is not None
+        return self.params
+
+    def payload_models(self, node_id: int, partition_id: int, server_round: int) -> dict[str, Params]:
+        """Further named models sent to one node (anchors; none here)."""
+        return {}
+
+    def wrapper_metrics(self) -> dict[str, float]:
+        """Round metrics of what acts on the aggregated models (none)."""
+        return {}
+
+    def prepare(self, num_rounds: int) -> None:
+        """Fix the schedule's length before the first round."""
+        self.num_rounds = int(num_rounds)
+
+    def summary(self) -> None:
+        """Log the strategy's settings (nothing here)."""
+
+    # ------------------------------------------------------------------ Flower API
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Sample nodes and build one fresh train message per node."""
+        if self.params is None:
+            self.params = proto.from_record(arrays)
+        chosen = self.sample(grid, server_round, self.clients_per_round)
+        cfg = self.round_config(server_round, config)
+        payloads = {n: self.payload_for(n, p, server_round) for n, p in chosen.items()}
+        self.last_exchange = Exchange(chosen, payloads, [
+            proto.message(n, MessageType.TRAIN, payloads[n], cfg,
+                          self.payload_models(n, p, server_round))
+            for n, p in chosen.items()
+        ])
+        return list(self.last_exchange.outbox)
+
+    def validate(self, replies: Iterable[Message], exchange: Exchange | None = None
+                 ) -> tuple[list[ClientUpdate], list[Rejection]]:
+        """Split the replies to ``exchange`` (default :attr:`last_exchange`) into usable
+        updates and logged rejections (:meth:`strategies.replies.ReplyPolicy.sort`)."""
+        ok, bad = self.replies.sort(replies, self.last_exchange if exchange is None else exchange,
+                                    self.nodes.known, self.label)
+        self.last_rejections = bad
+        return ok, bad
+
+    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
+        """Return the new global model from validated updates (subclasses)."""
+        raise NotImplementedError
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Validate replies, aggregate the good ones, report train metrics.
+
+        The training loss (``train_loss_key``) is the example-weighted mean over the
+        updates that report one.  A round without a usable update is an ERROR saying
+        why (the refusals' reasons).
+        """
+        updates, rejected = self.validate(replies)
+        self.round_metrics = {}
+        new = self.aggregate(server_round, updates) if updates else None
+        if new is None:
+            log(ERROR, "[%s] round %d: no usable update (%d replies refused or missing: %s); "
+                "model unchanged", self.label, server_round, len(rejected),
+                why_refused(rejected))
+        else:
+            if self.params is not None:  # how far the broadcast model moved this round
+                self.round_metrics["global-step"] = distance(new, self.params)
+            self.params = new
+            self.round_metrics.update(self.wrapper_metrics())
+            if self.estimator_fn is not None:
+                self.round_metrics.update(self.estimator_fn(server_round, updates, new))
+        self.last_updates = updates
+        metrics = replies_ops.train_metrics(updates, len(rejected), self.train_loss_key)
+        metrics.update(self.round_metrics)
+        return (proto.to_record(new) if new is not None else None), proto.metric_record(metrics)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Federated evaluation on ``fraction_evaluate`` of the nodes (0: none)."""
+        if self.fraction_evaluate <= 0:
+            return []
+        connected = len(list(grid.get_node_ids()))
+        n = min(connected, max(self.min_evaluate_nodes, math.ceil(self.fraction_evaluate * connected)))
+        chosen = self.sample(grid, server_round, n, tag=EVAL_TAG)
+        cfg = {**dict(config), proto.SERVER_ROUND: server_round}
+        return [proto.message(nd, MessageType.EVALUATE, arrays, cfg) for nd in chosen]
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Mean of the clients' evaluation metrics weighted by ``weighted_by_key``
+        (:func:`strategies.replies.evaluate_mean`)."""
+        mean = replies_ops.evaluate_mean(replies, self.weighted_by_key)
+        return None if mean is None else proto.metric_record(mean)
+
+    # ------------------------------------------------------------------ loop
+
+    def run_round(self, grid: Grid, server_round: int, train_config: ConfigRecord) -> dict[str, Any]:
+        """One training round: configure, send, wait (with timeout), aggregate.
+
+        A strategy with another loop (e.g. a chain of single-node hops) overrides
+        this method and returns its round metrics.
+        """
+        assert self.params is not None
+        self.configure_train(server_round, proto.to_record(self.params), train_config, grid)
+        ex = self.last_exchange
+        replies = self.exchange(grid, ex)
+        replies = self.resend_lost(grid, server_round, replies, ex)
+        _, metrics = self.aggregate_train(server_round, replies)
+        return {k: float(v) for k, v in (metrics or {}).items()}  # type: ignore[arg-type]
+
+    def exchange(self, grid: Grid, ex: Exchange) -> list[Message]:
+        """Send ``ex``'s instructions, wait for the replies (``round_timeout``), count the
+        traffic; the replies.  ``ex`` becomes :attr:`last_exchange`."""
+        self.last_exchange = ex
+        return exchange_ops.send(grid, ex, self.traffic, self.round_timeout, self.poll_interval)
+
+    def resend_lost(self, grid: Grid, server_round: int, replies: list[Message],
+                    ex: Exchange) -> list[Message]:
+        """Ask again, up to ``transport_retries`` times, the nodes whose train reply was
+        lost on the way (:func:`strategies.exchange.resend_lost`)."""
+        return exchange_ops.resend_lost(
+            grid, ex, replies, self.traffic, retries=self.transport_retries,
+            timeout=self.round_timeout, poll_interval=self.poll_interval, label=self.label,
+            server_round=server_round)
+
+    def train_hop(
+        self, grid: Grid, server_round: int, node_id: int, partition_id: int, params: Params,
+        train_config: ConfigRecord | Mapping[str, Any] | None = None,
+        models: Mapping[str, Params] | None = None,
+    ) -> ClientUpdate | None:
+        """Send ``params`` to one node, wait for its reply, validate it.
+
+        The building block of sequential strategies (a chain of single-node hops,
+        FedSeq / FedELMY): returns the validated update, or ``None`` after logging
+        why the hop failed.
+        """
+        cfg = self.round_config(server_round, train_config or {})
+        ex = Exchange({node_id: partition_id}, {node_id: params},
+                      [proto.message(node_id, MessageType.TRAIN, params, cfg, models)])
+        replies = self.last_replies = self.exchange(grid, ex)
+        ok, _ = self.validate(replies, ex)
+        return ok[0] if ok else None
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: EvaluateFn | None = None,
+    ) -> Result:
+        """Run rounds ``self.round + 1 .. num_rounds`` (resumes after a checkpoint).
+
+        As Flower's :meth:`Strategy.start`: ``num_rounds`` sets the schedule (and what
+        depends on it: IMA's start round, a warmup given as a fraction), ``timeout``
+        bounds each round's wait for replies, ``train_config`` and ``evaluate_config``
+        reach the clients with their keys unchanged (see :meth:`round_config`), and
+        ``evaluate_fn(round, arrays)`` evaluates the global model centrally, also
+        before round 1.
+        """
+        self.prepare(num_rounds)
+        self.round_timeout = float(timeout)
+        train_config = train_config if train_config is not None else ConfigRecord()
+        evaluate_config = evaluate_config if evaluate_config is not None else ConfigRecord()
+        if self.params is None:
+            self.params = proto.from_record(initial_arrays)
+        self.discover(grid)
+        self.summary()
+        result = Result()
+        self.evaluate_initial(evaluate_fn, result)
+        for rnd in range(self.round + 1, self.num_rounds + 1):
+            t0 = time.monotonic()
+            train = {**self.run_round(grid, rnd, train_config), **self.traffic.totals()}
+            if train.get("clients-ok", 0) > 0:
+                self.usable_rounds += 1
+            record: dict[str, Any] = {"round": rnd, **train}
+            if self.evaluate_now(rnd):
+                self.evaluate_round(grid, rnd, evaluate_config, evaluate_fn, result, record)
+            result.train_metrics_clientapp[rnd] = proto.metric_record(
+                {k: v for k, v in train.items() if isinstance(v, int | float)})
+            self.round = rnd
+            record["round-time"] = time.monotonic() - t0
+            self._emit(record)
+        if self.usable_rounds == 0 and self.round > 0:
+            log(ERROR, "[%s] no round of the run used a reply: %d rounds, every train reply "
+                "refused or missing (the last round's: %s); the model is the one it started "
+                "from", self.label, self.round, why_refused(self.last_rejections))
+        result.arrays = proto.to_record(self.params)
+        return result
+
+    def discover(self, grid: Grid) -> None:
+        """Learn what the plan needs from the connected nodes before the first round
+        (nothing here; a chain learns the partitions it visits)."""
+
+    def evaluate_now(self, rnd: int) -> bool:
+        """Whether round ``rnd`` ends with an evaluation (every round here)."""
+        return True
+
+    def evaluate_round(self, grid: Grid, rnd: int, evaluate_config: ConfigRecord,
+                       evaluate_fn: EvaluateFn | None, result: Result,
+                       record: dict[str, Any]) -> None:
+        """Federated (``fed-*`` keys) and central evaluation of the current model into
+        ``record`` and ``result``."""
+        assert self.params is not None
+        fed = self.aggregate_evaluate(rnd, transport.send_and_receive(
+            grid, list(self.configure_evaluate(rnd, proto.to_record(self.params), evaluate_config, grid)),
+            self.round_timeout, self.poll_interval)[0])
+        if fed is not None:
+            result.evaluate_metrics_clientapp[rnd] = fed
+            record.update({f"fed-{k}": float(v) for k, v in fed.items()})  # type: ignore[arg-type]
+        if evaluate_fn is not None:
+            res = evaluate_fn(rnd, proto.to_record(self.params))
+            if res is not None:
+                result.evaluate_metrics_serverapp[rnd] = res
+                record.update({k: float(v) for k, v in res.items()})  # type: ignore[arg-type]
+
+    def evaluate_initial(self, evaluate_fn: EvaluateFn | None, result: Result) -> None:
+        """Central evaluation of the starting model as round 0 (not after a resume)."""
+        if self.round == 0 and evaluate_fn is not None:
+            assert self.params is not None
+            res = evaluate_fn(0, proto.to_record(self.params))
+            if res is not None:
+                result.evaluate_metrics_serverapp[0] = res
+                self._emit({"round": 0, **{k: float(v) for k, v in res.items()},  # type: ignore[arg-type]
+                            "round-time": 0.0})
+
+    def progress(self, record: dict[str, Any]) -> str:
+        """Where the run stands after ``record``, for the progress line."""
+        return f"round {int(record['round'])}/{self.num_rounds}"
+
+    def _emit(self: Self, record: dict[str, Any]) -> None:
+        self.history.append(record)
+        for hook in self.hooks:
+            hook(self, record)
