@@ -66,7 +66,8 @@ run: $(VENV)/.installed data
 # starts one ClientApp actor (tests/conftest.py; the suite 1390 -> 1137 s beside a niced run).
 # A fourth worker does not help: the suite is CPU-bound (load average 5-6 through a fresh-clone
 # CI run); 2026-11-27, idle machine: pytest 1427 s with -n 3, 1478 s with -n 4 and the longest
-# modules split (test_deploy_tls/test_deploy_faults, test_killed_run; the template's deployment test later joined test_deploy_smoke)
+# modules split (test_deploy_tls/test_deploy_faults, test_killed_run; since then the template's
+# deployment test joined test_deploy_smoke, and test_deploy_faults test_deploy_tls's deployment)
 test: $(VENV)/.installed-dev data lint
 	$(PY) $(IMPORT_AHEAD)
 	$(PY) -m pytest -q -rs --durations=20 -n 3 --dist loadfile
