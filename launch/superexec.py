@@ -51,8 +51,9 @@ OWN_PACKAGES = frozenset({"launch", "fedsys", "strategies", "clients"})
 
 def preload_modules(environ: Mapping[str, str] = os.environ) -> list[str]:
     """The modules the fork server imports ahead: ``FEDSYS_APP_PRELOAD`` (comma-separated;
-    empty: none, i.e. no fork server) or :data:`DEFAULT_PRELOAD`, those that are
-    installed.  fedsys's own packages are refused (the app must come from its FAB)."""
+    empty: none, i.e. no fork server; a name not installed is refused) or
+    :data:`DEFAULT_PRELOAD`, those of it that are installed.  fedsys's own packages are
+    refused (the app must come from its FAB)."""
     text = environ.get(ENV)
     names = DEFAULT_PRELOAD if text is None else tuple(
         n.strip() for n in text.split(",") if n.strip())
@@ -60,7 +61,10 @@ def preload_modules(environ: Mapping[str, str] = os.environ) -> list[str]:
     if own:
         raise SystemExit(f"{ENV}: {', '.join(own)} is fedsys's own code, which the app "
                          "process imports from its FAB; name libraries only")
-    return [n for n in names if importlib.util.find_spec(n.partition(".")[0]) is not None]
+    missing = [n for n in names if importlib.util.find_spec(n.partition(".")[0]) is None]
+    if text is not None and missing:
+        raise SystemExit(f"{ENV}: {', '.join(missing)} is not installed here")
+    return [n for n in names if n not in missing]
 
 
 def console_entry(command: str) -> Callable[[], object]:

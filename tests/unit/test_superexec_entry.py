@@ -21,7 +21,9 @@ from launch import superexec
 def test_preload_defaults_empty_and_refusals():
     assert superexec.preload_modules({}) == ["torch", "numpy"]
     assert superexec.preload_modules({superexec.ENV: ""}) == []
-    assert superexec.preload_modules({superexec.ENV: " numpy , not_a_module_here "}) == ["numpy"]
+    assert superexec.preload_modules({superexec.ENV: " numpy , json "}) == ["numpy", "json"]
+    with pytest.raises(SystemExit, match=f"{superexec.ENV}: not_a_module_here is not installed"):
+        superexec.preload_modules({superexec.ENV: "numpy,not_a_module_here"})
     for own in ("launch.client_app", "fedsys", "numpy,strategies.fedavg"):
         with pytest.raises(SystemExit, match=f"{superexec.ENV}: .*fedsys's own code"):
             superexec.preload_modules({superexec.ENV: own})
