@@ -373,6 +373,27 @@ def _heal(dep: LocalDeployment) -> list[dict[str, Any]]:
 KILLED = 1  # the SuperNode (and partition) killed in the middle of its training
 
 
+def _kill_site_while_it_trains(dep: LocalDeployment, proc: subprocess.Popen[str], run_log: Path,
+                               how: signal.Signals) -> str:
+    """Once site :data:`KILLED` has received a train message of the run ``proc`` submitted,
+    SIGKILL its SuperExec (and the ClientApp it runs) and send its SuperNode ``how``; the
+    run must then finish (exit 0).  The run's output."""
+    log = dep.log_file(node_name(KILLED))
+    base = _count(log, "Receiving: train message")
+    try:
+        _wait_for(lambda: _count(log, "Receiving: train message") > base, 600,
+                  f"a train message at {node_name(KILLED)}", proc)
+        time.sleep(1.0)  # its ClientApp is starting
+        dep.kill(node_exec_name(KILLED))
+        dep.kill(node_name(KILLED), how)
+        assert proc.wait(timeout=600) == 0, run_log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            _signal_all(descendants(proc.pid), signal.SIGKILL)
+            proc.wait()
+    return run_log.read_text()
+
+
 def _chain_config(out: Path, name: str, **extra: object) -> dict[str, object]:
     return run_config(out, name, strategy="fedelmy", seed=7, lr=0.003, **{
         "fedelmy.pool-size": 2, "chain.warmup-epochs": 1, **extra})
@@ -402,20 +423,7 @@ def test_fedelmy_chain_goes_on_when_a_site_dies_mid_hop(dep: LocalDeployment,
     skipped, and the chain goes on to client 2 from client 0's model."""
     _heal(dep)
     proc = dep.submit(ROOT, _chain_config(tmp_path, "chain-kill"), tmp_path / "flwr.log")
-    log = dep.log_file(node_name(KILLED))
-    base = _count(log, "Receiving: train message")
-    try:
-        _wait_for(lambda: _count(log, "Receiving: train message") > base, 600,
-                  f"a train message at {node_name(KILLED)}", proc)
-        time.sleep(1.0)
-        dep.kill(node_exec_name(KILLED))
-        dep.kill(node_name(KILLED), signal.SIGTERM)
-        assert proc.wait(timeout=600) == 0, (tmp_path / "flwr.log").read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            _signal_all(descendants(proc.pid), signal.SIGKILL)
-            proc.wait()
-    out = (tmp_path / "flwr.log").read_text()
+    out = _kill_site_while_it_trains(dep, proc, tmp_path / "flwr.log", signal.SIGTERM)
     recs = metrics.read_jsonl(tmp_path / "chain-kill" / "fedelmy" / "metrics.jsonl")[1:]
     assert [(r["client"], r["hop-skipped"]) for r in recs] == [(0, 0), (KILLED, 1), (2, 0)], out[-3000:]
     assert recs[2]["accuracy"] > recs[0]["accuracy"] - 0.05
@@ -449,19 +457,8 @@ def test_killed_supernode_round_completes_with_the_others(
         "round-timeout": KILL_ROUND_TIMEOUT if how == "crash" else ROUND_TIMEOUT})
     proc = dep.submit(ROOT, cfg, tmp_path / "flwr.log")
     log = dep.log_file(node_name(KILLED))
-    base = _count(log, "Receiving: train message")
-    try:
-        _wait_for(lambda: _count(log, "Receiving: train message") > base, 600,
-                  f"a train message at {node_name(KILLED)}", proc)
-        time.sleep(1.0)  # its ClientApp is starting
-        dep.kill(node_exec_name(KILLED))
-        dep.kill(node_name(KILLED), signal.SIGKILL if how == "crash" else signal.SIGTERM)
-        assert proc.wait(timeout=600) == 0, (tmp_path / "flwr.log").read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            _signal_all(descendants(proc.pid), signal.SIGKILL)
-            proc.wait()
-    out = (tmp_path / "flwr.log").read_text()
+    out = _kill_site_while_it_trains(dep, proc, tmp_path / "flwr.log",
+                                     signal.SIGKILL if how == "crash" else signal.SIGTERM)
     recs = metrics.read_jsonl(tmp_path / "killed" / strategy / "metrics.jsonl")
     assert [r["round"] for r in recs] == [0, 1], out[-3000:]
     assert recs[1]["clients-ok"] == NODES - 1 and recs[1]["clients-rejected"] == 1, recs
