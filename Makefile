@@ -89,7 +89,7 @@ $(VENV_OLDEST)/.installed: pyproject.toml
 # unit tests that touch no Flower code (plain torch and NumPy maths, the report script and the
 # seeds driver): the newest Flower's run covers them, the oldest's skips them (CI time)
 FLOWER_FREE_UNIT_TESTS := test_clients test_fedelmy_scaling test_lss test_metrics_identical test_models_data test_params \
-    test_seeds_driver test_seeds_report test_trainable
+    test_reproduce test_report test_trainable
 oldest-venv: $(VENV_OLDEST)/.installed
 
 test-flwr-oldest: $(VENV_OLDEST)/.installed data

@@ -3,8 +3,8 @@
 # (the reproductions of docs/results/<method>.md where 2 CPU cores would take hours): each unit
 # is `fedsys run configs/<method>-<setting>.yaml --set seed=<k> --set strategy=<entry>
 # --set device=cuda --set client-num-gpus=1`, and its records land where
-# scripts/reproduce_<method>.sh puts them, runs/<method>/<setting>/seed-<k>/<label>/, so that
-# `python scripts/seeds_report.py <method>` reads them.  Units run in the order given
+# scripts/reproduce.py puts them, runs/<method>/<setting>/seed-<k>/<label>/, so that
+# `python scripts/report.py <method>` reads them.  Units run in the order given
 # (settings, then seeds, then the preset's strategies), JOBS at a time; a unit whose
 # metrics.jsonl is there is skipped.  Checkpoints and models are emptied after a unit (the
 # report needs the records; keep the box's results small).  On an offline GPU box, first

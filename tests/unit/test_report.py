@@ -1,4 +1,4 @@
-"""scripts/seeds_report.py: the statistics a results page rests on, and the flag on
+"""scripts/report.py: the statistics a results page rests on, and the flag on
 rounds whose replies were refused (a number that rests on fewer clients than asked)."""
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ import pytest
 
 @pytest.fixture(scope="module")
 def report() -> Iterator[ModuleType]:
-    path = Path(__file__).resolve().parents[2] / "scripts" / "seeds_report.py"
-    spec = importlib.util.spec_from_file_location("seeds_report", path)
+    path = Path(__file__).resolve().parents[2] / "scripts" / "report.py"
+    spec = importlib.util.spec_from_file_location("report", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["seeds_report"] = mod  # its dataclasses look their module up while defined
+    sys.modules["report"] = mod  # its dataclasses look their module up while defined
     try:
         spec.loader.exec_module(mod)
         yield mod
     finally:
-        sys.modules.pop("seeds_report", None)
+        sys.modules.pop("report", None)
 
 
 def _recs(accs: list[float], rejected: dict[int, int] | None = None) -> list[dict]:
@@ -145,9 +145,11 @@ def test_the_generated_section_has_every_part(report: ModuleType, tmp_path, monk
                 r["fedcda-fresh-fraction"] = 0.2
         metrics.write_jsonl(d / "metrics.jsonl", recs)
         (d / "model.pt").write_bytes(b"")
-    monkeypatch.setattr("sys.argv", ["seeds_report.py", "fedcda-regime", "--runs", str(runs),
+    (out / "data").mkdir(parents=True)
+    (out / "fedcda.md").write_text("# FedCDA\n")
+    monkeypatch.setattr("sys.argv", ["report.py", "fedcda-regime", "--runs", str(runs),
                                      "--out", str(out)])
-    report.main()
+    assert report.main() == 0
     text = (out / "fedcda.md").read_text()
     for part in ("### Dirichlet 0.5, momentum 0.9, E = 1", "| FedCDA | ",
                  "(fedcda-regime-dir0.5-m0.9-e1-accuracy.png)",
@@ -197,6 +199,42 @@ def test_every_page_is_a_typed_description_and_the_module_keeps_no_state(report:
     page = report.PAGES["fedcda-seeds"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         page.doc = "other"  # type: ignore[misc]
-    assert page.source("fedcda-seeds", "dir0.1") == "SEEDS=0,1,2 scripts/reproduce_fedcda.sh dir0.1"
+    assert page.source("fedcda-seeds", "dir0.1") == "python scripts/reproduce.py fedcda-seeds/dir0.1"
     assert report.PAGES["lss"].source("lss", "fmnist") == "configs/lss-fmnist.yaml"
     assert not [n for n in ("SETTINGS", "NAMES", "METHOD", "METHODS") if hasattr(report, n)]
+    runs = report.single_runs.RUN_PAGES
+    assert runs and all(isinstance(p, report.single_runs.RunsPage) for p in runs.values())
+
+
+def test_every_results_page_regenerates_byte_identical_from_its_records(report: ModuleType,
+                                                                        capsys) -> None:
+    """Issue 43 item 3: what docs/results/*.md show in their generated parts is what the
+    archived records in docs/results/data give (tables only; ``report.py --check`` without
+    ``--no-plots`` compares the figures too)."""
+    assert report.check(plot=False) == 0, capsys.readouterr().out
+
+
+def test_a_single_run_table_is_written_between_its_markers_and_says_what_is_missing(
+        report: ModuleType, tmp_path: Path) -> None:
+    from fedsys import metrics
+
+    sr = report.single_runs
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    recs = _recs([0.5, 0.62, 0.71, 0.69])
+    for strategy, r in (("fedavg", recs), ("fedprox", recs)):
+        (runs / "x" / strategy).mkdir(parents=True)
+        metrics.write_jsonl(runs / "x" / strategy / "metrics.jsonl", r)
+    (out / "data").mkdir(parents=True)
+    (out / "p.md").write_text("# p\n\nintro\n<!-- report: t -->\nold\n<!-- /report -->\nafter\n")
+    page = sr.RunsPage("p", (sr.Table("t", "reach", rows={
+        "FedAvg": (("x", "fedavg"),), "FedProx": (("x", "fedprox"),),
+        "FedCross": (("x", "fedcross"),)}, targets=(60, 70, 72)),))
+    sr.write(page, runs, out, plots=False)
+    assert (out / "p.md").read_text() == (
+        "# p\n\nintro\n<!-- report: t -->\n| method | 60 % | 70 % | 72 % |\n|---|---:|---:|---:|\n"
+        "| FedAvg | 2 | 3 | - |\n| FedProx | 2 | 3 | - |\n\n(not run: FedCross)\n"
+        "<!-- /report -->\nafter\n")
+    assert len(metrics.read_jsonl(out / "data" / "x.jsonl")) == 2 * len(recs)  # archived
+    (out / "p.md").write_text("# p\n")
+    with pytest.raises(SystemExit, match="no line '<!-- report: t -->'"):
+        sr.write(page, runs, out, plots=False)

@@ -1,25 +1,27 @@
-"""Tables and curves across seeds for docs/results/<method>.md, from the runs of
-scripts/reproduce_<method>.sh (FedELMY, LSS) and scripts/reproduce_seeds.sh (FedCDA's
-local-training regimes, the headline rows of FedCDA, FedCross and IMA, FedCross's horizon).
+"""The one report tool of docs/results/ (issue 43 item 3): every generated table and figure
+of the results pages, from the records in ``docs/results/data/``, each page driven by a typed
+description (:class:`Page` here for the runs across seeds; :class:`single_runs.RunsPage` for
+the first, single-seed reproductions).
 
-Reads ``runs/<method>/<setting>/seed-<k>/<strategy>/metrics.jsonl`` of finished runs,
-copies each to ``docs/results/data/<method>-<setting>-s<k>-<strategy>.jsonl`` (``runs/``
-is not kept between machines; a run whose directory is gone is read back from there; a run
-with refused replies is not copied but moved aside, to be run again: see :func:`collect`),
-and writes the section "Measured (generated)" of docs/results/<method>.md: per setting,
-every strategy's accuracy as mean ± std across seeds (and each seed's) at the method's
-reported points (FedELMY: the final model; LSS: after round 1 and round 3), and the
-curves (mean across seeds, ±1 std band).  Where a method lists the paper's claims
-(FedCDA, FedCross, IMA), each is judged on the seeds: "holds", "holds within noise" or
-"does not hold here" (:func:`claims_table`).
+The runs are made by ``scripts/reproduce.py`` (which calls this after each seed).  For a
+group across seeds it reads ``runs/<group>/<setting>/seed-<k>/<strategy>/metrics.jsonl`` of
+finished runs, copies each to ``docs/results/data/<group>-<setting>-s<k>-<strategy>.jsonl``
+(``runs/`` is not kept between machines; a run whose directory is gone is read back from
+there; a run with refused replies is not copied but moved aside, to be run again: see
+:func:`collect`), and writes the page's generated section: per setting, every strategy's
+accuracy as mean ± std across seeds (and each seed's) at the page's points, the curves (mean
+across seeds, ±1 std band), and where a page lists the paper's claims, each judged on the
+seeds: "holds", "holds within noise" or "does not hold here" (:func:`claims_table`).
 
 Usage::
 
-    python scripts/seeds_report.py fedelmy|fedelmy-cpu|lss|fedcda-regime|fedcda-seeds|fedcross-seeds|ima-seeds
-                                   [--runs runs/<method>] [--out docs/results]
+    python scripts/report.py GROUP ... | all [--runs DIR] [--out docs/results] [--no-plots]
+    python scripts/report.py --check     # every page regenerated from docs/results/data
+                                         # into a copy: byte-identical, or the differences
 
-A method's section goes to ``docs/results/<doc>.md`` under ``<section>`` (default: the
-method's own page, "## Measured (generated)").
+GROUP is one of :data:`PAGES` (``fedcda-seeds``, ...), of ``single_runs.RUN_PAGES``
+(``fedcda-runs``, ``fedcross-runs``, ``ima-runs``) or of :data:`ARCHIVE_ONLY` (records kept,
+no page).  ``--runs`` defaults to ``runs/<group>`` (single runs: ``runs``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import single_runs  # noqa: E402
 
 from fedsys import metrics  # noqa: E402
 
@@ -103,7 +108,7 @@ class Page:
     def source(self, group: str, setting: str) -> str:
         """The command or preset behind ``setting``."""
         c = self.config or f"configs/{group}-{{setting}}.yaml"
-        return (c if isinstance(c, str) else c[setting]).format(setting=setting)
+        return (c if isinstance(c, str) else c[setting]).format(group=group, setting=setting)
 
 
 def across_seeds(doc: str, section: str, settings: dict[str, str], names: dict[str, str],
@@ -120,6 +125,9 @@ def fedcda_claims(setting: str) -> list[Claim]:
             ("FedCDA steadier than FedAvg (Table 1's std)", setting, "fedcda", setting, "fedavg",
              "last10-std", "<")]
 
+
+#: the source of a setting made by scripts/reproduce.py
+DRIVER = "python scripts/reproduce.py {group}/{setting}"
 
 FEDELMY_NAMES = {
     "fedelmy": "FedELMY (S = 5)",
@@ -237,7 +245,7 @@ PAGES: dict[str, Page] = {
         xlabel="step (chains: hop; one-shot FedAvg: warm-up, parallel round)",
         config={**{s: f"SEEDS=\"0 1 2\" scripts/gpu_units.sh fedelmy {s}" for s in (
             "e3", "dir0.5", "dir0.3", "dir0.1", "pool", "ablation", "fewshot")},
-                   "domain": "scripts/reproduce_fedelmy.sh domain"},
+                   "domain": "python scripts/reproduce.py fedelmy/domain"},
         claims=tuple(FEDELMY_CLAIMS),
     ),
     # the runs before issue 39 (2026-11, 2 CPU cores): FedELMY without App. A's scaling
@@ -256,7 +264,7 @@ PAGES: dict[str, Page] = {
                                       if k.startswith("fedelmy") and "alpha-0.0-beta" not in k
                                       and k != "fedelmy-form-code"}},
         xlabel="step (chains: hop; one-shot FedAvg: warm-up, parallel round)",
-        config="scripts/reproduce_fedelmy.sh {setting} (before issue 39)",
+        config="configs/fedelmy-{setting}.yaml before issue 39",
     ),
     "lss": Page(
         points=(1, 3),
@@ -313,7 +321,7 @@ PAGES: dict[str, Page] = {
         },
         xlabel="round",
         config={"premise-lambda": "configs/lss-premise-lambda.yaml",
-                   **{s: f"SEEDS=\"0 1 2\" scripts/reproduce_lss.sh {s}"
+                   **{s: f"python scripts/reproduce.py lss/{s}"
                       for s in ("premise", "premise-random")},
                    **{s: f"configs/lss-{s}.yaml" for s in (
                        "fmnist", "lambda", "ingredients", "ablation", "random", "tuned", "full")}},
@@ -333,7 +341,7 @@ PAGES: dict[str, Page] = {
         means_from=31, paired="fedavg", regime=("fedcda", "fedcda-warmup"),
         claims=tuple(c for a in ("0.5", "0.3") for r in ("m1e-4-e1", "m0.9-e1", "m0.9-e2")
                      for c in fedcda_claims(f"dir{a}-{r}")),
-        config="SEEDS=0,1,2 scripts/regime_fedcda.sh {setting}"),
+        config=DRIVER),
     "fedcda-seeds": across_seeds(
         "fedcda", "## Across seeds (generated)",
         {"dir0.1": "Dirichlet 0.1 (`partition: dirichlet`)",
@@ -346,11 +354,7 @@ PAGES: dict[str, Page] = {
         {"fedavg": "FedAvg", "fedcda": "FedCDA"}, paired="fedavg",
         claims=tuple(c for s in ("dir0.1", "shards2", "dir0.3-balanced", "dir0.5-balanced",
                                  "dir0.3-balanced-work") for c in fedcda_claims(s)),
-        config={**{s: f"SEEDS=0,1,2 scripts/reproduce_fedcda.sh {s}" for s in ("dir0.1",
-                                                                             "shards2")},
-                **{f"{s}-balanced": f"SEEDS=0,1,2 scripts/reproduce_fedcda.sh {s}"
-                   for s in ("dir0.3", "dir0.5")},
-                "dir0.3-balanced-work": "SEEDS=0,1,2 scripts/reproduce_fedcda.sh dir0.3-work"}),
+        config=DRIVER),
     "fedcross-seeds": across_seeds(
         "fedcross", "## Across seeds (generated)",
         {"dir0.1": "Dirichlet 0.1 (`partition: dirichlet`), 100 rounds",
@@ -382,9 +386,7 @@ PAGES: dict[str, Page] = {
               for f, b in (("fedavg", "FedAvg"), ("fedprox", "FedProx"))],
             ("FedCross fluctuates less at the paper's local work (Fig. 5)", "dir0.1-capped-work",
              "fedcross", "dir0.1-capped-work", "fedavg", "last10-std", "<")),
-        config={"dir0.1": "SEEDS=0,1,2 scripts/reproduce_fedcross.sh dir0.1",
-                "horizon": "SEEDS=0,1 scripts/reproduce_fedcross.sh horizon",
-                "dir0.1-capped-work": "SEEDS=0,1,2 scripts/reproduce_fedcross.sh work"}),
+        config=DRIVER),
     "ima-seeds": across_seeds(
         "ima", "## Across seeds (generated)",
         {f"{part}{run}": f"{title}, {what}" for part, title in (
@@ -417,7 +419,7 @@ PAGES: dict[str, Page] = {
             ("IMA reaches the target sooner (Table II)", part, "ima-base-fedavg",
              f"{part}-fedavg", "ima-base-fedavg-average-false-lr-decay-0.99",
              f"rounds-to:{target}", "<"))),
-        config={f"{part}{run}": f"SEEDS=0,1,2 scripts/reproduce_ima.sh {part}"
+        config={f"{part}{run}": f"python scripts/reproduce.py ima-seeds/{part}"
                 for part in ("shards2", "dir0.3") for run in ("", "-fedavg", "-fedprox")}),
 }
 HEADS = {"final": "final", "last10": "last-10 mean"}
@@ -451,7 +453,7 @@ def collect(runs: Path, data: Path, group: str, settings: Mapping[str, str]) -> 
             n = len(list(f.parent.parent.glob(f"{strategy}.refused-*")))
             aside = f.parent.with_name(f"{strategy}.refused-{n + 1}")
             f.parent.rename(aside)
-            print(f"seeds_report: {f.parent} refused replies in rounds {bad}: not archived, "
+            print(f"report: {f.parent} refused replies in rounds {bad}: not archived, "
                   f"moved to {aside.name}; run the seed again", file=sys.stderr)
             continue
         metrics.write_jsonl(data / f"{group}-{setting}-s{seed}-{strategy}.jsonl", recs)
@@ -774,17 +776,21 @@ def regime_table(runs: Runs, method: str, base: str, warmup_key: str, keys: Mapp
 
 
 def curves(runs: Runs, setting: str, path: Path, title: str, names: Names, xlabel: str,
-           key: str = "accuracy", ylabel: str = "test accuracy (%)", scale: float = 100.0) -> Path:
+           key: str = "accuracy", ylabel: str = "test accuracy (%)", scale: float = 100.0,
+           plot: bool = True) -> Path:
     """``key`` (accuracy: after every hop of a chain and after the parallel round) per
     round of ``setting``, mean across seeds with a ±1 std band (:func:`metrics.plot_seed_curves`)."""
+    if not plot:
+        return path
     named = {names.get(strategy, strategy): seeds
              for strategy, seeds in runs.get(setting, {}).items()}
     return metrics.plot_seed_curves(named, path, title, key=key, scale=scale, ylabel=ylabel,
                                     xlabel=xlabel)
 
 
-def section(page: Page, group: str, runs: Runs, out: Path) -> str:
-    """The generated section of ``page`` from ``runs``, its curves written under ``out``."""
+def section(page: Page, group: str, runs: Runs, out: Path, plot: bool = True) -> str:
+    """The generated section of ``page`` from ``runs``, its curves written under ``out``
+    (unless not ``plot``)."""
     names, parts = page.names, []
     for setting, title in page.settings.items():
         if setting not in runs:
@@ -801,7 +807,7 @@ def section(page: Page, group: str, runs: Runs, out: Path) -> str:
                        for r in recs):
                     png = curves(runs, setting, out / f"{group}-{setting}-{k}.png",
                                  f"{title}: {label}", names, page.xlabel, key=k, ylabel=label,
-                                 scale=1.0)
+                                 scale=1.0, plot=plot)
                     parts.append(f"![{title}: {label}]({png.name})\n")
         if setting in page.windows:
             parts.append(windows_table(runs, setting, page.windows[setting], str(page.paired),
@@ -818,7 +824,7 @@ def section(page: Page, group: str, runs: Runs, out: Path) -> str:
             parts.append("Per domain (final accuracy %, mean ± std across seeds; domain k is "
                          "client k's transform):\n\n" + "\n".join(rows) + "\n")
         png = curves(runs, setting, out / f"{group}-{setting}-accuracy.png", title, names,
-                     page.xlabel)
+                     page.xlabel, plot=plot)
         parts.append(f"![{title}]({png.name})\n")
     for base, groups in page.baseline:
         parts.append(paired(runs, page.points, base, groups, names))
@@ -836,26 +842,79 @@ def section(page: Page, group: str, runs: Runs, out: Path) -> str:
     return "\n".join(parts) or "(no runs yet)\n"
 
 
-def main() -> None:
-    """Collect, tabulate, plot, and write the generated section."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("method", choices=tuple(PAGES))
-    ap.add_argument("--runs", help="default: runs/<method>")
-    ap.add_argument("--out", default=str(ROOT / "docs" / "results"))
-    args = ap.parse_args()
-    group: str = args.method
-    page = PAGES[group]
-    out = Path(args.out)
+#: groups whose records are archived without a page of their own (docs/results/lss.md's
+#: regime table is written from them by hand)
+ARCHIVE_ONLY = ("lss-regime",)
+
+
+def write(group: str, runs: Path | None, out: Path, plot: bool) -> str:
+    """Archive ``group``'s finished runs and rewrite its page under ``out``; the new text."""
     data = out / "data"
     data.mkdir(parents=True, exist_ok=True)
-    runs = collect(Path(args.runs or ROOT / "runs" / group), data, group, page.settings)
-    body = section(page, group, runs, out)
+    if group in single_runs.RUN_PAGES:
+        return single_runs.write(single_runs.RUN_PAGES[group], runs or ROOT / "runs", out, plot)
+    if group in ARCHIVE_ONLY:
+        got = collect(runs or ROOT / "runs" / group, data, group, {})
+        return f"{group}: records in {data}/{group}-*.jsonl ({len(got)} settings read back)"
+    page = PAGES[group]
+    found = collect(runs or ROOT / "runs" / group, data, group, page.settings)
+    body = section(page, group, found, out, plot)
     doc = out / f"{page.doc or group}.md"
     text = doc.read_text() if doc.exists() else f"# {group}\n"
     doc.write_text(metrics.replace_section(text, page.section, "\n" + body))
-    print(body)
-    print(f"written: {doc}")
+    return body
+
+
+def check(plot: bool) -> int:
+    """Regenerate every page from the archived records into a copy of docs/results/ (no
+    runs read) and compare: 0 when every page (and, with ``plot``, every figure) is
+    byte-identical, else 1 with the files that differ."""
+    import filecmp
+    import shutil
+    import tempfile
+
+    src = ROOT / "docs" / "results"
+    with tempfile.TemporaryDirectory() as tmp:
+        out, empty = Path(tmp) / "results", Path(tmp) / "no-runs"
+        shutil.copytree(src, out)
+        empty.mkdir()
+        for group in [*PAGES, *single_runs.RUN_PAGES]:
+            write(group, empty, out, plot)
+        names = [f.name for f in src.iterdir() if f.is_file()
+                 and (f.suffix == ".md" or (plot and f.suffix == ".png"))]
+        new = sorted({f.name for f in out.iterdir() if f.is_file()} - {f.name for f in src.iterdir()})
+        _, differ, _ = filecmp.cmpfiles(src, out, names, shallow=False)
+    for name in differ:
+        print(f"report --check: docs/results/{name} differs from what its records give")
+    for name in new:
+        print(f"report --check: docs/results/{name} is made but not kept")
+    if not differ and not new:
+        print(f"report --check: {len(names)} files regenerated byte-identical")
+    return 1 if differ or new else 0
+
+
+def main() -> int:
+    """Collect, tabulate, plot, and write the generated sections."""
+    groups = (*PAGES, *single_runs.RUN_PAGES, *ARCHIVE_ONLY)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("groups", nargs="*", metavar="GROUP", help=f"{', '.join(groups)} or all")
+    ap.add_argument("--runs", help="default: runs/<group> (single runs: runs)")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "results"))
+    ap.add_argument("--no-plots", action="store_true", help="tables only (the figures are "
+                    "the slow part)")
+    ap.add_argument("--check", action="store_true", help="regenerate every page into a copy "
+                    "and compare with docs/results/")
+    args = ap.parse_args()
+    if args.check:
+        return check(not args.no_plots)
+    todo = list(PAGES) + list(single_runs.RUN_PAGES) if args.groups == ["all"] else args.groups
+    if not todo or (bad := [g for g in todo if g not in groups]):
+        ap.error(f"name a group: {', '.join(groups)} or all" if not todo
+                 else f"unknown group {bad[0]!r}; one of {', '.join(groups)} or all")
+    for group in todo:
+        print(write(group, Path(args.runs) if args.runs else None, Path(args.out), not args.no_plots))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

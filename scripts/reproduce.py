@@ -1,0 +1,378 @@
+"""The one driver of every reproduction behind docs/results/ (issue 43 item 3): experiments
+as data, one seed of one setting at a time, resumable, records archived.
+
+Each :class:`Experiment` below is one setting of one results page: the ``fedsys`` commands
+that make it (presets and ``--set`` overrides), its seeds, the pre-trained starts it needs and
+what follows its runs.  The driver runs one unit (an experiment's seed) at a time:
+
+- a unit whose records are in ``docs/results/data/`` already is skipped, so a finished seed is
+  never run again, even on a machine without the ``runs/`` directory;
+- an interrupted one continues from its checkpoints (``--set resume=true``);
+- a unit holds a lock (``runs/<group>/<setting>/seed-<k>.lock``): a second copy of the driver
+  skips it (for a machine with cores to spare; on 2 cores one copy is as fast);
+- after each attempt ``scripts/report.py <group>`` archives the finished runs' records and
+  rewrites the page's generated sections (one writer at a time); a run with refused replies
+  (the machine stalled it past ``round-timeout``) is moved aside there and the unit runs again,
+  up to three attempts.
+
+Every attempt's output is appended to the unit's log, ``runs/<group>/<setting>/seed-<k>.log``
+(one run without seeds: ``runs/<group>/<setting>.log``).
+
+Usage::
+
+    python scripts/reproduce.py [TARGET ...] [--seeds 0,1,2] [--list] [--dry-run]
+
+TARGET is a batch (``regime``, ``horizon``, ``headlines``, ``setups``, ``fedelmy``, ``lss``,
+``lss-regime``, ``singles``; default: ``regime horizon headlines``), a group
+(``fedcda-seeds``) or one setting (``fedcda-seeds/dir0.1``).  ``--list`` prints every
+experiment, ``--dry-run`` the commands a target would run.  ``FEDSYS`` (default
+``.venv/bin/fedsys``) and ``PY`` (default ``.venv/bin/python``) name the programs.  Run it at
+``nice -n 10`` beside other work (not 19: a round then gets about 1 % of a busy CPU and can
+pass the 600 s round-timeout); beside the test suite, at 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path("docs/results/data")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One ``fedsys run`` of an experiment: a preset, its overrides, and the name its output
+    takes (default: the experiment's setting)."""
+
+    preset: str
+    sets: tuple[str, ...] = ()
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One setting of a results page and how to make it.
+
+    Attributes
+    ----------
+    group, setting : str
+        Its records are ``data/<group>-<setting>-s<k>-<strategy>.jsonl``, its runs
+        ``runs/<group>/<setting>/seed-<k>/<strategy>/`` (``fedsys run --seeds k``).
+    batch : str
+        The named batch it runs in (``python scripts/reproduce.py <batch>``).
+    runs : tuple of Run
+        The commands of one seed, in order (a later one may branch from an earlier one's
+        checkpoint: ``{seed}`` in a value is filled in by ``fedsys run --seeds``).
+    seeds : tuple of int, optional
+        The seeds; ``None``: one run of the preset's own seed, output ``runs/<name>/`` and
+        records ``data/<name>.jsonl`` (the single-seed reproductions).
+    archive : tuple of str
+        The settings its records land in, when a run names its own (IMA's branches).
+    pretrain : tuple of (preset, overrides, output)
+        Pre-trained starts made once (``fedsys pretrain``) before its runs, shared by every
+        seed and experiment that names the same output.
+    after : tuple of tuple of str
+        ``fedsys`` commands run once after its runs (a loss-landscape plane).
+    """
+
+    group: str
+    setting: str
+    batch: str
+    runs: tuple[Run, ...]
+    seeds: tuple[int, ...] | None = (0, 1, 2)
+    archive: tuple[str, ...] = ()
+    pretrain: tuple[tuple[str, tuple[str, ...], str], ...] = ()
+    after: tuple[tuple[str, ...], ...] = field(default_factory=tuple)
+
+    @property
+    def key(self) -> str:
+        return f"{self.group}/{self.setting}"
+
+    def names(self) -> tuple[str, ...]:
+        """The runs' output names (a setting under the group, or a run directory)."""
+        return tuple(r.name or self.setting for r in self.runs)
+
+    def command(self, run: Run, seed: int | None) -> list[str]:
+        """The ``fedsys run`` arguments of ``run`` for ``seed``."""
+        sets = [*run.sets, "resume=true"]
+        if seed is None:
+            sets.append(f"name={run.name or self.setting}")
+            tail: list[str] = []
+        else:
+            sets += [f"output-dir=runs/{self.group}", f"name={run.name or self.setting}"]
+            tail = ["--seeds", str(seed)]
+        return ["run", run.preset, *[a for s in sets for a in ("--set", s)], *tail]
+
+
+FEDCDA, FEDCROSS, IMA = "configs/fedcda-{}.yaml", "configs/fedcross-fmnist.yaml", "configs/ima-fmnist.yaml"
+#: partition: dirichlet, the split every row measured before issue 45 moved the presets to the
+#: papers' own (dirichlet-balanced for FedCDA, dirichlet-capped for FedCross)
+OLD_SPLIT = "partition=dirichlet"
+PAIR = "strategy=fedavg,fedcda"
+#: FedCDA's local-training regimes (issue 17): momentum and local epochs, warm-up
+REGIMES = {"m1e-4-e1": ("momentum=0.0001", "local-epochs=1"),
+           "m0.9-e1": ("momentum=0.9", "local-epochs=1", "fedcda.warmup=20"),
+           "m0.9-e2": ("momentum=0.9", "local-epochs=2", "fedcda.warmup=20")}
+#: the FedCDA paper's local work per round (issue 45): 20 epochs at lr 1e-3 for 30 rounds,
+#: the warm-up a quarter of them (the paper's 50 of 200)
+FEDCDA_WORK = ("local-epochs=20", "lr=0.001", "num-server-rounds=30", "fedcda.warmup=7")
+IMA_SPLITS = {"shards2": ("partition=shards", "shards-per-client=2"),
+              "dir0.3": ("partition=dirichlet", "dirichlet-alpha=0.3"),
+              "dir0.3-capped": ("partition=dirichlet-capped", "dirichlet-alpha=0.3")}
+IMA_FEDAVG = "ima[ima.base=fedavg;ima.average=false;ima.lr-decay=0.99],ima[ima.base=fedavg;ima.average=false]"
+IMA_FEDPROX = "ima[ima.base=fedprox;ima.average=false;ima.lr-decay=0.99]"
+LSS_STARTS = {"premise": "pretrained-labels.pt", "premise-random": "", "fmnist": "pretrained.pt",
+              "ingredients": "pretrained.pt", "ablation": "pretrained.pt", "random": "",
+              "tuned": "pretrained.pt"}
+LSS_SPLITS = {"dir1.0": ("partition=dirichlet", "dirichlet-alpha=1.0"),
+              "dir0.1": ("partition=dirichlet", "dirichlet-alpha=0.1"),
+              "shards2": ("partition=shards", "shards-per-client=2")}
+
+
+def ima_runs(part: str, sets: tuple[str, ...], name: str, src: str) -> tuple[Run, ...]:
+    """IMA's three commands (spec fedima.md §5.5): the two IMA runs (``name``) to the end
+    keeping their round-75 checkpoints (under ``src``), then FedAvg and the control
+    (``name``-fedavg) and FedProx (``name``-fedprox) branched from them: the five runs are
+    identical until IMA's start, which saves 225 of 500 rounds."""
+    split = (*IMA_SPLITS[part], *sets)
+    return (Run(IMA, (*split, "keep-checkpoint=75",
+                      "strategy=ima[ima.base=fedavg],ima[ima.base=fedprox]"), name),
+            *[Run(IMA, (*split, f"branch-from={src}/ima-base-{base}/checkpoint-r0075.pt",
+                        f"strategy={strategy}"), f"{name}-{base}")
+              for base, strategy in (("fedavg", IMA_FEDAVG), ("fedprox", IMA_FEDPROX))])
+
+
+def experiments() -> list[Experiment]:
+    """Every reproduction behind docs/results/, in the order a batch runs them."""
+    out = [Experiment("fedcda-regime", f"dir{a}-{r}", "regime",
+                      (Run(FEDCDA.format("dir0.5"), (OLD_SPLIT, f"dirichlet-alpha={a}", *sets)),))
+           for a in ("0.5", "0.3") for r, sets in REGIMES.items()]
+    out.append(Experiment("fedcross-seeds", "horizon", "horizon", (Run(FEDCROSS, (
+        OLD_SPLIT, "dirichlet-alpha=0.5", "num-server-rounds=300",
+        "strategy=fedavg,fedcross,fedcross[fedcross.alpha=0.9]")),), seeds=(0, 1)))
+    out += [Experiment("fedcda-seeds", "dir0.1", "headlines",
+                       (Run(FEDCDA.format("dir0.1"), (OLD_SPLIT, PAIR)),)),
+            Experiment("fedcda-seeds", "shards2", "headlines",
+                       (Run(FEDCDA.format("shards2"), (PAIR,)),)),
+            Experiment("fedcross-seeds", "dir0.1", "headlines",
+                       (Run(FEDCROSS, (OLD_SPLIT, "dirichlet-alpha=0.1")),))]
+    out += [Experiment("ima-seeds", part, "headlines",
+                       ima_runs(part, (), part, f"runs/ima-seeds/{part}/seed-{{seed}}"),
+                       archive=(part, f"{part}-fedavg", f"{part}-fedprox"))
+            for part in ("shards2", "dir0.3")]
+    # issue 45: the papers' partitions and local work
+    out += [Experiment("fedcda-seeds", f"{s}-balanced", "setups", (Run(FEDCDA.format(s), (PAIR,)),))
+            for s in ("dir0.3", "dir0.5")]
+    out.append(Experiment("fedcda-seeds", "dir0.3-balanced-work", "setups",
+                          (Run(FEDCDA.format("dir0.3"), (*FEDCDA_WORK, PAIR)),)))
+    out.append(Experiment("fedcross-seeds", "dir0.1-capped-work", "setups", (Run(FEDCROSS, (
+        "dirichlet-alpha=0.1", "local-epochs=5", "num-server-rounds=100")),)))
+    out.append(Experiment("fedelmy", "domain", "fedelmy", (Run("configs/fedelmy-domain.yaml"),)))
+    for s, start in LSS_STARTS.items():
+        pre = (f"configs/lss-{s}.yaml", (), f"runs/lss/{start}") if start else None
+        out.append(Experiment("lss", s, "lss", (Run(f"configs/lss-{s}.yaml"),),
+                              pretrain=(pre,) if pre else ()))
+    # the lambda sweeps, once at the tuning seed 100 (never a reported seed)
+    out += [Experiment("lss", "lambda", "lss", (Run("configs/lss-lambda.yaml"),), seeds=(100,),
+                       pretrain=(("configs/lss-lambda.yaml", (), "runs/lss/pretrained.pt"),)),
+            Experiment("lss", "premise-lambda", "lss", (Run("configs/lss-premise-lambda.yaml"),),
+                       seeds=(100,), pretrain=(("configs/lss-premise.yaml", (),
+                                                "runs/lss/pretrained-labels.pt"),))]
+    for start, made in (("labels", "runs/lss/pretrained-labels.pt"),
+                        ("balanced", "runs/lss/pretrained.pt")):
+        out += [Experiment("lss-regime", f"{start}-{split}", "lss-regime", (Run(
+            "configs/lss-regime.yaml", (*sets, f"pretrain.split={start}", f"init-from={made}")),),
+            seeds=(100,), pretrain=(("configs/lss-regime.yaml", (f"pretrain.split={start}",), made),))
+            for split, sets in LSS_SPLITS.items()]
+    # the first, single-seed reproductions (seed 0, the presets as they were then)
+    out += [Experiment("fedcda-runs", s, "singles", (Run(FEDCDA.format(s), sets, f"fedcda-{s}"),),
+                       seeds=None)
+            for s, sets in (("dir0.3", (OLD_SPLIT,)), ("dir0.1", (OLD_SPLIT,)),
+                            ("dir0.5", (OLD_SPLIT,)), ("shards2", ()))]
+    out += [Experiment("fedcross-runs", s, "singles", (Run(preset, sets, f"fedcross-{s}"),), seeds=None)
+            for s, preset, sets in (
+                ("dir0.1", FEDCROSS, (OLD_SPLIT, "dirichlet-alpha=0.1")),
+                ("dir0.5", FEDCROSS, (OLD_SPLIT, "dirichlet-alpha=0.5")),
+                ("iid", FEDCROSS, ("partition=iid",)),
+                ("ablation", "configs/fedcross-ablation.yaml", (OLD_SPLIT,)),
+                ("accel", "configs/fedcross-accel.yaml", (OLD_SPLIT,)))]
+    keep = ("save-models=global", "save-models-from=95")  # late global models, for the plane
+    out += [Experiment("ima-runs", part, "singles", ima_runs(part, keep, f"ima-{part}", f"runs/ima-{part}"),
+                       seeds=None, after=(
+                           ("landscape", f"runs/ima-{part}-fedavg", "--strategy",
+                            "ima-base-fedavg-average-false-lr-decay-0.99", "--rounds", "98", "99",
+                            "100", "--out", f"docs/results/ima-{part}-landscape.png"),))
+            for part in IMA_SPLITS]
+    return out
+
+
+def strategies_of(exp: Experiment) -> int:
+    """How many strategy records one seed of ``exp`` archives (its presets' strategies)."""
+    sys.path.insert(0, str(ROOT))
+    from launch import registry
+
+    return sum(len(registry.load(Path(r.preset), [*r.sets]).variants()) for r in exp.runs)
+
+
+def archived(exp: Experiment, seed: int | None) -> int:
+    """How many of ``exp``'s strategy records of ``seed`` are in ``docs/results/data/``."""
+    if seed is None:
+        import json
+
+        found = set()
+        for name in exp.names():
+            f = DATA / f"{name}.jsonl"
+            if f.exists():
+                found |= {(name, json.loads(line)["strategy"]) for line in f.read_text().splitlines()
+                          if line.strip()}
+        return len(found)
+    return sum(len(list(DATA.glob(f"{exp.group}-{s}-s{seed}-*.jsonl")))
+               for s in exp.archive or (exp.setting,))
+
+
+class Driver:
+    """Runs units, one at a time, with their locks, logs and archiving."""
+
+    def __init__(self, fedsys: list[str], py: str, dry_run: bool) -> None:
+        self.fedsys, self.py, self.dry_run = fedsys, py, dry_run
+        self.failed = 0
+
+    def call(self, args: list[str] | tuple[str, ...], log: Path | None) -> int:
+        """Run ``fedsys ARGS``, its output to the terminal and appended to ``log``."""
+        cmd = [*self.fedsys, *args]
+        if self.dry_run:
+            print("  " + shlex.join(cmd))
+            return 0
+        if log is None:
+            return subprocess.run(cmd, check=False).returncode
+        with log.open("a") as f:
+            f.write(f"=== {time.strftime('%F %T', time.gmtime())} UTC: {shlex.join(cmd)}\n")
+            f.flush()
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                f.write(line)
+            return proc.wait()
+
+    def pretrain(self, preset: str, sets: tuple[str, ...], out: str) -> bool:
+        """Make the pre-trained start ``out`` once (under a lock)."""
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with locked(path.with_name(path.name + ".lock"), wait=True):
+            if path.exists():
+                return True
+            args = ["pretrain", preset, *[a for s in (*sets, f"pretrain.out={out}")
+                                          for a in ("--set", s)]]
+            return self.call(args, None) == 0 or self.dry_run
+
+    def report(self, group: str) -> None:
+        """Archive the finished runs of ``group`` and rewrite its page (one writer at a time)."""
+        if self.dry_run:
+            print(f"  {self.py} scripts/report.py {group}")
+            return
+        with locked(Path("runs/.report.lock"), wait=True):
+            rc = subprocess.run([self.py, "scripts/report.py", group], stdout=subprocess.DEVNULL,
+                                check=False).returncode
+        if rc:
+            print(f"reproduce: scripts/report.py {group} failed", file=sys.stderr)
+            self.failed += 1
+
+    def unit(self, exp: Experiment, seed: int | None, want: int) -> None:
+        """One seed of ``exp``: skipped when archived or running elsewhere, else up to three
+        attempts until its records are archived."""
+        where = f"{exp.key}" + ("" if seed is None else f" seed {seed}")
+        base = Path("runs") / exp.group / exp.setting
+        stem = base.parent / f"{exp.setting}" if seed is None else base / f"seed-{seed}"
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        with locked(stem.with_suffix(".lock"), wait=False) as held:
+            if not held:
+                print(f"reproduce: {where}: running elsewhere, skipped")
+                return
+            if archived(exp, seed) >= want and not self.dry_run:
+                print(f"reproduce: {where}: archived, skipped")
+                return
+            log = None if self.dry_run else stem.with_suffix(".log")
+            for attempt in (1, 2, 3):
+                print(f"reproduce: {where}, attempt {attempt} ({time.strftime('%H:%M', time.gmtime())} UTC)",
+                      flush=True)
+                ok = all(self.pretrain(*p) for p in exp.pretrain)
+                for run in exp.runs if ok else ():
+                    if self.call(exp.command(run, seed), log) != 0:
+                        print(f"reproduce: {where} failed (log: {log})", file=sys.stderr)
+                        ok = False
+                        break
+                for args in exp.after if ok else ():
+                    self.call(args, log)
+                self.report(exp.group)
+                if self.dry_run or archived(exp, seed) >= want:
+                    return
+            print(f"reproduce: {where} not archived", file=sys.stderr)
+            self.failed += 1
+
+
+@contextlib.contextmanager
+def locked(path: Path, wait: bool) -> Iterator[bool]:
+    """An ``flock`` on ``path`` for a ``with`` block; ``wait=False`` gives up at once (the
+    block then sees ``False``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def select(targets: list[str], table: list[Experiment]) -> Iterator[Experiment]:
+    """The experiments named by ``targets`` (batches, groups or group/setting), in order."""
+    for t in targets:
+        hit = [e for e in table if t in (e.batch, e.group, e.key)]
+        if not hit:
+            known = sorted({e.batch for e in table} | {e.group for e in table})
+            raise SystemExit(f"reproduce: unknown target {t!r}; one of {', '.join(known)}, "
+                             f"or GROUP/SETTING (--list shows them)")
+        yield from hit
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("targets", nargs="*", default=["regime", "horizon", "headlines"])
+    ap.add_argument("--seeds", help="only these seeds (e.g. 0,1)")
+    ap.add_argument("--list", action="store_true", help="print every experiment and stop")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = ap.parse_args(argv)
+    os.chdir(ROOT)
+    table = experiments()
+    if args.list:
+        for e in table:
+            seeds = "one run" if e.seeds is None else "seeds " + ",".join(map(str, e.seeds))
+            print(f"{e.key:40} {e.batch:11} {seeds}")
+        return 0
+    only = {int(s) for s in args.seeds.split(",")} if args.seeds else None
+    driver = Driver(shlex.split(os.environ.get("FEDSYS", ".venv/bin/fedsys")),
+                    os.environ.get("PY", ".venv/bin/python"), args.dry_run)
+    for exp in select(args.targets, table):
+        want = strategies_of(exp)
+        for seed in exp.seeds if exp.seeds is not None else (None,):
+            if only is None or seed is None or seed in only:
+                driver.unit(exp, seed, want)
+    return 1 if driver.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

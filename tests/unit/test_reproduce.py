@@ -1,0 +1,146 @@
+"""scripts/reproduce.py, the one driver of every reproduction (issue 43 item 3): one seed of
+one setting at a time, a seed whose records are archived is skipped, a missing seed is run and
+its records archived by scripts/report.py; a second pass runs nothing.  And the experiments'
+table itself: every page's heading names an experiment that exists, every branch starts from
+an earlier run of the same experiment.
+
+The driver test runs on a copy of the scripts with a stand-in ``fedsys`` that writes a finished
+run's files, so the driver and the report tool are the real ones.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+STUB = """#!/usr/bin/env bash
+# a stand-in for `fedsys run PRESET --set k=v ... --seeds K`: the files of a finished run
+echo "$*" >> "$STUB_LOG"
+[[ $1 == run ]] || exit 3
+preset=$2; shift 2
+declare -A set
+seed=
+while [[ $# -gt 0 ]]; do
+  case $1 in --set) set[${2%%=*}]=${2#*=}; shift ;; --seeds) seed=$2; shift ;; esac; shift
+done
+exec "$PY" - "$preset" "${set[output-dir]}/${set[name]}/seed-$seed" "$seed" <<'PY'
+import json, sys
+from pathlib import Path
+from launch import registry
+preset, run_dir, seed = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+for label, _ in registry.load(preset).variants():
+    d = run_dir / label
+    d.mkdir(parents=True, exist_ok=True)
+    recs = [{"round": r, "accuracy": 0.1 + 0.01 * r + 0.001 * seed, "clients-ok": 3,
+             "clients-rejected": 0} for r in range(4)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\\n" for x in recs))
+    (d / "model.pt").write_bytes(b"")
+PY
+"""
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # its dataclasses look their module up while defined
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def scripts() -> Iterator[tuple[ModuleType, ModuleType]]:
+    try:
+        yield _load("reproduce"), _load("report")
+    finally:
+        for name in ("reproduce", "report", "single_runs"):
+            sys.modules.pop(name, None)
+
+
+def test_the_driver_runs_only_the_missing_seed_and_archives_it(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    for f in ("reproduce.py", "report.py", "single_runs.py"):
+        shutil.copy2(ROOT / "scripts" / f, repo / "scripts" / f)
+    (repo / "configs").mkdir()
+    shutil.copy2(ROOT / "configs" / "fedelmy-domain.yaml", repo / "configs")
+    data = repo / "docs" / "results" / "data"
+    data.mkdir(parents=True)
+    shutil.copy2(ROOT / "docs" / "results" / "fedelmy.md", repo / "docs" / "results")
+    for seed in (0, 2):  # archived; seed 1 is not
+        for f in (ROOT / "docs" / "results" / "data").glob(f"fedelmy-domain-s{seed}-*.jsonl"):
+            shutil.copy2(f, data)
+    stub = tmp_path / "fedsys"
+    stub.write_text(STUB)
+    stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
+    log = tmp_path / "calls.log"
+    env = {**os.environ, "PY": sys.executable, "FEDSYS": str(stub), "STUB_LOG": str(log),
+           "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
+
+    def drive() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(repo / "scripts" / "reproduce.py"), "fedelmy"],
+                              env=env, capture_output=True, text=True, timeout=300, check=False)
+
+    first = drive()
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    assert "fedelmy/domain seed 0: archived, skipped" in first.stdout
+    assert "fedelmy/domain seed 2: archived, skipped" in first.stdout
+    calls = log.read_text().splitlines()
+    assert len(calls) == 1 and calls[0].endswith("--seeds 1"), calls
+    assert "--set output-dir=runs/fedelmy --set name=domain" in calls[0]
+    assert len(list(data.glob("fedelmy-domain-s1-*.jsonl"))) == 4  # the preset's 4 runs
+    assert (repo / "runs" / "fedelmy" / "domain" / "seed-1.log").read_text().count("=== ") == 1
+    again = drive()
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "fedelmy/domain seed 1: archived, skipped" in again.stdout
+    assert len(log.read_text().splitlines()) == 1  # nothing ran the second time
+
+
+def test_every_page_heading_names_an_experiment_of_the_driver(
+        scripts: tuple[ModuleType, ModuleType]) -> None:
+    reproduce, report = scripts
+    keys = {e.key for e in reproduce.experiments()}
+    named = 0
+    for group, page in report.PAGES.items():
+        for setting in page.settings:
+            source = page.source(group, setting)
+            if m := re.fullmatch(r"python scripts/reproduce\.py (\S+)", source):
+                assert m.group(1) in keys, (group, setting, source)
+                named += 1
+    assert named >= 20  # FedCDA's regimes and seeds, FedCross, IMA, LSS's premise, FedELMY
+
+
+def test_every_branch_starts_from_an_earlier_run_of_its_experiment(
+        scripts: tuple[ModuleType, ModuleType]) -> None:
+    reproduce, _ = scripts
+    branched = 0
+    for exp in reproduce.experiments():
+        made: list[str] = []
+        for run in exp.runs:
+            cmd = exp.command(run, 0 if exp.seeds is not None else None)
+            sets = dict(s.split("=", 1) for s in cmd[3::2] if "=" in s)
+            if src := sets.get("branch-from"):
+                branched += 1
+                assert any(src.startswith(m + "/") for m in made), (exp.key, src, made)
+            made.append(f"runs/{exp.group}/{sets['name']}/seed-{{seed}}" if exp.seeds is not None
+                        else f"runs/{sets['name']}")
+    assert branched == 2 * 5  # IMA's two branches: 2 across seeds, 3 single
+
+
+def test_a_wrong_target_is_refused_naming_the_known_ones(
+        scripts: tuple[ModuleType, ModuleType]) -> None:
+    reproduce, _ = scripts
+    with pytest.raises(SystemExit, match=r"unknown target 'fedcda-seed'.*headlines"):
+        reproduce.main(["fedcda-seed", "--dry-run"])
