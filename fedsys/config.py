@@ -174,6 +174,15 @@ class CoreOptions:
         'partition is refused; one from a node that declared none, when it claims more than '
         'this many times the median of the round\'s other claims (0: no such bound).',
         bounds='>= 0')
+    max_update_ratio: float = option(
+        20.0, 'A train reply whose update (its model minus the model it was sent) has an L2 '
+        'norm above this many times the median of the round\'s other updates (three replies '
+        'or more), else of the updates accepted before (a chain\'s earlier hops), is refused '
+        'with the numbers (0: no such bound).', bounds='>= 0')
+    max_weight_share: float = option(
+        0.5, 'With three replies or more, no reply\'s claimed num-examples may give it more '
+        'than this share of an example-weighted mean: a larger claim is cut to it and logged '
+        '(0 or 1: no cap).', bounds='[0, 1]')
     fraction_evaluate: float = option(
         0.0, 'Fraction of nodes asked for federated evaluation each round.', bounds='[0, 1]')
     eval_batch_size: int = option(

@@ -7,7 +7,7 @@ example counts are bounded (:func:`weight_refusals`) and its silent nodes named
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -188,11 +188,57 @@ def weight_refusals(claims: Mapping[int, float], declared: Mapping[int, int],
 
 
 
+def norm_refusals(norms: Mapping[int, float], earlier: Sequence[float],
+                  max_ratio: float) -> dict[int, str]:
+    """Replies whose update (the returned model minus the model the node was sent) is
+    far longer than the others': ``{node: reason}`` with the numbers.
+
+    A node's yardstick is the median update norm of the round's *other* replies when
+    there are two or more (leave-one-out, so one huge update cannot move its own
+    yardstick: a round of three or more replies), else the median of ``earlier``, the
+    norms accepted in the previous rounds or a chain's previous hops (none yet: no
+    bound).  A norm above ``max_ratio`` times its yardstick is refused (0: no bound; a
+    yardstick of 0 bounds nothing).  A scaled model (x 100) moves the global model by
+    about 99 times its own norm; an honest update by a few percent of it.
+    """
+    import statistics
+
+    out: dict[int, str] = {}
+    for node, n in norms.items():
+        others = [v for k, v in norms.items() if k != node]
+        base = others if len(others) >= 2 else list(earlier)
+        if max_ratio <= 0 or not base:
+            continue
+        med = statistics.median(base)
+        if med > 0 and n > max_ratio * med:
+            whose = "the round's other replies" if base is others else "the updates before"
+            out[node] = (f"update norm {n:.4g}, {n / med:.3g} times the median {med:.4g} of "
+                         f"{whose} (max-update-ratio {max_ratio:g})")
+    return out
+
+
+def capped_claims(claims: Mapping[int, float], max_share: float) -> dict[int, float]:
+    """Claimed weights that would give one reply more than ``max_share`` of an
+    example-weighted mean, cut to that share: ``{node: its weight after the cut}``.
+
+    With three or more replies a claim is at most ``max_share / (1 - max_share)`` times
+    the sum of the *other* claims (leave-one-out), which is a share of ``max_share``
+    when the others keep theirs.  A cut leaves the reply in (an honest large client
+    keeps a say) but no claim, true or not, can make one reply most of the mean.
+    ``max_share`` 0 or 1 (or above): no cap.
+    """
+    if not 0 < max_share < 1 or len(claims) < 3:
+        return {}
+    bound = max_share / (1 - max_share)
+    total = sum(claims.values())
+    return {node: bound * (total - n) for node, n in claims.items() if n > bound * (total - n)}
+
+
 def missing_nodes(sent: Mapping[str, Message], replies: Iterable[Message]) -> list[int]:
     """Nodes whose instruction got no reply at all (timeout)."""
     answered = {r.metadata.reply_to_message_id for r in replies}
     return [m.metadata.dst_node_id for i, m in sent.items() if i not in answered]
 
 
-__all__ = ["ClientUpdate", "Rejection", "lacks", "missing_nodes", "parse_train_reply",
-           "weight_refusals"]
+__all__ = ["ClientUpdate", "Rejection", "capped_claims", "lacks", "missing_nodes", "norm_refusals",
+           "parse_train_reply", "weight_refusals"]

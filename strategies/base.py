@@ -99,6 +99,15 @@ class FedsysStrategy(RoundEngine):
         is refused (logged with the numbers), so no reply takes over an aggregate by what
         it claims; a node that declared none may claim up to this many times the median
         of the round's other claims (0: no such bound).
+    max_update_ratio : float, default 20.0
+        A reply whose update (its model minus the model it was sent) has an L2 norm
+        above this many times the median of the round's other updates (three replies or
+        more), else of the last updates accepted before (a chain's earlier hops), is
+        refused with the numbers (:func:`fedsys.validation.norm_refusals`; 0: no bound).
+    max_weight_share : float, default 0.5
+        With three replies or more, a claimed ``num-examples`` that would give one reply
+        more than this share of an example-weighted mean is cut to it and logged
+        (:func:`fedsys.validation.capped_claims`; 0 or 1: no cap).
     transport_retries : int, default 1
         Times a round sends its instruction again to a node whose reply was lost on
         the way (an error reply with Flower's code 3, 4 or 5), within the round.
@@ -150,6 +159,8 @@ class FedsysStrategy(RoundEngine):
         trainer: str = "auto",
         num_partitions: int | None = None,
         max_examples_ratio: float = 100.0,
+        max_update_ratio: float = 20.0,
+        max_weight_share: float = 0.5,
         transport_retries: int = 1,
         query_partitions: bool = False,
         train_loss_key: str = proto.FLOWER_TRAIN_LOSS,
@@ -168,6 +179,8 @@ class FedsysStrategy(RoundEngine):
         self.num_partitions = num_partitions
         self.query_partitions = bool(query_partitions)
         self.max_examples_ratio = float(max_examples_ratio)
+        self.max_update_ratio = float(max_update_ratio)
+        self.max_weight_share = float(max_weight_share)
         keys = {"train_loss_key": str(train_loss_key), "weighted_by_key": str(weighted_by_key)}
         super().__init__(
             nodes=NodeDirectory(  # who the nodes are and which a round samples
@@ -177,7 +190,7 @@ class FedsysStrategy(RoundEngine):
                 num_partitions=num_partitions, tell=self.tell_once),
             replies=ReplyPolicy(  # which train replies the method uses
                 self.name, keys["weighted_by_key"], keys["train_loss_key"],
-                self.max_examples_ratio,
+                self.max_examples_ratio, self.max_update_ratio, self.max_weight_share,
                 {keys[kw]: (kw, why) for kw, why in self.required_metrics.items()},
                 self.tell_once),
             clients_per_round=clients_per_round, fraction_evaluate=fraction_evaluate,
@@ -222,6 +235,8 @@ class FedsysStrategy(RoundEngine):
             "trainer": cfg.trainer,
             "num_partitions": cfg.num_clients,
             "max_examples_ratio": cfg.max_examples_ratio,
+            "max_update_ratio": cfg.max_update_ratio,
+            "max_weight_share": cfg.max_weight_share,
             "transport_retries": cfg.transport_retries,
             # fedsys's own ClientApp answers the query and reports fedsys's metric names
             "query_partitions": cfg.query_partitions,
@@ -362,6 +377,7 @@ class FedsysStrategy(RoundEngine):
             "params": copy(self.params) if self.params is not None else None,
             "history": [dict(h) for h in self.history],
             "usable_rounds": self.usable_rounds,
+            "update_norms": list(self.replies.earlier),
             **self.traffic.state(),
             "wrappers": {w.name: w.state_dict() for w in self.wrappers},
         }
@@ -384,6 +400,7 @@ class FedsysStrategy(RoundEngine):
         self.params = copy(state["params"]) if state["params"] is not None else None
         self.history = [dict(h) for h in state["history"]]
         self.usable_rounds = int(state.get("usable_rounds", self.round))
+        self.replies.earlier[:] = [float(v) for v in state.get("update_norms", [])]
         self.traffic.load(state)
         for w in self.wrappers:
             w.load_state_dict((wrapped or {})[w.name])

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from logging import ERROR, WARNING
 from typing import Any
 
@@ -21,9 +21,13 @@ from flwr.supercore import log
 
 from fedsys import protocol as proto
 from fedsys import validation
+from fedsys.params import distance
 from fedsys.validation import ClientUpdate, Rejection
 from strategies.exchange import Exchange
 from strategies.nodes import Known
+
+#: How many accepted update norms a round with fewer than three replies is measured against.
+EARLIER = 10
 
 #: ``tell(key, level, msg, *args)``: log ``msg`` once per ``key`` (the strategy's ``tell_once``).
 Tell = Callable[..., None]
@@ -41,19 +45,30 @@ class ReplyPolicy:
         The reply metrics holding an update's weight and its training loss.
     max_examples_ratio : float
         Bound on a claimed weight (:func:`fedsys.validation.weight_refusals`).
+    max_update_ratio : float
+        Bound on an update's norm (:func:`fedsys.validation.norm_refusals`).
+    max_weight_share : float
+        Cap on one reply's share of an example-weighted mean
+        (:func:`fedsys.validation.capped_claims`).
     required : Mapping[str, tuple[str, str]]
         Reply metrics the method cannot work without: metric -> (the keyword naming it,
         why the method needs it).
     tell : Tell
         Logs a message once per key.
+    earlier : list of float
+        The update norms accepted in the last :data:`EARLIER` rounds or hops, the
+        yardstick of a round with fewer than three replies (part of the strategy's state).
     """
 
     method: str
     weighted_by_key: str
     train_loss_key: str
     max_examples_ratio: float
+    max_update_ratio: float
+    max_weight_share: float
     required: Mapping[str, tuple[str, str]]
     tell: Tell
+    earlier: list[float] = field(default_factory=list)
 
     def read_keys(self) -> set[str]:
         """The reply metrics the strategy reads: a reply whose value for one of them is not
@@ -72,6 +87,29 @@ class ReplyPolicy:
                           label, self.method, key, why, keyword, key)
                 return f"reply metrics lack '{key}', which {self.method} needs"
         return None
+
+    def bound_updates(self, ok: list[ClientUpdate], ex: Exchange, label: str
+                      ) -> tuple[list[ClientUpdate], list[Rejection]]:
+        """Refuse the updates far longer than the others' and cut the claims that would
+        take most of a weighted mean (:func:`fedsys.validation.norm_refusals`,
+        :func:`fedsys.validation.capped_claims`); remember the accepted norms."""
+        norms = {u.node_id: distance(u.params, ref) for u in ok
+                 if (ref := ex.payloads.get(u.node_id)) is not None}
+        far = validation.norm_refusals(norms, self.earlier[-EARLIER:], self.max_update_ratio)
+        bad = [Rejection(u.node_id, u.partition_id, far[u.node_id]) for u in ok if u.node_id in far]
+        ok = [u for u in ok if u.node_id not in far]
+        self.earlier.extend(norms[u.node_id] for u in ok if u.node_id in norms)
+        del self.earlier[:-EARLIER]
+        cut = validation.capped_claims({u.node_id: float(u.num_examples) for u in ok},
+                                       self.max_weight_share)
+        for u in ok:
+            if u.node_id in cut:
+                log(WARNING, "[%s] client %d (node %d) claims num-examples %d, more than "
+                    "max-weight-share %g of the round's weighted mean: counted as %d",
+                    label, u.partition_id, u.node_id, u.num_examples,
+                    self.max_weight_share, math.floor(cut[u.node_id]))
+        return [replace(u, num_examples=math.floor(cut[u.node_id])) if u.node_id in cut else u
+                for u in ok], bad
 
     def sort(self, replies: Iterable[Message], ex: Exchange, known: Known, label: str
              ) -> tuple[list[ClientUpdate], list[Rejection]]:
@@ -112,6 +150,8 @@ class ReplyPolicy:
         bad += [Rejection(u.node_id, u.partition_id, refused[u.node_id]) for u in ok
                 if u.node_id in refused]
         ok = [u for u in ok if u.node_id not in refused]
+        ok, far = self.bound_updates(ok, ex, label)
+        bad += far
         for node in validation.missing_nodes(sent, replies):
             bad.append(Rejection(node, ex.expected.get(node, -1), "no reply before round-timeout"))
         for rj in bad:
