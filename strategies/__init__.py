@@ -22,6 +22,7 @@ from strategies.fedelmy import (
 from strategies.fedopt import FedAdamStrategy, FedYogiStrategy
 from strategies.fedprox import FedProxStrategy
 from strategies.ima import IMA
+from strategies.robust import Robust
 
 #: ``strategy`` name -> the class that builds it (``from_config``).
 REGISTRY: dict[str, Any] = {
@@ -32,6 +33,7 @@ REGISTRY: dict[str, Any] = {
     "fedadam": FedAdamStrategy,
     "fedyogi": FedYogiStrategy,
     "ima": IMA,
+    "robust": Robust,
     "fedelmy": FedElmyStrategy,
     "fedseq": FedSeqStrategy,
     "oneshot-fedavg": OneShotFedAvgStrategy,
@@ -52,5 +54,6 @@ __all__ = [
     "FedsysStrategy",
     "OneShotFedAvgStrategy",
     "ParallelFedElmyStrategy",
+    "Robust",
     "StrategyWrapper",
 ]

@@ -39,12 +39,12 @@ from flwr.supercore import log
 
 from fedsys import protocol as proto
 from fedsys.options import ConfigError, parse_group, suggest
-from fedsys.params import Params, copy
+from fedsys.params import copy
 from strategies.exchange import TRAFFIC_KEYS
 from strategies.nodes import EVAL_TAG, SAMPLE_TAG, NodeDirectory, NodesUnavailableError
 from strategies.replies import ReplyPolicy, why_refused
 from strategies.rounds import EvaluateFn, RoundEngine
-from strategies.wrapper import StrategyWrapper
+from strategies.wrapper import StrategyWrapper, Wrapping
 
 if TYPE_CHECKING:
     from fedsys.config import RunConfig
@@ -63,7 +63,7 @@ class NoOptions:
     """A method without options of its own."""
 
 
-class FedsysStrategy(RoundEngine):
+class FedsysStrategy(Wrapping, RoundEngine):
     """Base class of every fedsys strategy (see the module docstring).
 
     Parameters
@@ -251,11 +251,6 @@ class FedsysStrategy(RoundEngine):
         registered strategies by name, for composites)."""
         return cls(**cls.config_kwargs(cfg))
 
-    def wrap(self, wrapper: StrategyWrapper) -> FedsysStrategy:
-        """Attach a :class:`StrategyWrapper`; returns ``self``."""
-        self.wrappers.append(wrapper)
-        return self
-
     @property
     def label(self) -> str:
         """How the logs name the strategy: the run's label for it where a run gave one
@@ -267,23 +262,6 @@ class FedsysStrategy(RoundEngine):
     def composition(self) -> str:
         """The method and its wrappers (``fedavg+ima``): what a checkpoint must match."""
         return "+".join([self.name, *(w.name for w in self.wrappers)])
-
-    def finish(self, server_round: int, models: dict[int, Params]) -> dict[int, Params]:
-        """Pass the models the strategy has just made through every wrapper.
-
-        ``models`` maps a slot (0 for a single global model) to a model; each wrapper
-        may return another model for a slot (see :class:`StrategyWrapper`).
-        """
-        for w in self.wrappers:
-            models = {i: w.transform(server_round, i, m) for i, m in sorted(models.items())}
-        return models
-
-    def wrapper_metrics(self) -> dict[str, float]:
-        """Every wrapper's round metrics, in the order they were attached."""
-        out: dict[str, float] = {}
-        for w in self.wrappers:
-            out.update(w.round_metrics())
-        return out
 
     # ------------------------------------------------------------------ nodes
 

@@ -3,7 +3,7 @@ Decentralized Data", AISTATS 2017, Algorithm 1)."""
 
 from __future__ import annotations
 
-from fedsys.params import Params, mean
+from fedsys.params import Params
 from fedsys.validation import ClientUpdate
 from strategies.base import FedsysStrategy
 
@@ -23,5 +23,5 @@ class FedAvgStrategy(FedsysStrategy):
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
         """Alg. 1's weighted mean of the accepted updates (then the wrappers)."""
-        new = mean([u.params for u in updates], [u.num_examples for u in updates])
+        new = self.average(server_round, [u.params for u in updates], [u.num_examples for u in updates])
         return self.finish(server_round, {0: new})[0]

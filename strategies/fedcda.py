@@ -244,7 +244,10 @@ class FedCDAStrategy(FedsysStrategy):
                 self.sel_sum += cache.vector(n, r)
         self._log_round(server_round, participants, warm, info, time.perf_counter() - t0)
         if warm and self.options.warmup_mode == "fedavg":
-            new = mean([u.params for u in updates], [u.num_examples for u in updates])
+            new = self.average(server_round, [u.params for u in updates],
+                               [u.num_examples for u in updates])
+        elif self.replaces_mean:  # a robust rule over the selected models (Alg. 1 line 10)
+            new = self.average(server_round, self.selected_models())
         else:
             new = self.global_model()
         return self.finish(server_round, {0: new})[0]
@@ -320,6 +323,13 @@ class FedCDAStrategy(FedsysStrategy):
         for n, r in sorted(self.selected.items()):
             total += self.cache.vector(n, r)
         self.sel_sum = total
+
+    def selected_models(self) -> list[Params]:
+        """Every seen client's selected model, as models (what :meth:`global_model`
+        averages uniformly)."""
+        assert self.cache is not None and self.layout is not None
+        return [self.layout.unpack(self.cache.vector(n, r), self.cache.entry(n, r).ints, self.order)
+                for n, r in sorted(self.selected.items())]
 
     def global_model(self) -> Params:
         """Uniform mean of every seen client's selected model (Alg. 1 line 10)."""

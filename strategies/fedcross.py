@@ -251,7 +251,8 @@ class FedCrossStrategy(FedsysStrategy):
         a = self.mixing_matrix(phase, server_round, sub)
         weights = np.eye(self.K)  # new slot i = sum_j weights[i, j] Z_j
         if phase == "warmup":  # every slot, with or without an upload, := mean of uploads
-            avg = maths.uniform_mean([by_slot[i] for i in ok])
+            ups = [by_slot[i] for i in ok]
+            avg = self.average(server_round, ups) if self.replaces_mean else maths.uniform_mean(ups)
             for slot in self.slots:
                 for key, v in avg.items():
                     np.copyto(slot[key], v)
@@ -263,6 +264,8 @@ class FedCrossStrategy(FedsysStrategy):
             weights[np.ix_(ok, ok)] = a
             glob = maths.cross_aggregate(self.slots, by_slot, a)
             self.last_updated_slots = ok
+        if self.replaces_mean:  # a robust rule over the K slots: the global model
+            glob = self.average(server_round, self.slots)
         self._metrics(phase, a, sub, g, weights, ok, time.perf_counter() - t0)
         if self.wrappers:
             done = self.finish(server_round, {i: self.slots[i] for i in self.last_updated_slots})

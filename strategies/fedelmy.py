@@ -40,7 +40,7 @@ from flwr.supercore import log
 from fedsys import protocol as proto
 from fedsys.chain import ORDERS, chain_order, parse_order_list
 from fedsys.options import ConfigError, option
-from fedsys.params import Params, mean
+from fedsys.params import Params
 from fedsys.seeding import derive_seed
 from fedsys.validation import ClientUpdate
 from strategies.base import FedsysStrategy
@@ -292,8 +292,8 @@ class ParallelStrategy(FedElmyStrategy):
         self.last_updates = ok
         return ok
 
-    def combine(self, updates: list[ClientUpdate]) -> Params:
-        """The server's mean of the replies."""
+    def combine(self, rnd: int, updates: list[ClientUpdate]) -> Params:
+        """The server's mean of the replies (:meth:`average`: a robust wrapper's rule)."""
         raise NotImplementedError
 
     def parallel_step(self, grid: Grid, rnd: int, cfg: dict[str, Any], p: int) -> dict[str, Any]:
@@ -305,7 +305,7 @@ class ParallelStrategy(FedElmyStrategy):
         if not ok:
             log(ERROR, "[%s] round %d: no usable update; model unchanged", self.label, rnd)
             return record
-        self.params = self.finish(rnd, {0: self.combine(ok)})[0]
+        self.params = self.finish(rnd, {0: self.combine(rnd, ok)})[0]
         n = sum(u.num_examples for u in ok)
         key = self.train_loss_key
         if all(key in u.metrics for u in ok) and n > 0:
@@ -354,9 +354,9 @@ class OneShotFedAvgStrategy(ParallelStrategy):
             return f"warm-up, client {int(record['client'])}"
         return super().progress(record)
 
-    def combine(self, updates: list[ClientUpdate]) -> Params:
+    def combine(self, rnd: int, updates: list[ClientUpdate]) -> Params:
         """FedAvg's example-weighted mean (Alg. 1)."""
-        return mean([u.params for u in updates], [u.num_examples for u in updates])
+        return self.average(rnd, [u.params for u in updates], [u.num_examples for u in updates])
 
 
 class ParallelFedElmyStrategy(ParallelStrategy):
@@ -381,9 +381,9 @@ class ParallelFedElmyStrategy(ParallelStrategy):
                 cfg[proto.INIT_SEED] = derive_seed(self.seed, INIT_TAG)
         return self.parallel_step(grid, rnd, cfg, rnd - 1)
 
-    def combine(self, updates: list[ClientUpdate]) -> Params:
+    def combine(self, rnd: int, updates: list[ClientUpdate]) -> Params:
         """Alg. 3's uniform mean of the pool means."""
-        return mean([u.params for u in updates])
+        return self.average(rnd, [u.params for u in updates])
 
 
 __all__ = ["ChainBrokenError", "ChainOptions", "FedElmyStrategy", "FedSeqStrategy",

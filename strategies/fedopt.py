@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from fedsys.options import option
-from fedsys.params import Params, mean
+from fedsys.params import Params
 from fedsys.server_opt import OptConfig, step
 from fedsys.validation import ClientUpdate
 from strategies.base import FedsysStrategy
@@ -54,7 +54,7 @@ class FedOptStrategy(FedsysStrategy):
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
         """Alg. 2: the weighted client mean (through the wrappers), then the server step."""
         assert self.params is not None
-        avg = mean([u.params for u in updates], [u.num_examples for u in updates])
+        avg = self.average(server_round, [u.params for u in updates], [u.num_examples for u in updates])
         x = self.finish(server_round, {0: avg})[0]
         self.steps += 1
         return step(self.kind, self.params, x, self.m, self.v, self.steps, self.opt)

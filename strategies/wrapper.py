@@ -1,5 +1,5 @@
 """What acts on the models a strategy makes, whatever the strategy: a
-:class:`StrategyWrapper` (IMA; later a robust aggregator or server-side DP), attached with
+:class:`StrategyWrapper` (IMA, the robust aggregators; later server-side DP), attached with
 :meth:`strategies.base.FedsysStrategy.wrap`.
 
 A wrapper sees the strategy it wraps only as :class:`Wrapped` (its name and schedule), so
@@ -8,9 +8,10 @@ this module imports no strategy and any strategy can carry any wrapper.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol
+from collections.abc import Sequence
+from typing import Any, ClassVar, Protocol, Self
 
-from fedsys.params import Params
+from fedsys.params import Params, mean
 
 
 class Wrapped(Protocol):
@@ -41,6 +42,8 @@ class StrategyWrapper:
 
     #: Name of the wrapper (its config prefix and its key in checkpoints).
     name: ClassVar[str] = "wrapper"
+    #: Whether :meth:`combine` replaces the strategy's mean of the round's models.
+    replaces_mean: ClassVar[bool] = False
 
     def on_start(self, strategy: Wrapped, num_rounds: int) -> None:
         """Called by the strategy's ``start`` with the schedule's length."""
@@ -54,6 +57,13 @@ class StrategyWrapper:
     def transform(self, server_round: int, slot: int, model: Params) -> Params:
         """The model to send and evaluate instead of ``model`` (``slot``: which one)."""
         return model
+
+    def combine(self, server_round: int, models: Sequence[Params],
+                weights: Sequence[float] | None) -> Params | None:
+        """A replacement for the mean of the round's ``models`` (``weights``: the
+        strategy's, ``None`` for a uniform mean), the step each strategy names in its
+        :meth:`~strategies.base.FedsysStrategy.average` calls; ``None``: the mean stays."""
+        return None
 
     def branch_late_keys(self, strategy: Wrapped, rnd: int) -> frozenset[str]:
         """This wrapper's config keys that have not acted by the end of round ``rnd``
@@ -79,4 +89,49 @@ class StrategyWrapper:
         """Restore :meth:`state_dict` output."""
 
 
-__all__ = ["StrategyWrapper", "Wrapped"]
+class Wrapping:
+    """A strategy's wrappers and the hooks through which they act: :meth:`finish` on the
+    models it makes, :meth:`average` on its mean of the round's models (the base of every
+    fedsys strategy)."""
+
+    wrappers: list[StrategyWrapper]
+
+    def wrap(self, wrapper: StrategyWrapper) -> Self:
+        """Attach a :class:`StrategyWrapper`; returns ``self``."""
+        self.wrappers.append(wrapper)
+        return self
+
+    def finish(self, server_round: int, models: dict[int, Params]) -> dict[int, Params]:
+        """Pass the models the strategy has just made through every wrapper.
+
+        ``models`` maps a slot (0 for a single global model) to a model; each wrapper
+        may return another model for a slot (see :class:`StrategyWrapper`).
+        """
+        for w in self.wrappers:
+            models = {i: w.transform(server_round, i, m) for i, m in sorted(models.items())}
+        return models
+
+    def average(self, server_round: int, models: Sequence[Params],
+                weights: Sequence[float] | None = None) -> Params:
+        """The mean of the round's models (weighted by ``weights``), or the first
+        wrapper's replacement for it (:meth:`StrategyWrapper.combine`: a robust rule)."""
+        for w in self.wrappers:
+            if w.replaces_mean and (got := w.combine(server_round, models, weights)) is not None:
+                return got
+        return mean(models, weights)
+
+    @property
+    def replaces_mean(self) -> bool:
+        """Whether a wrapper replaces :meth:`average` (a strategy whose own mean takes a
+        faster path, FedCDA's, then forms the models)."""
+        return any(w.replaces_mean for w in self.wrappers)
+
+    def wrapper_metrics(self) -> dict[str, float]:
+        """Every wrapper's round metrics, in the order they were attached."""
+        out: dict[str, float] = {}
+        for w in self.wrappers:
+            out.update(w.round_metrics())
+        return out
+
+
+__all__ = ["StrategyWrapper", "Wrapped", "Wrapping"]
