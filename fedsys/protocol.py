@@ -70,6 +70,7 @@ TRAINABLE = "trainable"  #: all, or head (the classifier layer only)
 WEIGHT_DECAY = "weight-decay"
 WARMUP_EPOCHS = "warmup-epochs"  #: plain epochs before the method's training (a chain's first hop)
 INIT_SEED = "init-seed"  #: re-initialise the model from this seed first (own-init variants)
+DP_CLIPPING_NORM = "dp-clipping-norm"  #: client-side DP: clip the update to this L2 norm
 ASK = "ask"
 
 # ---------------------------------------------------------------- metric keys

@@ -22,6 +22,7 @@ from fedsys import protocol as proto
 from fedsys import trainer_state
 from fedsys.config import ConfigError, RunConfig
 from fedsys.data import Dataset
+from fedsys.dp import clip_update
 from fedsys.models import build_model
 from fedsys.options import parse_group
 from fedsys.seeding import derive_seed
@@ -118,8 +119,13 @@ def train(msg: Message, context: Context) -> Message:
                    proto.extra_models(msg.content), rnd, pid, cfg.seed)
     res = run_trainer(trainer(), job)
     trainer_state.state_to_records(res.state, context.state, scope)
+    weights = _weights(net)
+    if proto.DP_CLIPPING_NORM in s:  # client-side DP: the update clipped before it leaves
+        sent = proto.from_record(msg.content.array_records[proto.ARRAYS])
+        clipped, _ = clip_update(proto.from_record(weights), sent, float(s[proto.DP_CLIPPING_NORM]))
+        weights = proto.to_record(clipped)
     return proto.train_reply(
-        msg, _weights(net), res.num_examples,
+        msg, weights, res.num_examples,
         {proto.PARTITION_ID: pid, proto.TRAIN_LOSS: res.train_loss,
          proto.LOCAL_STEPS: res.steps, **res.metrics},
         res.models,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from strategies.base import FedsysStrategy, StrategyWrapper
+from strategies.dp import DP
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedcda import FedCDAStrategy
 from strategies.fedcross import FedCrossStrategy
@@ -34,6 +35,7 @@ REGISTRY: dict[str, Any] = {
     "fedyogi": FedYogiStrategy,
     "ima": IMA,
     "robust": Robust,
+    "dp": DP,
     "fedelmy": FedElmyStrategy,
     "fedseq": FedSeqStrategy,
     "oneshot-fedavg": OneShotFedAvgStrategy,
@@ -41,6 +43,7 @@ REGISTRY: dict[str, Any] = {
 }
 
 __all__ = [
+    "DP",
     "IMA",
     "REGISTRY",
     "FedAdamStrategy",

@@ -295,6 +295,8 @@ class FedsysStrategy(Wrapping, RoundEngine):
         out: dict[str, Any] = dict(config)
         out[proto.SERVER_ROUND] = server_round
         out.setdefault(proto.TRAINER, self.trainer)
+        for w in self.wrappers:
+            out.update(w.train_config(server_round))
         if proto.LR in out:
             out[proto.LR] = self.client_lr(server_round, float(out[proto.LR]))
         return out

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from logging import ERROR
+from logging import ERROR, WARNING
 from typing import Any, Self
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
@@ -151,10 +151,20 @@ class RoundEngine(Strategy):
                  ) -> tuple[list[ClientUpdate], list[Rejection]]:
         """Split the replies to ``exchange`` (default :attr:`last_exchange`) into usable
         updates and logged rejections (:meth:`strategies.replies.ReplyPolicy.sort`)."""
-        ok, bad = self.replies.sort(replies, self.last_exchange if exchange is None else exchange,
-                                    self.nodes.known, self.label)
-        self.last_rejections = bad
+        ex = self.last_exchange if exchange is None else exchange
+        ok, bad = self.replies.sort(replies, ex, self.nodes.known, self.label)
+        ok, more = self.screen(ok, ex.payloads)
+        for rj in more:
+            log(WARNING, "[%s] rejected reply of client %d (node %d): %s",
+                self.label, rj.partition_id, rj.node_id, rj.reason)
+        self.last_rejections = bad = bad + more
         return ok, bad
+
+    def screen(self, updates: list[ClientUpdate], references: Mapping[int, Params]
+               ) -> tuple[list[ClientUpdate], list[Rejection]]:
+        """The validated updates as the method will use them, and any refused on the way
+        (a wrapper's hook: DP's clipping); here unchanged."""
+        return updates, []
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
         """Return the new global model from validated updates (subclasses)."""

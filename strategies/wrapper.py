@@ -8,10 +8,11 @@ this module imports no strategy and any strategy can carry any wrapper.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Protocol, Self
 
 from fedsys.params import Params, mean
+from fedsys.validation import ClientUpdate, Rejection
 
 
 class Wrapped(Protocol):
@@ -25,6 +26,11 @@ class Wrapped(Protocol):
     @property
     def label(self) -> str:
         """How the logs name the strategy."""
+        ...
+
+    @property
+    def seed(self) -> int:
+        """The run's seed."""
         ...
 
 
@@ -64,6 +70,16 @@ class StrategyWrapper:
         strategy's, ``None`` for a uniform mean), the step each strategy names in its
         :meth:`~strategies.base.FedsysStrategy.average` calls; ``None``: the mean stays."""
         return None
+
+    def screen(self, updates: list[ClientUpdate], references: Mapping[int, Params]
+               ) -> tuple[list[ClientUpdate], list[Rejection]]:
+        """The validated updates as the strategy will use them (``references``: node ->
+        the model it was sent), and those refused here."""
+        return updates, []
+
+    def train_config(self, server_round: int) -> dict[str, Any]:
+        """Keys this wrapper adds to every train instruction of ``server_round``."""
+        return {}
 
     def branch_late_keys(self, strategy: Wrapped, rnd: int) -> frozenset[str]:
         """This wrapper's config keys that have not acted by the end of round ``rnd``
@@ -125,6 +141,15 @@ class Wrapping:
         """Whether a wrapper replaces :meth:`average` (a strategy whose own mean takes a
         faster path, FedCDA's, then forms the models)."""
         return any(w.replaces_mean for w in self.wrappers)
+
+    def screen(self, updates: list[ClientUpdate], references: Mapping[int, Params]
+               ) -> tuple[list[ClientUpdate], list[Rejection]]:
+        """Pass the validated updates through every wrapper's :meth:`StrategyWrapper.screen`."""
+        refused: list[Rejection] = []
+        for w in self.wrappers:
+            updates, more = w.screen(updates, references)
+            refused += more
+        return updates, refused
 
     def wrapper_metrics(self) -> dict[str, float]:
         """Every wrapper's round metrics, in the order they were attached."""
