@@ -89,7 +89,7 @@ class DP(StrategyWrapper):
         self.releases = 0
         self.clipped = 0.0
         self.std = 0.0
-        self._round = 0
+        self._released_round = 0
 
     @classmethod
     def prefix(cls) -> str:
@@ -151,8 +151,8 @@ class DP(StrategyWrapper):
         per round or hop)."""
         if self.accepted == 0:
             return model
-        if server_round != self._round:
-            self._round = server_round
+        if server_round != self._released_round:
+            self._released_round = server_round
             self.releases += 1
         share = self.share if self.method in (*CHAINS, "fedcross") else 1.0 / self.accepted
         self.std = self.options.noise_multiplier * self.options.clipping_norm * share

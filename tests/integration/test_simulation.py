@@ -34,9 +34,18 @@ def _cfg(tmp_path: Path, **kw: object):
 
 
 def test_three_nodes_two_rounds_two_strategies(tmp_path, caplog):
-    cfg = _cfg(tmp_path, name="e2e", strategy="fedavg,fedprox")
+    cfg = _cfg(tmp_path, name="e2e", strategy="fedavg,fedprox,"
+               "dp[dp.mode=client;dp.clipping-norm=5;dp.noise-multiplier=0.1] as dp-client,"
+               "robust[robust.rule=multi-krum] as krum")
     with caplog.at_level("INFO"):
         simulate(cfg)
+    # issue 42: fedsys's ClientApp clips when client-side DP asks (no update refused), the
+    # accountant reports epsilon; multi-Krum (f = 1) averages 2 of the 3 updates
+    dpr = metrics.read_jsonl(tmp_path / "e2e" / "dp-client" / "metrics.jsonl")[1:]
+    assert all(r["clients-ok"] == 3 and r["clients-rejected"] == 0 for r in dpr)
+    assert 0 < dpr[0]["dp-epsilon"] < dpr[1]["dp-epsilon"] and dpr[1]["dp-noise-std"] == 0.5 / 3
+    kr = metrics.read_jsonl(tmp_path / "e2e" / "krum" / "metrics.jsonl")
+    assert [r["robust-kept"] for r in kr[1:]] == [2.0, 2.0] and kr[2]["accuracy"] > kr[0]["accuracy"]
     # fedsys run prints the results table itself: the ServerApp's log does not repeat it
     logged = [r.getMessage() for r in caplog.records]
     assert not [m for m in logged if m.startswith("| strategy |")]
