@@ -114,3 +114,47 @@ def test_the_bounds_are_config_keys_with_their_bounds(reply_grid):
     from fedsys.config import ConfigError
     with pytest.raises(ConfigError, match="max-weight-share"):
         cfg(**{"max-weight-share": 1.5})
+
+
+ROUND_BASED = ["fedavg", "fedprox", "fedadam", "fedyogi", "fedcda", "fedcross", "ima", "robust", "dp"]
+
+
+@pytest.mark.parametrize("strategy", ROUND_BASED)
+@pytest.mark.parametrize("attack", ["scaled", "sign-flipped", "inflated-count"])
+def test_the_finite_attacks_under_every_round_based_strategy(strategy, attack, reply_grid, caplog):
+    """The fuzz suite's finite attacks (issue 42 item 5) through each strategy's reply path:
+    a model x 100 is refused, an untrained model claiming 20 x its samples is cut to half of
+    a weighted mean, a sign-flipped update (as long as an honest one) is taken and its round
+    stays finite.  The chains' hops: ``test_one_reply_a_round_is_bounded_...`` above and
+    ``tests/integration/test_fuzz.py``."""
+    from launch.registry import make_strategy
+
+    s = make_strategy(cfg(strategy=strategy))
+    msgs = configured(s, reply_grid(NODES))
+    sent = [protocol.from_record(m.content.array_records["arrays"]) for m in msgs]
+    rng = np.random.default_rng(0)
+    honest = [{k: (v + rng.normal(0, 0.3, v.shape).astype(v.dtype)
+                   if np.issubdtype(v.dtype, np.floating) else v) for k, v in p.items()}
+              for p in sent]
+    bad, n = honest[0], 10
+    if attack == "scaled":
+        bad = {k: v * 100 if np.issubdtype(v.dtype, np.floating) else v for k, v in sent[0].items()}
+    elif attack == "sign-flipped":
+        bad = {k: 2 * sent[0][k] - honest[0][k] if np.issubdtype(v.dtype, np.floating) else v
+               for k, v in honest[0].items()}
+    else:  # untrained: a model as far from the sent one as a trained one, any direction
+        fresh = np.random.default_rng(1)
+        bad, n = {k: (v + fresh.normal(0, 0.3, v.shape).astype(v.dtype)
+                      if np.issubdtype(v.dtype, np.floating) else v)
+                  for k, v in sent[0].items()}, 20 * 10
+    replies = [hostile(msgs[0], bad, n), *[hostile(m, h, 10) for m, h in zip(msgs[1:], honest[1:], strict=True)]]
+    arrays, metrics = s.aggregate_train(1, replies)
+    assert arrays is not None and metrics is not None
+    got = protocol.from_record(arrays)
+    assert all(np.isfinite(v).all() for v in got.values() if np.issubdtype(v.dtype, np.floating))
+    if attack == "scaled":
+        assert metrics["clients-rejected"] == 1 and "update norm" in caplog.text, strategy
+    else:
+        assert metrics["clients-ok"] == 3 and metrics["clients-rejected"] == 0, strategy
+    if attack == "inflated-count" and strategy != "dp":   # DP counts every update 1 anyway
+        assert "claims num-examples 200" in caplog.text and "counted as 20" in caplog.text
