@@ -33,7 +33,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from logging import INFO, WARNING
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from flwr.supercore import log
@@ -44,11 +44,7 @@ from fedsys.options import REGISTERED_STRATEGIES, option, parse_group
 from fedsys.params import Params
 from fedsys.seeding import derive_seed
 from fedsys.validation import ClientUpdate, Rejection
-from strategies.base import Builder, FedsysStrategy
 from strategies.wrapper import StrategyWrapper, Wrapped
-
-if TYPE_CHECKING:
-    from fedsys.config import RunConfig
 
 #: Strategies that relay one model along a chain.
 CHAINS = ("fedseq", "fedelmy")
@@ -90,19 +86,6 @@ class DP(StrategyWrapper):
         self.clipped = 0.0
         self.std = 0.0
         self._released_round = 0
-
-    @classmethod
-    def prefix(cls) -> str:
-        """The config-key prefix of the options."""
-        return cls.name
-
-    @classmethod
-    def from_config(cls, cfg: RunConfig, build: Builder | None = None) -> FedsysStrategy:
-        """``dp.base`` built by ``build``, with DP attached (registry entry ``dp``)."""
-        if build is None:
-            raise ValueError("DP.from_config needs a builder for its base strategy")
-        opts = cfg.fields_of(cls.name)
-        return build(str(opts["base"])).wrap(cls(**opts))
 
     def on_start(self, strategy: Wrapped, num_rounds: int) -> None:
         """The method's sensitivity share and the accounting's population and sample."""

@@ -18,18 +18,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from logging import INFO
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flwr.supercore import log
 
 from fedsys import ima
 from fedsys.options import REGISTERED_STRATEGIES, option, parse_group
 from fedsys.params import Params, copy, mean
-from strategies.base import Builder, FedsysStrategy
 from strategies.wrapper import StrategyWrapper, Wrapped
-
-if TYPE_CHECKING:
-    from fedsys.config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -90,19 +86,6 @@ class IMA(StrategyWrapper):
         self.windows: dict[int, deque[Params]] = {}
         self.active = False
         self._round = 0
-
-    @classmethod
-    def prefix(cls) -> str:
-        """The config-key prefix of IMA's options."""
-        return cls.name
-
-    @classmethod
-    def from_config(cls, cfg: RunConfig, build: Builder | None = None) -> FedsysStrategy:
-        """``ima.base`` built by ``build``, with IMA attached (registry entry ``ima``)."""
-        if build is None:
-            raise ValueError("IMA.from_config needs a builder for its base strategy")
-        opts = cfg.fields_of(cls.name)
-        return build(str(opts["base"])).wrap(cls(**opts))
 
     def on_start(self, strategy: Wrapped, num_rounds: int) -> None:
         """Resolve :math:`t_s` from the run's length."""

@@ -34,18 +34,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from logging import INFO
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flwr.supercore import log
 
 from fedsys import robust
 from fedsys.options import REGISTERED_STRATEGIES, option, parse_group
 from fedsys.params import Params
-from strategies.base import Builder, FedsysStrategy
 from strategies.wrapper import StrategyWrapper, Wrapped
-
-if TYPE_CHECKING:
-    from fedsys.config import RunConfig
 
 #: Strategies that relay one model along a chain and take no mean.
 CHAINS = ("fedseq", "fedelmy")
@@ -85,19 +81,6 @@ class Robust(StrategyWrapper):
         self.options: RobustOptions = parse_group(RobustOptions, self.name, options)
         self.kept = 0.0
         self.offered = 0.0
-
-    @classmethod
-    def prefix(cls) -> str:
-        """The config-key prefix of the options."""
-        return cls.name
-
-    @classmethod
-    def from_config(cls, cfg: RunConfig, build: Builder | None = None) -> FedsysStrategy:
-        """``robust.base`` built by ``build``, with the rule attached (registry ``robust``)."""
-        if build is None:
-            raise ValueError("Robust.from_config needs a builder for its base strategy")
-        opts = cfg.fields_of(cls.name)
-        return build(str(opts["base"])).wrap(cls(**opts))
 
     def inert_options(self, strategy: Wrapped, num_rounds: int) -> list[str]:
         """A chain takes no mean: the rule would never act."""

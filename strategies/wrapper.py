@@ -8,8 +8,8 @@ this module imports no strategy and any strategy can carry any wrapper.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Protocol, Self
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Protocol, Self, cast
 
 from fedsys.params import Params, mean
 from fedsys.validation import ClientUpdate, Rejection
@@ -50,6 +50,20 @@ class StrategyWrapper:
     name: ClassVar[str] = "wrapper"
     #: Whether :meth:`combine` replaces the strategy's mean of the round's models.
     replaces_mean: ClassVar[bool] = False
+
+    @classmethod
+    def prefix(cls) -> str:
+        """The config-key prefix of the wrapper's options (its name)."""
+        return cls.name
+
+    @classmethod
+    def from_config(cls, cfg: Any, build: Callable[[str], Any] | None = None) -> Any:
+        """The strategy named by the config key ``<name>.base``, built by ``build``, with this
+        wrapper attached: the wrapper's registry entry (``strategy: ima`` with ``ima.base``)."""
+        if build is None:
+            raise ValueError(f"{cls.__name__}.from_config needs a builder for its base strategy")
+        opts = cfg.fields_of(cls.name)
+        return build(str(opts["base"])).wrap(cast(Any, cls)(**opts))
 
     def on_start(self, strategy: Wrapped, num_rounds: int) -> None:
         """Called by the strategy's ``start`` with the schedule's length."""
