@@ -247,6 +247,13 @@ IMA_ROWS = {
     "FedProx": ("-fedprox", "ima-base-fedprox-average-false-lr-decay-0.99"),
     "FedProx+IMA": ("", "ima-base-fedprox"),
 }
+
+
+def ima_curves(part: str) -> dict[str, tuple[str, str]]:
+    """IMA's five runs of ``part``: label -> (run, strategy)."""
+    return {k: (f"ima-{part}{run}", strategy) for k, (run, strategy) in IMA_ROWS.items()}
+
+
 IMA_PARTS = {"shards2": ("2 shards", (74, 76, 77, 78)),
              "dir0.3": ("Dirichlet 0.3", (80, 81, 82, 83))}
 ABLATION = {
@@ -304,14 +311,12 @@ RUN_PAGES: dict[str, RunsPage] = {
     "ima-runs": RunsPage(
         "ima",
         tables=tuple(t for s, (_, targets) in IMA_PARTS.items() for t in (
-            Table(f"ima-{s}", "with-gain",
-                  rows={k: ((f"ima-{s}{run}", strategy),) for k, (run, strategy) in IMA_ROWS.items()}),
+            Table(f"ima-{s}", "with-gain", rows={k: (v,) for k, v in ima_curves(s).items()}),
             Table(f"ima-{s}-reach", "reach", targets=targets,
-                  rows={k: ((f"ima-{s}{run}", strategy),) for k, (run, strategy) in IMA_ROWS.items()}))),
+                  rows={k: (v,) for k, v in ima_curves(s).items()}))),
         plots=tuple(p for s, (title, _) in IMA_PARTS.items() for p in (
             Plot(f"ima-{s}-accuracy.png", f"IMA on Fashion-MNIST, {title} (IMA from round 76)",
-                 {k: (f"ima-{s}{run}", strategy) for k, (run, strategy) in IMA_ROWS.items()}),
+                 ima_curves(s)),
             Plot(f"ima-{s}-accuracy-late.png", f"IMA on Fashion-MNIST, {title}, rounds 60-100",
-                 {k: (f"ima-{s}{run}", strategy) for k, (run, strategy) in IMA_ROWS.items()},
-                 first=60)))),
+                 ima_curves(s), first=60)))),
 }
