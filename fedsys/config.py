@@ -369,6 +369,9 @@ SHARED_KEYS = frozenset({
     "dirichlet-min-size", "shards-per-client", "samples-per-client", "test-subset", "model", "model-norm",
     "device", "client-num-cpus", "client-num-gpus", "torch-threads",
     "pretrain.holdout", "pretrain.split", "pretrain.labels",
+    # a robustness experiment's attackers (fedsys.attacks): the ClientApp reads the run's
+    "attack.kind", "attack.clients", "attack.scale", "attack.noise-std", "attack.count-factor",
+    "attack.start-round",
 })
 
 
@@ -454,7 +457,7 @@ def parse_strategy(text: str, schema: Schema) -> list[Variant]:
                 if k in SHARED_KEYS:
                     raise ConfigError(
                         f"config key 'strategy': {entry!r} may not change '{k}' (every "
-                        "strategy of a run shares data, model, seed and rounds)"
+                        "strategy of a run shares data, model, seed, rounds and attackers)"
                     )
                 overrides.append((k, coerce(k, yaml.safe_load(v) if v else "", schema)))
         variants.append(Variant(name, tuple(overrides), alias))
@@ -539,6 +542,11 @@ def build(*layers: Mapping[str, Any], schema: Schema) -> RunConfig:
     if merged["clients-per-round"] > merged["num-clients"]:  # type: ignore[operator]
         raise ConfigError(
             f"config key 'clients-per-round' ({merged['clients-per-round']}) must be "
+            f"<= num-clients ({merged['num-clients']})"
+        )
+    if int(merged.get("attack.clients", 0)) > int(merged["num-clients"]):
+        raise ConfigError(
+            f"config key 'attack.clients' ({merged['attack.clients']}) must be "
             f"<= num-clients ({merged['num-clients']})"
         )
     if schema.strategies:  # the default must name registered strategies too

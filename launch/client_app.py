@@ -18,8 +18,8 @@ from flwr.clientapp import ClientApp
 
 from clients import TRAINERS, LocalConfig, TrainJob
 from clients.base import local_config, run_trainer
+from fedsys import attacks, trainer_state
 from fedsys import protocol as proto
-from fedsys import trainer_state
 from fedsys.config import ConfigError, RunConfig
 from fedsys.data import Dataset
 from fedsys.dp import clip_update
@@ -46,7 +46,7 @@ def _partition_id(context: Context) -> int:
     return int(nc[proto.PARTITION_ID])
 
 
-def _setup(context: Context) -> tuple[RunConfig, Dataset, int, torch.Tensor, torch.Tensor]:
+def _node(context: Context) -> tuple[RunConfig, Dataset, int, int, torch.Tensor, torch.Tensor]:
     nc = context.node_config
     overrides = {"data-dir": str(nc["data-dir"])} if "data-dir" in nc else {}
     cfg = _config(tuple(sorted({**context.run_config, **overrides}.items())))
@@ -58,7 +58,7 @@ def _setup(context: Context) -> tuple[RunConfig, Dataset, int, torch.Tensor, tor
         raise ValueError(f"{proto.PARTITION_ID} {pid} outside 0..{nparts - 1}")
     ds = dataset(cfg)
     x, y = client_data(cfg, pid, nparts)
-    return cfg, ds, pid, x, y
+    return cfg, ds, pid, nparts, x, y
 
 
 @functools.lru_cache(maxsize=4)
@@ -96,12 +96,26 @@ def run_local_config(cfg: RunConfig, s: dict[str, Any], seed: int) -> LocalConfi
         device=str(pick_device(cfg.device))), seed)
 
 
+def _attack(cfg: RunConfig, pid: int, nparts: int, rnd: int) -> attacks.AttackOptions | None:
+    """The attack this node makes this round (``attack.*`` keys), or None: it is honest."""
+    try:
+        options = parse_group(attacks.AttackOptions, "attack", cfg.group("attack"))
+        hostile = attacks.active(options, cfg.seed, pid, nparts, rnd)
+    except (ConfigError, ValueError) as exc:
+        raise ValueError(f"attack options: {exc}") from None
+    return options if hostile else None
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Local training on this node's partition."""
-    cfg, ds, pid, x, y = _setup(context)
+    """Local training on this node's partition (as a robustness experiment's attacker
+    where the ``attack.*`` keys name this partition: :mod:`fedsys.attacks`)."""
+    cfg, ds, pid, nparts, x, y = _node(context)
     s = proto.settings(msg.content)
     rnd = int(s.get(proto.SERVER_ROUND, 0))
+    attack = _attack(cfg, pid, nparts, rnd)
+    if attack is not None and attack.kind == "label-flip":
+        y = torch.as_tensor(attacks.flip_labels(y.numpy(), ds.num_classes))
     name = str(s.get(proto.TRAINER, "sgd"))
     if name not in TRAINERS:
         raise ValueError(f"unknown trainer {name!r}; registered: {', '.join(TRAINERS)}")
@@ -124,18 +138,40 @@ def train(msg: Message, context: Context) -> Message:
         sent = proto.from_record(msg.content.array_records[proto.ARRAYS])
         clipped, _ = clip_update(proto.from_record(weights), sent, float(s[proto.DP_CLIPPING_NORM]))
         weights = proto.to_record(clipped)
+    num_examples = res.num_examples
+    if attack is not None:
+        weights, num_examples = _attacked(attack, cfg, ds, msg, weights, num_examples,
+                                          derive_seed(cfg.seed, rnd, pid))
     return proto.train_reply(
-        msg, weights, res.num_examples,
+        msg, weights, num_examples,
         {proto.PARTITION_ID: pid, proto.TRAIN_LOSS: res.train_loss,
          proto.LOCAL_STEPS: res.steps, **res.metrics},
         res.models,
     )
 
 
+def _attacked(attack: attacks.AttackOptions, cfg: RunConfig, ds: Dataset, msg: Message,
+              weights: ArrayRecord, num_examples: int, seed: int) -> tuple[ArrayRecord, int]:
+    """The attacker's reply in place of the honest ``weights`` and ``num_examples``."""
+    kind = attack.kind
+    if kind not in attacks.UPDATE_KINDS and kind != "inflated-count":
+        return weights, num_examples  # label-flip: the training was the attack
+    sent = proto.from_record(msg.content.array_records[proto.ARRAYS])
+    if kind == "inflated-count":
+        fresh = build_model(cfg.model, ds.input_shape, ds.num_classes, seed, cfg.model_norm)
+        return _weights(fresh), attacks.claimed_examples(num_examples, attack.count_factor)
+    model = proto.from_record(weights)
+    if kind == "noise":
+        out = attacks.noise_update(sent, attack.noise_std, seed)
+    else:
+        out = attacks.scaled_update(model, sent, attack.scale if kind == "scaled" else -1.0)
+    return proto.to_record(out), num_examples
+
+
 @app.evaluate()
 def evaluate_handler(msg: Message, context: Context) -> Message:
     """Evaluate the received model on this node's local data."""
-    cfg, ds, pid, x, y = _setup(context)
+    cfg, ds, pid, _, x, y = _node(context)
     loss, acc = evaluate(_load(cfg, ds, msg), ds, x, y, cfg.eval_batch_size, pick_device(cfg.device))
     return proto.evaluate_reply(msg, len(y), loss, acc, {proto.PARTITION_ID: pid})
 
@@ -144,5 +180,5 @@ def evaluate_handler(msg: Message, context: Context) -> Message:
 def query(msg: Message, context: Context) -> Message:
     """Say which partition this node holds."""
     nc = context.node_config
-    _, _, pid, _, y = _setup(context)
+    _, _, pid, _, _, y = _node(context)
     return proto.query_reply(msg, pid, int(nc.get(proto.NUM_PARTITIONS, 0)), len(y))

@@ -23,6 +23,7 @@ from typing import Any
 from clients import TRAINERS
 from fedsys import config as cfgmod
 from fedsys import protocol as proto
+from fedsys.attacks import AttackOptions
 from fedsys.config import ConfigError, RunConfig, Schema
 from fedsys.pretrain import PretrainOptions
 from strategies import REGISTRY
@@ -48,6 +49,7 @@ def schema() -> Schema:
         if entry.Options.__dataclass_fields__:
             groups.append((entry.prefix(), entry.Options))
     groups.append(("pretrain", PretrainOptions))
+    groups.append(("attack", AttackOptions))
     return Schema.assemble(tuple(REGISTRY), tuple(TRAINERS), groups)
 
 

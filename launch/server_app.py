@@ -30,6 +30,7 @@ from flwr.supercore import log
 
 from fedsys import checkpoint, metrics
 from fedsys import protocol as proto
+from fedsys.attacks import attackers
 from fedsys.config import RunConfig
 from fedsys.params import to_torch
 from fedsys.seeding import derive_seed
@@ -236,6 +237,10 @@ def run_experiment(grid: Grid, cfg: RunConfig, log_table: bool = True
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.save(run_dir / "config.yaml")
     log(INFO, "fedsys run '%s': strategies %s, results in %s", cfg.name, cfg.strategies, run_dir)
+    if cfg.get("attack.kind") != "none" and int(cfg.get("attack.clients")):
+        who = sorted(attackers(cfg.seed, int(cfg.get("attack.clients")), cfg.num_clients))
+        log(WARNING, "robustness experiment: partitions %s attack (attack.kind %s) from round %s",
+            who, cfg.get("attack.kind"), cfg.get("attack.start-round"))
     results: dict[str, list[dict[str, Any]]] = {}
     variants = list(cfg.variants())
     known = Known()  # one QUERY per node for all the strategies (deployment: fewer processes)

@@ -87,6 +87,13 @@ class Page:
         (method, its warm-up key): the regime table (:func:`regime_table`).
     windows : Mapping[str, tuple]
         Setting -> windows of rounds (:func:`windows_table`).
+    matrix : tuple of str
+        Settings shown as the columns of one table per statistic instead of a table each,
+        the first the reference the others are paired with (:func:`matrix_tables`).
+    finals : Mapping[str, str]
+        Round metrics shown at the final round beside the accuracy (key -> label).
+    refusals_expected : bool
+        Refused replies are the experiment (attackers): such runs are archived, not redone.
     """
 
     points: tuple[int | str, ...]
@@ -104,6 +111,9 @@ class Page:
     means_from: int = 1
     regime: tuple[str, str] | None = None
     windows: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    matrix: tuple[str, ...] = ()
+    finals: Mapping[str, str] = field(default_factory=dict)
+    refusals_expected: bool = False
 
     def source(self, group: str, setting: str) -> str:
         """The command or preset behind ``setting``."""
@@ -422,6 +432,27 @@ PAGES: dict[str, Page] = {
         config={f"{part}{run}": f"python scripts/reproduce.py ima-seeds/{part}"
                 for part in ("shards2", "dir0.3") for run in ("", "-fedavg", "-fedprox")}),
 }
+#: issue 42 item 4: the attacks of docs/results/robustness.md (fedsys/attacks.py), by setting
+ATTACKS = {"scaled": "x100", "sign-flip": "sign-flipped", "noise": "Gaussian noise",
+           "inflated-count": "20x count", "label-flip": "label-flipped"}
+ROBUST_NAMES = {"fedavg-plain": "FedAvg without bounds", "fedavg": "FedAvg (default bounds)",
+                "median": "median", "trimmed-mean": "trimmed mean (beta 0.3)",
+                "multi-krum": "multi-Krum (f = 3)", "fedcda": "FedCDA", "fedcross": "FedCross",
+                "fedavg+ima": "FedAvg + IMA"}
+#: the noise multipliers of the DP runs (scripts/reproduce.py's robustness/dp)
+DP_NOISE = ("0.01", "0.1", "1.0")
+PAGES["robustness"] = Page(
+    points=("final",),
+    settings={"none": "no attackers",
+              **{f"{k}-{n}": f"{t}, {n} of 10" for n in (1, 3) for k, t in ATTACKS.items()},
+              "dp": "differential privacy (FedAvg, server-side clipping, no attackers)"},
+    names={**ROBUST_NAMES, **{f"dp-z{z}": f"FedAvg + DP, z = {z}" for z in DP_NOISE}},
+    matrix=("none", *(f"{k}-{n}" for n in (1, 3) for k in ATTACKS)),
+    finals={"dp-epsilon": "epsilon (delta 1e-5)", "dp-clipped": "share of updates clipped"},
+    # each defence without attackers against FedAvg without bounds: its cost
+    pairs=tuple(("none", s, "none", "fedavg-plain") for s in ROBUST_NAMES if s != "fedavg-plain")
+    + tuple(("dp", f"dp-z{z}", "none", "fedavg-plain") for z in DP_NOISE),
+    refusals_expected=True, config=DRIVER)
 HEADS = {"final": "final", "last10": "last-10 mean"}
 
 Runs = dict[str, dict[str, dict[int, list[dict[str, Any]]]]]  # setting -> strategy -> seed -> recs
@@ -432,14 +463,16 @@ def refused(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in recs if float(r.get("clients-rejected", 0)) > 0]
 
 
-def collect(runs: Path, data: Path, group: str, settings: Mapping[str, str]) -> Runs:
+def collect(runs: Path, data: Path, group: str, settings: Mapping[str, str],
+            keep_refused: bool = False) -> Runs:
     """Every run's records of ``group`` in ``settings``, from ``runs`` (copied to ``data``)
     or from ``data``.
 
     A finished run with refused or missing replies is not the experiment as configured
     (every client replies in a simulation unless the machine stalls it past
     ``round-timeout``): it is not archived but moved aside to ``<strategy>.refused-<n>``,
-    so that running the seed again redoes it from the start.
+    so that running the seed again redoes it from the start; unless ``keep_refused``
+    (attackers' replies are meant to be refused).
     """
     out: Runs = {}
     for f in sorted(runs.glob("*/seed-*/*/metrics.jsonl")):
@@ -449,7 +482,7 @@ def collect(runs: Path, data: Path, group: str, settings: Mapping[str, str]) -> 
         recs = metrics.read_jsonl(f)
         if not recs or not (f.parent / "model.pt").exists():  # finished runs only
             continue
-        if bad := [int(r["round"]) for r in refused(recs)]:
+        if (bad := [int(r["round"]) for r in refused(recs)]) and not keep_refused:
             n = len(list(f.parent.parent.glob(f"{strategy}.refused-*")))
             aside = f.parent.with_name(f"{strategy}.refused-{n + 1}")
             f.parent.rename(aside)
@@ -495,14 +528,20 @@ def stat(values: list[float], mean_fmt: str = ".2f", sd_fmt: str = ".2f",
 
 
 def table(runs: Runs, setting: str, points: tuple[int | str, ...], names: Names,
-          key: str = "accuracy") -> str:
-    """One setting's strategies: mean ± std across seeds at each point, each seed's value."""
+          key: str = "accuracy", finals: Mapping[str, str] | None = None) -> str:
+    """One setting's strategies: mean ± std across seeds at each point (and of each of
+    ``finals``' round metrics at the final round), each seed's value."""
     heads = [HEADS.get(str(p), f"after round {p}") for p in points]
-    rows = ["| method | " + " | ".join(f"{h} %, mean ± std" for h in heads) + " | per seed | rounds |",
-            "|---|" + "---:|" * len(points) + "---|---:|"]
+    more = dict(finals or {})
+    rows = ["| method | " + " | ".join([*(f"{h} %, mean ± std" for h in heads),
+                                        *(f"final {label}" for label in more.values())])
+            + " | per seed | rounds |",
+            "|---|" + "---:|" * (len(points) + len(more)) + "---|---:|"]
     for strategy, seeds in runs.get(setting, {}).items():
         cells = [stat([v for r in seeds.values() if (v := at(r, p, key)) is not None])
                  for p in points]
+        cells += [stat([float(r[-1][k]) for r in seeds.values() if r and k in r[-1]],
+                       empty="-") for k in more]
         per = ", ".join(f"s{s}: {v:.2f}" for s, r in sorted(seeds.items())
                         if (v := last(r, points, key)) is not None)
         steps = max((int(r[-1]["round"]) for r in seeds.values() if r), default=0)
@@ -788,6 +827,48 @@ def curves(runs: Runs, setting: str, path: Path, title: str, names: Names, xlabe
                                     xlabel=xlabel)
 
 
+def matrix_tables(runs: Runs, page: Page, group: str, out: Path, plot: bool = True) -> str:
+    """The settings of ``page.matrix`` as columns: final accuracy (mean ± std across
+    seeds), its change against the first setting on the same seed (the same partitions,
+    draws and honest clients), and the replies refused per run; one figure per setting."""
+    cols = [c for c in page.matrix if c in runs]
+    if not cols:
+        return ""
+    ref = runs[page.matrix[0]] if page.matrix[0] in runs else {}
+    strategies = list(dict.fromkeys(s for c in cols for s in runs[c]))
+    head = "| method | " + " | ".join(page.settings[c] for c in cols) + " |\n|---|" + \
+        "---:|" * len(cols)
+
+    def grid(cell: Any) -> str:
+        return head + "\n" + "\n".join(
+            f"| {page.names.get(s, s)} | " + " | ".join(cell(c, s, runs[c].get(s, {}))
+                                                        for c in cols) + " |"
+            for s in strategies)
+
+    def final(c: str, s: str, seeds: dict[int, list[dict[str, Any]]]) -> str:
+        return stat([v for r in seeds.values() if (v := at(r, "final")) is not None],
+                    empty="-").replace(" (n=3)", "")
+
+    def change(c: str, s: str, seeds: dict[int, list[dict[str, Any]]]) -> str:
+        base = ref.get(s, {})
+        d = [v - b for k, r in seeds.items() if k in base
+             and (v := at(r, "final")) is not None and (b := at(base[k], "final")) is not None]
+        return "-" if c == page.matrix[0] or not d else stat(d).replace(" (n=3)", "")
+
+    def rejected(c: str, s: str, seeds: dict[int, list[dict[str, Any]]]) -> str:
+        n = [sum(float(r.get("clients-rejected", 0)) for r in recs) for recs in seeds.values()]
+        return f"{statistics.mean(n):.1f}" if n else "-"
+
+    figures = [f"![{page.settings[c]}]({curves(runs, c, out / f'{group}-{c}-accuracy.png', page.settings[c], page.names, page.xlabel, plot=plot).name})"
+               for c in cols]
+    return ("### Final accuracy % (mean ± std across seeds; n=3 unless shown)\n\n"
+            f"Source: `{page.source(group, '<setting>')}`.\n\n{grid(final)}\n\n"
+            f"### Change against the same run without attackers (points, same seed)\n\n"
+            f"{grid(change)}\n\n"
+            "### Replies refused or missing per run (mean across seeds)\n\n"
+            f"{grid(rejected)}\n\n" + "\n".join(figures) + "\n")
+
+
 def section(page: Page, group: str, runs: Runs, out: Path, plot: bool = True) -> str:
     """The generated section of ``page`` from ``runs``, its curves written under ``out``
     (unless not ``plot``)."""
@@ -795,8 +876,10 @@ def section(page: Page, group: str, runs: Runs, out: Path, plot: bool = True) ->
     for setting, title in page.settings.items():
         if setting not in runs:
             continue
+        if setting in page.matrix:
+            continue
         parts.append(f"### {title} (`{page.source(group, setting)}`)\n\n"
-                     f"{table(runs, setting, page.points, names)}\n")
+                     f"{table(runs, setting, page.points, names, finals=page.finals)}\n")
         if flagged := refusals(runs, setting, names):
             parts.append(flagged)
         if page.means:
@@ -826,6 +909,8 @@ def section(page: Page, group: str, runs: Runs, out: Path, plot: bool = True) ->
         png = curves(runs, setting, out / f"{group}-{setting}-accuracy.png", title, names,
                      page.xlabel, plot=plot)
         parts.append(f"![{title}]({png.name})\n")
+    if page.matrix:
+        parts.insert(0, matrix_tables(runs, page, group, out, plot))
     for base, groups in page.baseline:
         parts.append(paired(runs, page.points, base, groups, names))
     if page.pairs:  # named comparisons, possibly across settings
@@ -857,7 +942,8 @@ def write(group: str, runs: Path | None, out: Path, plot: bool) -> str:
         got = collect(runs or ROOT / "runs" / group, data, group, {})
         return f"{group}: records in {data}/{group}-*.jsonl ({len(got)} settings read back)"
     page = PAGES[group]
-    found = collect(runs or ROOT / "runs" / group, data, group, page.settings)
+    found = collect(runs or ROOT / "runs" / group, data, group, page.settings,
+                    page.refusals_expected)
     body = section(page, group, found, out, plot)
     doc = out / f"{page.doc or group}.md"
     text = doc.read_text() if doc.exists() else f"# {group}\n"

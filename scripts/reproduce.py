@@ -23,7 +23,7 @@ Usage::
     python scripts/reproduce.py [TARGET ...] [--seeds 0,1,2] [--list] [--dry-run]
 
 TARGET is a batch (``regime``, ``horizon``, ``headlines``, ``setups``, ``fedelmy``, ``lss``,
-``lss-regime``, ``singles``; default: ``regime horizon headlines``), a group
+``lss-regime``, ``singles``, ``robustness``; default: ``regime horizon headlines``), a group
 (``fedcda-seeds``) or one setting (``fedcda-seeds/dir0.1``).  ``--list`` prints every
 experiment, ``--dry-run`` the commands a target would run.  ``FEDSYS`` (default
 ``.venv/bin/fedsys``) and ``PY`` (default ``.venv/bin/python``) name the programs.  Run it at
@@ -152,6 +152,13 @@ def ima_runs(part: str, sets: tuple[str, ...], name: str, src: str) -> tuple[Run
               for base, strategy in (("fedavg", IMA_FEDAVG), ("fedprox", IMA_FEDPROX))])
 
 
+ROBUST = "configs/robustness.yaml"
+#: issue 42 item 4: the attacks (fedsys/attacks.py) and the DP noise multipliers, at the
+#: default clipping norm 1 (it clips every honest update of round 1 here, a fifth by round 4)
+ATTACKS = ("scaled", "sign-flip", "noise", "inflated-count", "label-flip")
+DP = ",".join(f"dp[dp.noise-multiplier={z}] as dp-z{z}" for z in ("0.01", "0.1", "1.0"))
+
+
 def experiments() -> list[Experiment]:
     """Every reproduction behind docs/results/, in the order a batch runs them."""
     out = [Experiment("fedcda-regime", f"dir{a}-{r}", "regime",
@@ -177,6 +184,11 @@ def experiments() -> list[Experiment]:
                           (Run(FEDCDA.format("dir0.3"), (*FEDCDA_WORK, PAIR)),)))
     out.append(Experiment("fedcross-seeds", "dir0.1-capped-work", "setups", (Run(FEDCROSS, (
         "dirichlet-alpha=0.1", "local-epochs=5", "num-server-rounds=100")),)))
+    out += [Experiment("robustness", "none", "robustness", (Run(ROBUST),)),
+            *[Experiment("robustness", f"{k}-{n}", "robustness",
+                         (Run(ROBUST, (f"attack.kind={k}", f"attack.clients={n}")),))
+              for n in (1, 3) for k in ATTACKS],
+            Experiment("robustness", "dp", "robustness", (Run(ROBUST, (f"strategy={DP}",)),))]
     out.append(Experiment("fedelmy", "domain", "fedelmy", (Run("configs/fedelmy-domain.yaml"),)))
     for s, start in LSS_STARTS.items():
         pre = (f"configs/lss-{s}.yaml", (), f"runs/lss/{start}") if start else None

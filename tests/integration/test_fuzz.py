@@ -90,3 +90,43 @@ def test_every_malformed_reply_is_refused_under_every_strategy(tmp_path, caplog)
         for (n, a), (_, b) in zip(ours, ref, strict=True):
             assert all(torch.isfinite(v).all() for v in a.values() if v.is_floating_point()), (label, n)
             assert all(torch.equal(a[k], b[k]) for k in a), f"{label} {n}: honest results changed"
+
+
+#: issue 42 item 5: the finite attacks of fedsys's own ClientApp (``attack.*``,
+#: fedsys/attacks.py) under every strategy: 5 rounds (chains: 2 passes of 3 hops)
+FINITE = {**BASE, "num-server-rounds": 5, "ima.start-round": 2, "chain.passes": 2,
+          "attack.clients": 1, "save-models": "none"}
+
+
+@pytest.mark.parametrize("kind", ["scaled", "sign-flip", "inflated-count"])
+def test_finite_attacks_under_every_strategy(tmp_path, caplog, kind):
+    """x100 (refused by ``max-update-ratio`` against the round's other updates, a chain's
+    hop against the hops before it), sign-flipped (an honest update's norm: taken, and
+    the run stays finite), a fresh model claiming 20x its examples (within the old
+    ``max-examples-ratio`` 100: cut to ``max-weight-share`` of every weighted mean)."""
+    from fedsys.attacks import attackers
+
+    who = next(iter(attackers(FINITE["seed"], 1, FINITE["num-clients"])))
+    cfg = build({**FINITE, "attack.kind": kind, "output-dir": str(tmp_path), "name": kind})
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        simulate(cfg, client_app=None)
+    logged = [r.getMessage() for r in caplog.records]
+    for label in PARALLEL + CHAINS:
+        recs = metrics.read_jsonl(tmp_path / kind / label / "metrics.jsonl")
+        steps = [r for r in recs if r["round"] > 0]
+        assert steps and all(math.isfinite(r["loss"]) for r in recs if "loss" in r), label
+        mine = [m for m in logged if m.startswith(f"[{label}] ")]
+        refused = [m for m in mine if f"rejected reply of client {who} " in m]
+        if kind == "scaled":
+            assert all("max-update-ratio 20" in m for m in refused) and refused, label
+            if label in PARALLEL:  # every round, against the two honest updates
+                assert all(r["clients-rejected"] == 1 for r in steps), label
+                assert len(refused) == len(steps), label
+        elif kind == "sign-flip":
+            assert not refused, label
+        else:
+            assert not refused, label
+            if label in PARALLEL:  # every claim of 3 replies goes through the cap
+                cut = [m for m in mine if f"client {who} " in m and "counted as" in m]
+                assert len(cut) == len(steps), label

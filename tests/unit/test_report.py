@@ -238,3 +238,39 @@ def test_a_single_run_table_is_written_between_its_markers_and_says_what_is_miss
     (out / "p.md").write_text("# p\n")
     with pytest.raises(SystemExit, match="no line '<!-- report: t -->'"):
         sr.write(page, runs, out, plots=False)
+
+
+def test_the_robustness_page_pairs_each_attack_with_the_same_run_without(report: ModuleType,
+                                                                          tmp_path) -> None:
+    """Issue 42 item 4: a run whose attackers' replies were refused is the experiment (kept,
+    not redone); the matrix shows each defence's final accuracy per attack, its change
+    against the same seed without attackers, and the refusals; DP rows show epsilon."""
+    from fedsys import metrics
+
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    finals = {("none", "fedavg"): 0.80, ("none", "median"): 0.78,
+              ("scaled-1", "fedavg"): 0.79, ("scaled-1", "median"): 0.77}
+    for seed in (0, 1, 2):
+        for (setting, strategy), acc in finals.items():
+            d = runs / setting / f"seed-{seed}" / strategy
+            d.mkdir(parents=True)
+            rej = {2: 1} if setting == "scaled-1" else {}
+            metrics.write_jsonl(d / "metrics.jsonl", _recs([0.5, acc + 0.01 * seed], rej))
+            (d / "model.pt").write_bytes(b"")
+        d = runs / "dp" / f"seed-{seed}" / "dp-z0.01"
+        d.mkdir(parents=True)
+        recs = _recs([0.5, 0.6])
+        for r in recs[1:]:
+            r["dp-epsilon"], r["dp-clipped"] = 1000.0 * r["round"], 0.0
+        metrics.write_jsonl(d / "metrics.jsonl", recs)
+        (d / "model.pt").write_bytes(b"")
+    (out / "data").mkdir(parents=True)
+    (out / "robustness.md").write_text("# Robustness\n\n## Measured (generated)\n")
+    text = report.write("robustness", runs, out, plot=False)
+    assert len(list((out / "data").glob("robustness-scaled-1-s*-fedavg.jsonl"))) == 3
+    assert "| method | no attackers | x100, 1 of 10 |" in text
+    assert "| FedAvg (default bounds) | 81.00 ± 1.00 | 80.00 ± 1.00 |" in text
+    assert "| median | - | -1.00 ± 0.00 |" in text                      # change, same seed
+    assert "| FedAvg (default bounds) | 0.0 | 1.0 |" in text            # refused per run
+    assert "| FedAvg + DP, z = 0.01 | 60.00 ± 0.00 (n=3) | 2000.00 ± 0.00 (n=3) | 0.00 ± 0.00 (n=3) |" in text
+    assert "| none | median − FedAvg without bounds | (not run) |" in text  # its cost, paired
