@@ -17,7 +17,9 @@ the same way (except ``label-flip``, which trains on flipped labels).  The kinds
     2017, the Gaussian Byzantine worker).
 ``inflated-count``
     A freshly initialised, untrained model claiming ``attack.count-factor`` (20) times its
-    examples: the update of issue 42 that took 95 % of FedAvg's weight.
+    examples, the size it also declares to the server's partition query (a consistent liar:
+    the declared-size check passes it): the update of issue 42 that took 95 % of FedAvg's
+    weight.
 ``label-flip``
     Honest training on flipped labels ``c -> C - 1 - c`` (Tolpegin et al., "Data Poisoning
     Attacks Against Federated Learning Systems", ESORICS 2020).

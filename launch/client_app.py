@@ -178,7 +178,12 @@ def evaluate_handler(msg: Message, context: Context) -> Message:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Say which partition this node holds."""
+    """Say which partition this node holds (an ``inflated-count`` attacker claims its
+    inflated size here too, so that its train replies' claims agree with it)."""
     nc = context.node_config
-    _, _, pid, _, _, y = _node(context)
-    return proto.query_reply(msg, pid, int(nc.get(proto.NUM_PARTITIONS, 0)), len(y))
+    cfg, _, pid, nparts, _, y = _node(context)
+    attack = _attack(cfg, pid, nparts, int(cfg.get("attack.start-round")))
+    size = len(y)
+    if attack is not None and attack.kind == "inflated-count":
+        size = attacks.claimed_examples(size, attack.count_factor)
+    return proto.query_reply(msg, pid, int(nc.get(proto.NUM_PARTITIONS, 0)), size)

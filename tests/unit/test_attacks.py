@@ -63,11 +63,14 @@ def _weights(cfg_seed: int) -> Params:
     return from_torch(task.model(build({**BASE, "seed": cfg_seed})).state_dict())
 
 
+def _context(run: dict, pid: int) -> Context:
+    return Context(run_id=1, node_id=100 + pid,
+                   node_config={proto.PARTITION_ID: pid, proto.NUM_PARTITIONS: 4},
+                   state=RecordDict(), run_config=dict(build({**BASE, **run}).to_dict()))
+
+
 def _train(run: dict, pid: int, sent: Params) -> tuple[Params, int]:
-    cfg = build({**BASE, **run})
-    ctx = Context(run_id=1, node_id=100 + pid,
-                  node_config={proto.PARTITION_ID: pid, proto.NUM_PARTITIONS: 4},
-                  state=RecordDict(), run_config=dict(cfg.to_dict()))
+    ctx = _context(run, pid)
     msg = proto.message(100 + pid, "train", sent, {proto.SERVER_ROUND: 2, proto.TRAINER: "sgd",
                                                    proto.STATE_SCOPE: "t"})
     msg.metadata.__dict__["_message_id"] = f"train-{pid}"
@@ -113,3 +116,20 @@ def test_every_strategy_of_a_run_meets_the_same_attackers() -> None:
 def test_fewer_attackers_are_among_more_of_the_same_seed() -> None:
     for seed in range(5):
         assert attacks.attackers(seed, 1, 10) < attacks.attackers(seed, 3, 10)
+
+
+def test_an_inflated_count_attacker_declares_the_inflated_size_in_the_query() -> None:
+    """Its claims then agree with what it declared (an attacker lies consistently): only
+    ``max-weight-share`` stands between it and the mean, not the declared-size check."""
+    who = next(iter(attacks.attackers(0, 1, 4)))
+    run = {"attack.kind": "inflated-count", "attack.clients": 1}
+
+    def declared(r: dict, pid: int) -> int:
+        reply = client_app.app(proto.query_message(100 + pid), _context(r, pid))
+        return int(reply.content.metric_records[proto.METRICS][proto.NUM_EXAMPLES])
+
+    honest = declared({}, who)
+    assert declared(run, who) == 20 * honest
+    other = (who + 1) % 4
+    assert declared(run, other) == declared({}, other)
+    assert _train(run, who, _weights(1))[1] == 20 * honest
