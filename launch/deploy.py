@@ -465,17 +465,29 @@ class LocalDeployment:
         except (ValueError, KeyError):
             raise DeployError(f"flwr ls failed:\n{proc.stdout}{proc.stderr}") from None
 
-    def wait_online(self, n: int, timeout: float = 120.0) -> list[dict[str, Any]]:
-        """Wait until ``n`` SuperNodes are online; fail early if a component died."""
+    def refuse_dead(self) -> None:
+        """Raise :class:`DeployError` naming the components that exited, with the end of
+        the first one's log."""
+        dead = [c for c in self.components if not self.is_running(c)]
+        if dead:
+            log = self.log_file(dead[0])
+            tail = log.read_text(errors="replace")[-1500:] if log.exists() else "(no log)"
+            raise DeployError(f"{', '.join(dead)} exited; {log}:\n{tail}")
+
+    def wait_online(self, n: int, timeout: float = 120.0, settle: float = 2.0
+                    ) -> list[dict[str, Any]]:
+        """Wait until ``n`` SuperNodes are online and every component still runs
+        ``settle`` seconds later (a SuperExec that fails as its node comes online, a
+        wrong secret or app directory, dies within a second of it); fail early if a
+        component died."""
         end = time.monotonic() + timeout
         while True:
-            dead = [c for c in self.components if not self.is_running(c)]
-            if dead:
-                tail = self.log_file(dead[0]).read_text(errors="replace")[-1500:]
-                raise DeployError(f"{', '.join(dead)} exited; {self.log_file(dead[0])}:\n{tail}")
+            self.refuse_dead()
             nodes = self.nodes()
             online = [x for x in nodes if x.get("status") == "online"]
             if len(online) >= n:
+                time.sleep(settle)
+                self.refuse_dead()
                 return online
             if time.monotonic() > end:
                 raise DeployError(f"{len(online)} of {n} SuperNodes online after {timeout:.0f} s")

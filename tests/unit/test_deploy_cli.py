@@ -19,6 +19,7 @@ from launch.deploy import (
     SERVER_EXEC,
     SUPERLINK,
     Component,
+    DeployError,
     LocalDeployment,
     _alive,
     _session_nice,
@@ -218,3 +219,28 @@ def test_the_staged_app_builds_the_same_fab_from_a_few_files(tmp_path: Path) -> 
     # without fab-include patterns (Flower's app template) the app directory goes as it is
     (app / "pyproject.toml").write_text('[project]\nname = "demo"\n')
     assert staged_app(app, tmp_path / "cli2") == app
+
+
+def test_up_is_not_reported_when_a_superexec_dies_as_its_node_comes_online(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every node online, then a SuperExec exits within the settle time: ``wait_online``
+    (the end of ``fedsys deploy up``) names it with its log instead of reporting up."""
+    dep = LocalDeployment(tmp_path, num_nodes=1, node_ports=[1001])
+    dep.components = dict.fromkeys(dep.names())  # type: ignore[arg-type]
+    dep.log_file(node_exec_name(0)).parent.mkdir(parents=True)
+    dep.log_file(node_exec_name(0)).write_text("flower-superexec: bad secret\n")
+    listed: list[bool] = []  # the SuperExec dies once its node is listed online
+
+    def online() -> list[dict[str, object]]:
+        listed.append(True)
+        return [{"node-id": 1, "status": "online"}]
+
+    monkeypatch.setattr(dep, "is_running", lambda name: name != node_exec_name(0) or not listed)
+    monkeypatch.setattr(dep, "nodes", online)
+    with pytest.raises(DeployError, match=f"(?s){node_exec_name(0)} exited.*bad secret"):
+        dep.wait_online(1, timeout=5, settle=0.01)
+    steady = LocalDeployment(tmp_path, num_nodes=1, node_ports=[1001])
+    steady.components = dict.fromkeys(steady.names())  # type: ignore[arg-type]
+    monkeypatch.setattr(steady, "is_running", lambda name: True)
+    monkeypatch.setattr(steady, "nodes", lambda: [{"node-id": 1, "status": "online"}])
+    assert steady.wait_online(1, timeout=5, settle=0.01) == [{"node-id": 1, "status": "online"}]
