@@ -115,7 +115,7 @@ def train(msg: Message, context: Context) -> Message:
     rnd = int(s.get(proto.SERVER_ROUND, 0))
     attack = _attack(cfg, pid, nparts, rnd)
     if attack is not None and attack.kind == "label-flip":
-        y = torch.as_tensor(attacks.flip_labels(y.numpy(), ds.num_classes))
+        y = torch.as_tensor(attacks.flip_labels(y.cpu().numpy(), ds.num_classes))
     name = str(s.get(proto.TRAINER, "sgd"))
     if name not in TRAINERS:
         raise ValueError(f"unknown trainer {name!r}; registered: {', '.join(TRAINERS)}")
