@@ -835,7 +835,8 @@ def matrix_tables(runs: Runs, page: Page, group: str, out: Path, plot: bool = Tr
     if not cols:
         return ""
     ref = runs[page.matrix[0]] if page.matrix[0] in runs else {}
-    strategies = list(dict.fromkeys(s for c in cols for s in runs[c]))
+    found = {s for c in cols for s in runs[c]}  # in the page's order, then any other
+    strategies = [s for s in page.names if s in found] + sorted(found - set(page.names))
     head = "| method | " + " | ".join(page.settings[c] for c in cols) + " |\n|---|" + \
         "---:|" * len(cols)
 
