@@ -369,10 +369,10 @@ SHARED_KEYS = frozenset({
     "dirichlet-min-size", "shards-per-client", "samples-per-client", "test-subset", "model", "model-norm",
     "device", "client-num-cpus", "client-num-gpus", "torch-threads",
     "pretrain.holdout", "pretrain.split", "pretrain.labels",
-    # a robustness experiment's attackers (fedsys.attacks): the ClientApp reads the run's
-    "attack.kind", "attack.clients", "attack.scale", "attack.noise-std", "attack.count-factor",
-    "attack.start-round",
 })
+#: Groups whose every key is shared like SHARED_KEYS: a robustness experiment's attackers
+#: (``attack.*``, fedsys.attacks), which the ClientApp reads from the run's config.
+SHARED_GROUPS = ("attack.",)
 
 
 @dataclass(frozen=True)
@@ -454,7 +454,7 @@ def parse_strategy(text: str, schema: Schema) -> list[Variant]:
                         "key=value"
                     )
                 k, v = (t.strip() for t in item.split("=", 1))
-                if k in SHARED_KEYS:
+                if k in SHARED_KEYS or k.startswith(SHARED_GROUPS):
                     raise ConfigError(
                         f"config key 'strategy': {entry!r} may not change '{k}' (every "
                         "strategy of a run shares data, model, seed, rounds and attackers)"
