@@ -375,6 +375,11 @@ SHARED_KEYS = frozenset({
 SHARED_GROUPS = ("attack.",)
 
 
+def is_shared(key: str) -> bool:
+    """Whether every strategy of a run must share ``key`` (a variant may not change it)."""
+    return key in SHARED_KEYS or key.startswith(SHARED_GROUPS)
+
+
 @dataclass(frozen=True)
 class Variant:
     """One entry of ``strategy``: a strategy name plus config overrides.
@@ -454,7 +459,7 @@ def parse_strategy(text: str, schema: Schema) -> list[Variant]:
                         "key=value"
                     )
                 k, v = (t.strip() for t in item.split("=", 1))
-                if k in SHARED_KEYS or k.startswith(SHARED_GROUPS):
+                if is_shared(k):
                     raise ConfigError(
                         f"config key 'strategy': {entry!r} may not change '{k}' (every "
                         "strategy of a run shares data, model, seed, rounds and attackers)"
@@ -588,5 +593,5 @@ def describe(schema: Schema) -> str:
 
 __all__ = ["CORE_SCHEMA", "DATASETS", "MODELS", "SHARED_KEYS", "ConfigError", "CoreOptions",
            "Option", "RunConfig", "Scalar", "Schema", "Variant", "build", "coerce", "describe",
-           "flatten", "load_yaml", "parse_overrides",
+           "flatten", "is_shared", "load_yaml", "parse_overrides",
            "parse_seeds", "parse_strategy", "to_toml", "toml_text", "verify_saved"]

@@ -7,12 +7,13 @@ boolean with a message saying how YAML read it (never a silent ``"True"``)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fedsys.config import SHARED_KEYS, ConfigError, parse_strategy
+from fedsys.config import ConfigError, is_shared, parse_strategy
 from fedsys.options import REGISTERED_STRATEGIES, SWITCH_WORDS, Option
 from launch import registry
 
@@ -53,8 +54,11 @@ def _via_yaml(tmp_path: Path, key: str, text: str) -> Any:
 
 def _via_variant(o: Option, text: str) -> Any:
     """A variant's value (a key every strategy of a run shares, such as
-    ``pretrain.*``, cannot be a variant's: read it back through ``--set``)."""
-    if o.key in SHARED_KEYS:
+    ``pretrain.*`` or ``attack.*``, cannot be a variant's: the variant is refused, naming
+    the key, and the value is read back through ``--set``)."""
+    if is_shared(o.key):
+        with pytest.raises(ConfigError, match=f"may not change '{re.escape(o.key)}'"):
+            parse_strategy(f"{_strategy_for(o)}[{o.key}={text}]", SCHEMA)
         return _via_set(o.key, text)
     (variant,) = parse_strategy(f"{_strategy_for(o)}[{o.key}={text}]", SCHEMA)
     return dict(variant.overrides)[o.key]
