@@ -19,8 +19,10 @@ the log holds no ERROR, no traceback and no refused reply.  The same client with
 ``partition-id`` added to its train metrics (``client_app_pid.py``) gives the same
 results in that sense under the strategies that key clients (FedCDA's cache, FedCross's
 slots, the chain's order): every reply used, accuracy rising.  (Not bit for bit: node
-ids are random in every simulation and the template seeds nothing.)  About 11
-simulations of 10 to 30 s each and one deployment.
+ids are random in every simulation and the template seeds nothing.)  The robust and DP
+wrappers (issue 42) over FedAvg too: the median sees every node's model each round, DP
+reports a noise level and a growing epsilon.  About 13 simulations of 10 to 30 s each and
+one deployment.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ EPOCHS_OF = {"fedelmy": 1}
 #: ended 0.23 to 0.41 above the first in 6 of 6 runs (with and without partition-id; at 0.01
 #: 0.18 to 0.35 in 3 runs and that CI run's -0.01; 2026-11-27)
 LR_OF = {"fedelmy": 0.001}
+#: the share of nodes trained each round: the template's 0.5 (2 of 4), every node for the
+#: median, whose median of 2 models would be their mean
+FRACTION_OF = {"fedavg+median": 1.0}
+WRAPPER = re.compile(r"template round \d+: .*\| (.*)")
 LINE = re.compile(r"template round (\d+): clients-ok (\d+), clients-rejected (\d+), "
                   r"eval_acc ([-\d.]+)")
 
@@ -66,7 +72,8 @@ def _simulate(strategy: str, client: str) -> None:
     from flwr.supercore.telemetry import EventType
 
     os.environ.update({k: os.environ.get(k, v) for k, v in FLWR_ENV.items()})
-    run_config = {"num-server-rounds": ROUNDS_OF.get(strategy, ROUNDS), "fraction-train": 0.5,
+    run_config = {"num-server-rounds": ROUNDS_OF.get(strategy, ROUNDS),
+                  "fraction-train": FRACTION_OF.get(strategy, 0.5),
                   "local-epochs": EPOCHS_OF.get(strategy, 3), "lr": LR_OF.get(strategy, 0.01),
                   "strategy": strategy}
     _run_simulation(
@@ -87,11 +94,19 @@ def check(log_text: str, strategy: str, nodes: int = NODES,
     rounds = [(int(r), int(ok), int(rej), float(acc)) for r, ok, rej, acc in LINE.findall(log_text)]
     steps = nodes if strategy == "fedelmy" else rounds_run  # a chain's round is a hop
     assert [r for r, *_ in rounds] == list(range(1, steps + 1)), (strategy, rounds)
-    # fraction-train 0.5, at least min_train_nodes = 2 (Flower's rule); a chain: one node
-    want = 1 if strategy == "fedelmy" else max(nodes // 2, 2)
+    # fraction-train of the nodes, at least min_train_nodes = 2 (Flower's rule); a chain: one
+    want = 1 if strategy == "fedelmy" else max(int(nodes * FRACTION_OF.get(strategy, 0.5)), 2)
     assert all(ok == want and rej == 0 for _, ok, rej, _ in rounds), (strategy, rounds)
     accs = [acc for *_, acc in rounds]
     assert accs[-1] > accs[0] and accs[-1] > 0.3, (strategy, accs)  # chance is 0.1
+    wrapped = WRAPPER.findall(log_text)
+    if strategy == "fedavg+median":  # the median saw every node's model each round
+        assert [float(m) for m in re.findall(r"robust-models ([\d.]+)", log_text)] \
+            == [float(want)] * steps, wrapped
+    if strategy == "fedavg+dp":  # noised, and the privacy spent grows round by round
+        eps = [float(e) for e in re.findall(r"dp-epsilon ([\d.e+]+)", log_text)]
+        assert len(eps) == steps and 0 < eps[0] < eps[-1], wrapped
+        assert all(float(s) > 0 for s in re.findall(r"dp-noise-std ([\d.e+-]+)", log_text))
     return rounds
 
 

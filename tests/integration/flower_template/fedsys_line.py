@@ -10,6 +10,7 @@ from typing import Any
 from flwr.common.logger import log
 
 from strategies.base import FedsysStrategy
+from strategies.dp import DP
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedcda import FedCDAStrategy
 from strategies.fedcross import FedCrossStrategy
@@ -17,15 +18,19 @@ from strategies.fedelmy import FedElmyStrategy
 from strategies.fedopt import FedAdamStrategy
 from strategies.fedprox import FedProxStrategy
 from strategies.ima import IMA
+from strategies.robust import Robust
 
 STRATEGIES = ("fedavg", "fedprox", "fedadam", "fedcda", "fedcross", "fedavg+ima", "fedcda+ima",
-              "fedelmy")
+              "fedelmy", "fedavg+median", "fedavg+dp")
 
 
 def _report(strategy: FedsysStrategy, record: dict[str, Any]) -> None:
-    log(20, "template round %d: clients-ok %d, clients-rejected %d, eval_acc %.4f",
+    wrappers = " ".join(f"{k} {v:g}" for k, v in sorted(record.items())
+                        if k.startswith(("robust-", "dp-")))
+    log(20, "template round %d: clients-ok %d, clients-rejected %d, eval_acc %.4f%s",
         int(record["round"]), int(record.get("clients-ok", 0)),
-        int(record.get("clients-rejected", 0)), float(record.get("fed-eval_acc", -1.0)))
+        int(record.get("clients-rejected", 0)), float(record.get("fed-eval_acc", -1.0)),
+        f" | {wrappers}" if wrappers else "")
 
 
 def fedsys_strategy(name: str, fraction_train: float) -> FedsysStrategy:
@@ -49,6 +54,12 @@ def fedsys_strategy(name: str, fraction_train: float) -> FedsysStrategy:
                                              warmup_fraction=0.4).wrap(
             IMA(window=2, start_fraction=0.5)),
         "fedelmy": lambda: FedElmyStrategy(order="permutation"),
+        # the robust and DP wrappers as a user composes them (issue 42): the coordinate-wise
+        # median of the round's models; server-side clipping to C = 5 with noise z = 0.01
+        "fedavg+median": lambda: FedAvgStrategy(fraction_train=fraction_train).wrap(
+            Robust(rule="median")),
+        "fedavg+dp": lambda: FedAvgStrategy(fraction_train=fraction_train).wrap(
+            DP(noise_multiplier=0.01, clipping_norm=5.0)),
     }
     strategy = build[name]()
     strategy.hooks.append(_report)
