@@ -106,7 +106,8 @@ def check(log_text: str, strategy: str, nodes: int = NODES,
     if strategy == "fedavg+dp":  # noised, and the privacy spent grows round by round
         eps = [float(e) for e in re.findall(r"dp-epsilon ([\d.e+]+)", log_text)]
         assert len(eps) == steps and 0 < eps[0] < eps[-1], wrapped
-        assert all(float(s) > 0 for s in re.findall(r"dp-noise-std ([\d.e+-]+)", log_text))
+        stds = [float(s) for s in re.findall(r"dp-noise-std ([\d.e+-]+)", log_text)]
+        assert len(stds) == steps and min(stds) > 0, wrapped
     return rounds
 
 
