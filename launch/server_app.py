@@ -54,6 +54,16 @@ def _fmt(seconds: float) -> str:
     return str(timedelta(seconds=int(seconds)))
 
 
+def etas(elapsed: float, done: int, left: int, after: int) -> tuple[float, float]:
+    """Seconds left for this strategy and for the whole run, at this strategy's pace.
+
+    ``elapsed`` seconds went into ``done`` rounds of this process; ``left`` rounds of
+    this strategy and ``after`` rounds of the run's later strategies remain.
+    """
+    pace = elapsed / max(done, 1)
+    return pace * left, pace * (left + after)
+
+
 def make_evaluate_fn(cfg: RunConfig) -> Any:
     """Central evaluation of a global model on the server's test split."""
     ds = dataset(cfg)
@@ -123,10 +133,13 @@ def make_estimator_fn(cfg: RunConfig) -> Any:
 class RoundRecorder:
     """Hook: metrics files, a progress line, and atomic checkpoints each round."""
 
-    def __init__(self, cfg: RunConfig, out: Path, name: str, position: str = "") -> None:
+    def __init__(self, cfg: RunConfig, out: Path, name: str, position: str = "",
+                 rounds_after: int = 0) -> None:
         self.cfg, self.out, self.name = cfg, out, name
         #: ``"2/8"``: which of the run's strategies this is, shown in the progress line
         self.tag = f"{name} {position}" if position else name
+        #: rounds of the run's later strategies (the progress line's whole-run ETA)
+        self.rounds_after = rounds_after
         self.t0 = time.monotonic()
         self.done_at_start = 0
 
@@ -137,13 +150,14 @@ class RoundRecorder:
         if rnd > 0:
             self.save_models(strategy, rnd)
             elapsed = time.monotonic() - self.t0
-            done = rnd - self.done_at_start
-            eta = elapsed / max(done, 1) * (total - rnd)
+            eta, eta_run = etas(elapsed, rnd - self.done_at_start, total - rnd,
+                                self.rounds_after)
+            run_eta = f" (run {_fmt(eta_run)})" if self.rounds_after else ""
             log(INFO, "[%s] %s | acc %.4f | loss %.4f | clients %d ok, %d rejected"
-                " | elapsed %s | ETA %s", self.tag, strategy.progress(record),
+                " | elapsed %s | ETA %s%s", self.tag, strategy.progress(record),
                 record.get("accuracy", float("nan")),
                 record.get("loss", float("nan")), int(record.get("clients-ok", 0)),
-                int(record.get("clients-rejected", 0)), _fmt(elapsed), _fmt(eta))
+                int(record.get("clients-rejected", 0)), _fmt(elapsed), _fmt(eta), run_eta)
             if (strategy.checkpoint_each_round or rnd % self.cfg.checkpoint_every == 0
                     or rnd in (total, self.cfg.keep_checkpoint)):
                 self.save(strategy)
@@ -178,13 +192,14 @@ class RoundRecorder:
 
 
 def run_strategy(grid: Grid, cfg: RunConfig, name: str, position: str = "",
-                 known: Known | None = None) -> list[dict[str, Any]]:
+                 known: Known | None = None, rounds_after: int = 0) -> list[dict[str, Any]]:
     """Run (or resume) one strategy; return its per-round records.
 
     ``cfg`` holds exactly one strategy (see :meth:`RunConfig.variants`); ``name`` is
     its label and names the results directory; ``position`` (``"2/8"``) says which of
     the run's strategies it is in the progress lines; ``known`` holds the nodes'
-    query answers across the run's strategies (:meth:`strategies.nodes.NodeDirectory.share`).
+    query answers across the run's strategies (:meth:`strategies.nodes.NodeDirectory.share`);
+    ``rounds_after`` counts the later strategies' rounds (the whole-run ETA).
     """
     out = cfg.run_dir / name
     out.mkdir(parents=True, exist_ok=True)
@@ -193,7 +208,7 @@ def run_strategy(grid: Grid, cfg: RunConfig, name: str, position: str = "",
         strategy.nodes.share(known)
     strategy.workdir = out
     strategy.run_label = name
-    recorder = RoundRecorder(cfg, out, name, position)
+    recorder = RoundRecorder(cfg, out, name, position, rounds_after)
     point = lifecycle.enter(cfg, out, strategy, name)
     if point.note:
         log(WARNING, "[%s] %s", name, point.note)
@@ -246,9 +261,9 @@ def run_experiment(grid: Grid, cfg: RunConfig, log_table: bool = True
     known = Known()  # one QUERY per node for all the strategies (deployment: fewer processes)
     for i, (name, vcfg) in enumerate(variants, 1):
         try:
-            results[name] = run_strategy(grid, vcfg, name,
-                                         f"{i}/{len(variants)}" if len(variants) > 1 else "",
-                                         known)
+            results[name] = run_strategy(
+                grid, vcfg, name, f"{i}/{len(variants)}" if len(variants) > 1 else "", known,
+                sum(v.num_server_rounds for _, v in variants[i:]))
         except NoUsableUpdateError:
             raise
         except Exception as exc:

@@ -50,6 +50,12 @@ def test_three_nodes_two_rounds_two_strategies(tmp_path, caplog):
     logged = [r.getMessage() for r in caplog.records]
     assert not [m for m in logged if m.startswith("| strategy |")]
     assert any("finished: results in" in m for m in logged)
+    # the progress line's ETA covers the later strategies' rounds too, until the last one
+    progress = [m for m in logged if "| ETA " in m]
+    assert [m.split("]")[0] for m in progress] == [
+        f"[{n} {i}/4" for i, n in enumerate(("fedavg", "fedprox", "dp-client", "krum"), 1)
+        for _ in (1, 2)]
+    assert all("(run " in m for m in progress[:6]) and not any("(run " in m for m in progress[6:])
     run = tmp_path / "e2e"
     for f in ("config.yaml", "metrics.jsonl", "metrics.csv", "accuracy.png", "results.md"):
         assert (run / f).stat().st_size > 0, f
