@@ -125,9 +125,9 @@ REGIMES = {"m1e-4-e1": ("momentum=0.0001", "local-epochs=1"),
            "m0.9-e2": ("momentum=0.9", "local-epochs=2", "fedcda.warmup=20")}
 #: the FedCDA paper's local work per round (issue 45): 20 epochs at lr 1e-3 for 30 rounds,
 #: the warm-up a quarter of them (the paper's 50 of 200)
-#: (a round of 20 local epochs is about 2.5 minutes on 2 idle cores and took 7.5 beside a CI
-#: run, its second pair of clients waiting for the first: the default 600 s round-timeout
-#: refused two replies a round then, 2026-11-28)
+#: (a round of 20 local epochs took 2.5-3.5 minutes on 2 idle cores, the machine's speed
+#: varying by day, and 7.5 beside a CI run, its second pair of clients waiting for the first:
+#: the default 600 s round-timeout refused two replies a round then)
 FEDCDA_WORK = ("local-epochs=20", "lr=0.001", "num-server-rounds=30", "fedcda.warmup=7",
                "round-timeout=3600")
 IMA_SPLITS = {"shards2": ("partition=shards", "shards-per-client=2"),
