@@ -25,7 +25,9 @@ Usage::
 TARGET is a batch (``regime``, ``horizon``, ``headlines``, ``setups``, ``fedelmy``, ``lss``,
 ``lss-regime``, ``singles``, ``robustness``; default: ``regime horizon headlines``), a group
 (``fedcda-seeds``) or one setting (``fedcda-seeds/dir0.1``).  ``--list`` prints every
-experiment, ``--dry-run`` the commands a target would run.  ``FEDSYS`` (default
+experiment and how far each seed is (``archived``; ``running`` or, with no driver on it,
+``partial``, with each strategy's rounds; ``to run``), ``--dry-run`` the commands a target
+would run.  ``FEDSYS`` (default
 ``.venv/bin/fedsys``) and ``PY`` (default ``.venv/bin/python``) name the programs.  Run it at
 ``nice -n 10`` beside other work (not 19: a round then gets about 1 % of a busy CPU and can
 pass the 600 s round-timeout); beside the test suite, at 0.
@@ -240,6 +242,40 @@ def strategies_of(exp: Experiment) -> int:
     return sum(len(registry.load(Path(r.preset), [*r.sets]).variants()) for r in exp.runs)
 
 
+def state(exp: Experiment, seed: int | None) -> str:
+    """What ``--list`` says of one seed of ``exp``: ``archived``; ``running`` when a driver
+    holds its lock, ``partial`` when it does not (the next driver resumes it), each with the
+    rounds every strategy has recorded (``fedavg 30/30, fedcda 13/30``); ``to run``."""
+    sys.path.insert(0, str(ROOT))
+    import json
+
+    from launch import registry
+
+    stem = Path("runs") / exp.group / (exp.setting if seed is None else f"{exp.setting}/seed-{seed}")
+    if archived(exp, seed) >= strategies_of(exp):
+        return "archived"
+    done, started = [], False
+    for run in exp.runs:
+        sets = [a for a in exp.command(run, seed)[3::2] if "=" in a]
+        cfg = registry.load(Path(run.preset), sets)
+        for label, variant in cfg.variants():
+            rows = cfg.run_dir / ("" if seed is None else f"seed-{seed}") / label / "metrics.jsonl"
+            lines = rows.read_text().splitlines() if rows.exists() else []
+            last = json.loads(lines[-1])["round"] if lines else 0
+            started |= last > 0
+            done.append(f"{label} {last}/{variant.num_server_rounds}")
+    held = False
+    if (lock := stem.with_suffix(".lock")).exists():
+        with lock.open() as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held = True
+    if not (held or started):
+        return "to run"
+    return f"{'running' if held else 'partial'} ({', '.join(done)})"
+
+
 def archived(exp: Experiment, seed: int | None) -> int:
     """How many of ``exp``'s strategy records of ``seed`` are in ``docs/results/data/``."""
     if seed is None:
@@ -369,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("targets", nargs="*", default=["regime", "horizon", "headlines"])
     ap.add_argument("--seeds", help="only these seeds (e.g. 0,1)")
-    ap.add_argument("--list", action="store_true", help="print every experiment and stop")
+    ap.add_argument("--list", action="store_true",
+                    help="print every experiment, its seeds and how far each is, and stop")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = ap.parse_args(argv)
     os.chdir(ROOT)
@@ -377,7 +414,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for e in table:
             seeds = "one run" if e.seeds is None else "seeds " + ",".join(map(str, e.seeds))
-            print(f"{e.key:40} {e.batch:11} {seeds}")
+            states = [(s, state(e, s)) for s in (e.seeds or (None,))]
+            if len({st for _, st in states}) == 1:
+                now = states[0][1]
+            else:
+                now = "; ".join(f"{s}: {st}" for s, st in states)
+            print(f"{e.key:40} {e.batch:11} {seeds:14} {now}", flush=True)
         return 0
     only = {int(s) for s in args.seeds.split(",")} if args.seeds else None
     driver = Driver(shlex.split(os.environ.get("FEDSYS", ".venv/bin/fedsys")),

@@ -144,3 +144,57 @@ def test_a_wrong_target_is_refused_naming_the_known_ones(
     reproduce, _ = scripts
     with pytest.raises(SystemExit, match=r"unknown target 'fedcda-seed'.*headlines"):
         reproduce.main(["fedcda-seed", "--dry-run"])
+
+
+def test_list_says_how_far_each_seed_is(scripts: tuple[ModuleType, ModuleType], tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--list``'s state of a seed: archived (its records in docs/results/data), to run
+    (nothing recorded), partial (rounds recorded, no driver on it: the next one resumes it),
+    running (a driver holds its lock), with each strategy's rounds."""
+    reproduce, _ = scripts
+    (tmp_path / "configs").mkdir()
+    shutil.copy2(ROOT / "configs" / "fedelmy-domain.yaml", tmp_path / "configs")
+    data = tmp_path / "docs" / "results" / "data"
+    data.mkdir(parents=True)
+    for f in (ROOT / "docs" / "results" / "data").glob("fedelmy-domain-s0-*.jsonl"):
+        shutil.copy2(f, data)
+    monkeypatch.chdir(tmp_path)
+    exp = next(e for e in reproduce.experiments() if e.key == "fedelmy/domain")
+    sys.path.insert(0, str(ROOT))
+    from launch import registry
+
+    variants = registry.load(Path(exp.runs[0].preset), list(exp.runs[0].sets)).variants()
+    assert len(variants) == 4
+    label, cfg = variants[1]
+    rounds = cfg.num_server_rounds
+    seed1 = tmp_path / "runs" / "fedelmy" / "domain" / "seed-1"
+    (seed1 / label).mkdir(parents=True)
+    (seed1 / label / "metrics.jsonl").write_text(
+        "".join(f'{{"round": {r}, "accuracy": 0.5}}\n' for r in range(4)))
+    expect = ", ".join(f"{lab} {3 if lab == label else 0}/{v.num_server_rounds}"
+                       for lab, v in variants)
+    assert f"{label} 3/{rounds}" in expect
+    assert reproduce.state(exp, 0) == "archived"
+    assert reproduce.state(exp, 2) == "to run"
+    assert reproduce.state(exp, 1) == f"partial ({expect})"
+    with reproduce.locked(seed1.with_suffix(".lock"), wait=False) as held:
+        assert held
+        assert reproduce.state(exp, 1) == f"running ({expect})"
+        assert reproduce.state(exp, 2) == "to run"
+    assert reproduce.state(exp, 1) == f"partial ({expect})"
+
+
+def test_list_prints_every_experiment_with_its_state(
+        scripts: tuple[ModuleType, ModuleType], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    reproduce, _ = scripts
+    monkeypatch.chdir(ROOT)  # main() moves there; restored afterwards
+    assert reproduce.main(["--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = reproduce.experiments()
+    assert [ln.split()[0] for ln in lines] == [e.key for e in table]
+    state = re.compile(r"(archived|to run|(running|partial) \(.*\))")
+    for ln in lines:
+        now = ln.split(None, 4)[4]  # after the key, batch and "seeds 0,1,2" / "one run"
+        assert all(state.fullmatch(p.split(": ", 1)[-1]) for p in now.split("; ")), ln
+    assert sum(ln.endswith(" archived") for ln in lines) >= 50  # every page's records
