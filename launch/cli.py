@@ -241,13 +241,45 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def versions() -> str:
+    """``fedsys X (Flower Y, torch Z, Python W)``: the versions a bug report needs (torch's
+    with its build, ``+cpu`` or ``+cu130``)."""
+    from importlib import metadata
+
+    import torch
+
+    from fedsys import __version__
+
+    try:
+        flower = metadata.version("flwr")
+    except metadata.PackageNotFoundError:
+        flower = "not installed"
+    py = ".".join(map(str, sys.version_info[:3]))
+    return f"fedsys {__version__} (Flower {flower}, torch {torch.__version__}, Python {py})"
+
+
+class _Version(argparse.Action):
+    """``--version``: :func:`versions`, computed only when asked (it imports torch)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(versions())
+        parser.exit()
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser of every command."""
     p = argparse.ArgumentParser(
         prog="fedsys",
-        description="Federated learning experiments on Flower 1.41: simulate, compare, resume.",
+        description="Federated learning experiments on Flower (1.41-1.42): simulate, compare, "
+        "resume, deploy.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--version", action=_Version,
+                   help="print fedsys's, Flower's and torch's versions and exit")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     def with_config(sp: argparse.ArgumentParser) -> None:

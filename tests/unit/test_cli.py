@@ -18,6 +18,23 @@ def test_help_lists_the_commands(capsys):
         assert cmd in out
 
 
+def test_version_names_fedsys_flower_and_torch(capsys):
+    from importlib import metadata
+
+    import flwr
+    import torch
+
+    import fedsys
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith(f"fedsys {fedsys.__version__} (")
+    assert f"Flower {flwr.__version__}" in out and f"torch {torch.__version__}" in out
+    assert metadata.version("fedsys") == fedsys.__version__  # pyproject's and the package's
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
