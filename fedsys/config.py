@@ -42,6 +42,11 @@ from fedsys.options import (
     suggest,
 )
 
+#: a seed is a 32-bit unsigned integer, the range numpy's and most tools' seeds take (a
+#: negative one would fail deep in numpy, one past 2**63 in Flower's config records)
+MAX_SEED = 2**32 - 1
+SEED_BOUNDS = f"[0, {MAX_SEED}]"
+
 DATASETS = ("fashion-mnist", "cifar10", "cifar100", "synthetic")
 MODELS = ("fmnist-cnn", "cifar-cnn", "resnet18", "mlp")
 
@@ -67,7 +72,7 @@ class CoreOptions:
     strategy: str = option(
         'fedavg,fedprox', 'Strategy, or a comma-separated list run one after another on identical partitions and seeds.')
     seed: int = option(
-        0, 'The one seed: partitions, sampling, init and training.')
+        0, 'The one seed: partitions, sampling, init and training.', bounds=SEED_BOUNDS)
     seeds: str = option(
         '', 'Seeds to run everything with, comma-separated (YAML list or 0,1,2): one run per '
         'seed under <output-dir>/<name>/seed-<k>/, each with its own partition, sampling, '
@@ -355,8 +360,9 @@ def parse_seeds(text: str) -> list[int]:
         out = [int(t) for t in items]
     except ValueError:
         raise ConfigError(f"config key 'seeds' got {text!r}; give integers, e.g. 0,1,2") from None
-    if any(k < 0 for k in out) or len(set(out)) != len(out):
-        raise ConfigError(f"config key 'seeds' got {text!r}; give distinct integers >= 0")
+    if any(not 0 <= k <= MAX_SEED for k in out) or len(set(out)) != len(out):
+        raise ConfigError(f"config key 'seeds' got {text!r}; give distinct integers "
+                          f"in {SEED_BOUNDS}")
     return out
 
 

@@ -49,6 +49,9 @@ def test_version_names_fedsys_flower_and_torch(capsys):
           "--set", "strategy=fedavg,fedcda[fedcda.selection=optimal]"], "lower 'num-clients'"),
         (["run", "--set", "strategy=fedcda[seed=4]"], "may not change 'seed'"),
         (["run", "--set", "strategy=fedcda[fedcda.memory=0]"], "'fedcda.memory' must be > 0"),
+        (["run", "--set", "seed=-1"], "config key 'seed' must be in [0, 4294967295], got -1"),
+        (["run", "--set", "seed=4294967296"], "'seed' must be in [0, 4294967295]"),
+        (["run", "--set", "seeds=0,-1"], "give distinct integers in [0, 4294967295]"),
     ],
 )
 def test_bad_input_gives_one_clear_line_and_exit_code_2(args, needle, capsys):
