@@ -60,7 +60,7 @@ class CoreOptions:
     """
 
     name: str = option(
-        'default', 'Run name; results go to <output-dir>/<name>/.')
+        'default', 'Run name, one directory name (no /); results go to <output-dir>/<name>/.')
     about: str = option(
         '', "What the run is for: written under the title of its results.md (never changes "
         "the numbers).")
@@ -350,7 +350,17 @@ def coerce(key: str, value: Any, schema: Schema) -> Scalar:
         return ",".join(v.spec for v in parse_strategy(str(out), schema))
     if key == "seeds":
         return ",".join(str(k) for k in parse_seeds(str(out)))
+    if key == "name":
+        check_name(str(out))
     return out
+
+
+def check_name(name: str) -> None:
+    """Refuse a run ``name`` that is not one directory name: empty, ``.``, ``..`` or with a
+    path separator would put the run outside ``<output-dir>/`` (``output-dir`` says where)."""
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        raise ConfigError(f"config key 'name' must be one directory name (no '/', not '.' or "
+                          f"'..'), got {name!r}; set output-dir for where runs go")
 
 
 def parse_seeds(text: str) -> list[int]:

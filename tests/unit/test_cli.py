@@ -52,6 +52,8 @@ def test_version_names_fedsys_flower_and_torch(capsys):
         (["run", "--set", "seed=-1"], "config key 'seed' must be in [0, 4294967295], got -1"),
         (["run", "--set", "seed=4294967296"], "'seed' must be in [0, 4294967295]"),
         (["run", "--set", "seeds=0,-1"], "give distinct integers in [0, 4294967295]"),
+        (["run", "--set", "name=../../tmp/x"], "'name' must be one directory name"),
+        (["run", "--set", "name=.."], "'name' must be one directory name"),
     ],
 )
 def test_bad_input_gives_one_clear_line_and_exit_code_2(args, needle, capsys):
