@@ -346,6 +346,22 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises :class:`KeyboardInterrupt` (the same stop)."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def stopped(terminated: bool) -> int:
+    """Say how a stopped run continues; the exit status of Ctrl-C (130) or SIGTERM (143)."""
+    stop = "terminated (SIGTERM)" if terminated else "interrupted"
+    print(f"{stop}; 'fedsys resume <run dir>' continues from the last checkpoint",
+          file=sys.stderr)
+    return 143 if terminated else 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``fedsys`` command; errors in the input exit 2 with one line.
 
@@ -361,6 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # pytest-xdist worker, and Python then never raises KeyboardInterrupt
         # (tests/integration/test_interrupt.py)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        # 'kill', 'timeout', 'docker stop' and batch schedulers send SIGTERM: the same stop
+        signal.signal(signal.SIGTERM, _terminated)
     args = parser().parse_args(argv)
     from fedsys.data import DataError
     from fedsys.metrics import MetricsFileError
@@ -371,10 +389,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (cfgmod.ConfigError, DataError, PartitionError, MetricsFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         rc = 2
-    except KeyboardInterrupt:
-        print("interrupted; 'fedsys resume <run dir>' continues from the last checkpoint",
-              file=sys.stderr)
-        rc = 130
+    except KeyboardInterrupt as exc:
+        rc = stopped(isinstance(exc, Terminated))
+    except SystemExit as exc:
+        # Ray's own SIGTERM handler, set by ray.init in the simulation, ends the process with
+        # sys.exit(SIGTERM) instead of :func:`_terminated`
+        if exc.code != signal.SIGTERM:
+            raise
+        rc = stopped(True)
     if argv is None and rc != 0:
         exit_now_if_threads_linger(rc)
     return rc

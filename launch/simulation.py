@@ -42,6 +42,11 @@ FLWR_ENV = {
     # model of 0.2 to 2.3 MB went to a ClientApp actor and back in 10 to 28 ms that way, 5
     # to 24 ms inline (benchmarks/client_overhead.py, 2026-11-27).  Inline up to 4 MiB.
     "RAY_max_direct_call_object_size": str(4 << 20),
+    # Ray's C++ failure handler takes SIGTERM from the driver: 'kill', 'timeout', 'docker
+    # stop' and a batch scheduler's time limit printed a stack dump and ended the run
+    # without a word on how to continue.  Without it, fedsys's own handler
+    # (launch.cli.main) stops the run as Ctrl-C does, its checkpoint whole.
+    "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1",
 }
 
 

@@ -35,14 +35,20 @@ def _round(ckpt: Path) -> int:
         return 0  # mid-write
 
 
-def _interrupt_at(proc: subprocess.Popen[bytes], ckpt: Path, rnd: int) -> tuple[int, str]:
-    """SIGINT to the command's process group (as Ctrl-C sends it) once ``ckpt`` holds round ``rnd``; its
-    exit status and output (a command still running 120 s later fails the test)."""
+def _interrupt_at(proc: subprocess.Popen[bytes], ckpt: Path, rnd: int,
+                  sig: int = signal.SIGINT) -> tuple[int, str]:
+    """SIGINT to the command's process group (as Ctrl-C sends it) once ``ckpt`` holds round
+    ``rnd``, or SIGTERM to the command alone (as ``kill PID``, ``timeout`` and ``docker stop``
+    send it); its exit status and output (a command still running 120 s later fails the
+    test)."""
     end = time.monotonic() + 400
     while _round(ckpt) < rnd and proc.poll() is None and time.monotonic() < end:
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it could be interrupted"
-    os.killpg(proc.pid, signal.SIGINT)  # its own session: the group is the command's
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)  # its own session: the group is the command's
+    else:
+        os.kill(proc.pid, sig)
     try:
         out, err = proc.communicate(timeout=120)
     finally:
@@ -60,6 +66,23 @@ def test_ctrl_c_stops_resume_and_resume_finishes_the_run(tmp_path, fedsys_cli):
     assert "interrupted; 'fedsys resume <run dir>' continues" in out
     held = _round(ckpt)
     assert 3 <= held < 500
+    fedsys_cli.finish(fedsys_cli.start("resume", str(tmp_path / "run"),
+                                       "--set", f"num-server-rounds={held + 1}"))
+    assert _round(ckpt) == held + 1 and (tmp_path / "run" / "fedavg" / "model.pt").exists()
+
+
+def test_sigterm_stops_run_and_resume_finishes_it(tmp_path, fedsys_cli):
+    """SIGTERM to the command alone (Ray's workers do not get it): exit 143 saying how to
+    continue, no stack dump from Ray's failure handler, a whole checkpoint, and ``fedsys
+    resume`` finishes the run."""
+    ckpt = tmp_path / "run" / "fedavg" / "checkpoint.pt"
+    proc = fedsys_cli.start("run", *_sets(tmp_path, **{"num-server-rounds": 500}))
+    rc, out = _interrupt_at(proc, ckpt, 2, signal.SIGTERM)
+    assert rc == 143, out[-3000:]
+    assert "terminated (SIGTERM); 'fedsys resume <run dir>' continues" in out
+    assert "SIGTERM received" not in out and "logging.cc" not in out, out[-3000:]
+    held = _round(ckpt)
+    assert 2 <= held < 500
     fedsys_cli.finish(fedsys_cli.start("resume", str(tmp_path / "run"),
                                        "--set", f"num-server-rounds={held + 1}"))
     assert _round(ckpt) == held + 1 and (tmp_path / "run" / "fedavg" / "model.pt").exists()
