@@ -492,15 +492,41 @@ def parse_strategy(text: str, schema: Schema) -> list[Variant]:
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Flatten nested mappings into dotted keys (``{a: {b: 1}}`` -> ``{'a.b': 1}``)."""
+    """Flatten nested mappings into dotted keys (``{a: {b: 1}}`` -> ``{'a.b': 1}``); a key
+    given both ways (``fedcda: {warmup: 3}`` and ``fedcda.warmup: 4``) is refused."""
     out: dict[str, Any] = {}
     for k, v in tree.items():
         key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
+        for sub, value in (flatten(v, key + ".") if isinstance(v, Mapping) else {key: v}).items():
+            if sub in out:
+                raise ConfigError(f"config key '{sub}' is given twice ({out[sub]!r} and "
+                                  f"{value!r}); keep one")
+            out[sub] = value
     return out
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the
+    last one without a word: a second ``fedcda:`` block would drop the first)."""
+
+
+def _unique_mapping(loader: _UniqueKeys, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        line = key_node.start_mark.line + 1
+        try:
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (lines {seen[key]} and {line}); "
+                    "keep one", key_node.start_mark)
+            seen[key] = line
+        except TypeError:  # an unhashable key: construct_mapping says what is wrong
+            break
+    return loader.construct_mapping(node)
+
+
+_UniqueKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
 
 def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
@@ -542,7 +568,7 @@ def verify_saved(path: Path) -> None:
 def load_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML experiment file into flat dotted keys."""
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = yaml.load(Path(path).read_text(), Loader=_UniqueKeys) or {}
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:  # a directory, no permission, not text

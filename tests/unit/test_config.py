@@ -409,6 +409,26 @@ def test_load_yaml_invalid_yaml(tmp_path):
         core.load_yaml(path)
 
 
+@pytest.mark.parametrize(("text", "needle"), [
+    ("lr: 0.1\nseed: 1\nlr: 0.01\n", "key 'lr' is given twice (lines 1 and 3)"),
+    ("fedcda:\n  warmup: 3\nfedcda:\n  memory: 2\n", "key 'fedcda' is given twice (lines 1 and 3)"),
+    ("fedcda: {warmup: 3, warmup: 4}\n", "key 'warmup' is given twice"),
+    ("fedcda:\n  warmup: 3\nfedcda.warmup: 4\n", "config key 'fedcda.warmup' is given twice (3 and 4)"),
+])
+def test_load_yaml_refuses_a_key_given_twice(tmp_path, text, needle):
+    """PyYAML keeps the last of two equal keys without a word (a second ``fedcda:`` block
+    would drop the first's warmup): refused, naming the key and its lines."""
+    path = _write(tmp_path / "dup.yaml", text)
+    with pytest.raises(ConfigError) as exc:
+        core.load_yaml(path)
+    assert needle in str(exc.value)
+
+
+def test_load_yaml_keeps_nested_and_dotted_keys_that_differ(tmp_path):
+    path = _write(tmp_path / "ok.yaml", "lr: 0.1\nfedcda:\n  warmup: 3\nfedcda.memory: 2\n")
+    assert core.load_yaml(path) == {"lr": 0.1, "fedcda.warmup": 3, "fedcda.memory": 2}
+
+
 def test_load_yaml_non_mapping(tmp_path):
     path = _write(tmp_path / "list.yaml", "- a\n- b\n")
     with pytest.raises(ConfigError, match="mapping"):
