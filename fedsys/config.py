@@ -480,6 +480,8 @@ def parse_strategy(text: str, schema: Schema) -> list[Variant]:
                         f"config key 'strategy': {entry!r} may not change '{k}' (every "
                         "strategy of a run shares data, model, seed, rounds and attackers)"
                     )
+                if any(k == done for done, _ in overrides):
+                    raise ConfigError(f"config key 'strategy': {entry!r} sets '{k}' twice")
                 overrides.append((k, coerce(k, yaml.safe_load(v) if v else "", schema)))
         variants.append(Variant(name, tuple(overrides), alias))
     if not variants:

@@ -54,6 +54,8 @@ def test_version_names_fedsys_flower_and_torch(capsys):
         (["run", "--set", "seeds=0,-1"], "give distinct integers in [0, 4294967295]"),
         (["run", "--set", "name=../../tmp/x"], "'name' must be one directory name"),
         (["run", "--set", "name=.."], "'name' must be one directory name"),
+        (["run", "--set", "strategy=fedcda[fedcda.warmup=3;fedcda.warmup=4]"],
+         "sets 'fedcda.warmup' twice"),
     ],
 )
 def test_bad_input_gives_one_clear_line_and_exit_code_2(args, needle, capsys):
