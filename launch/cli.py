@@ -163,11 +163,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from launch.results import load_seeded, seeds_table
 
     seeded: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    missing, empty = [], []
     for d in args.run_dirs:
         p = Path(d)
-        seeded.update(load_seeded(p, prefix=f"{p.name}/" if len(args.run_dirs) > 1 else ""))
-    if not seeded:
-        raise cfgmod.ConfigError("no metrics found in the given run directories")
+        if not p.is_dir():
+            missing.append(d)
+            continue
+        found = load_seeded(p, prefix=f"{p.name}/" if len(args.run_dirs) > 1 else "")
+        if not found:
+            empty.append(d)
+        seeded.update(found)
+    problems = []  # a mistyped directory is not left out of the table without a word
+    if missing:
+        problems.append(f"no such run directory: {', '.join(missing)}")
+    if empty:
+        problems.append(f"no metrics (<strategy>/metrics.jsonl) in: {', '.join(empty)}")
+    if problems:
+        raise cfgmod.ConfigError("; ".join(problems))
     out = Path(args.out)
     if all(len(per_seed) == 1 for per_seed in seeded.values()):
         runs = {name: next(iter(per_seed.values())) for name, per_seed in seeded.items()}

@@ -129,6 +129,21 @@ def test_compare_reads_run_dirs(tmp_path, capsys):
     assert out_png.exists()
 
 
+def test_compare_names_a_missing_or_empty_run_dir_instead_of_leaving_it_out(tmp_path, capsys):
+    good = tmp_path / "a" / "fedavg"
+    good.mkdir(parents=True)
+    (good / "metrics.jsonl").write_text(json.dumps({"round": 1, "accuracy": 0.5}) + "\n")
+    (tmp_path / "empty").mkdir()
+    args = ["compare", str(tmp_path / "a"), str(tmp_path / "typo"), str(tmp_path / "empty"),
+            "--out", str(tmp_path / "c.png")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert f"no such run directory: {tmp_path / 'typo'}" in err
+    assert f"no metrics (<strategy>/metrics.jsonl) in: {tmp_path / 'empty'}" in err
+    assert str(tmp_path / "a") + "," not in err and not (tmp_path / "c.png").exists()
+
+
 def test_asking_for_a_gpu_without_cuda_is_a_config_error(capsys, monkeypatch):
     import torch
 
