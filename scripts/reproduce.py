@@ -247,8 +247,6 @@ def state(exp: Experiment, seed: int | None) -> str:
     holds its lock, ``partial`` when it does not (the next driver resumes it), each with the
     rounds every strategy has recorded (``fedavg 30/30, fedcda 13/30``); ``to run``."""
     sys.path.insert(0, str(ROOT))
-    import json
-
     from launch import registry
 
     stem = Path("runs") / exp.group / (exp.setting if seed is None else f"{exp.setting}/seed-{seed}")
@@ -260,8 +258,7 @@ def state(exp: Experiment, seed: int | None) -> str:
         cfg = registry.load(Path(run.preset), sets)
         for label, variant in cfg.variants():
             rows = cfg.run_dir / ("" if seed is None else f"seed-{seed}") / label / "metrics.jsonl"
-            lines = rows.read_text().splitlines() if rows.exists() else []
-            last = json.loads(lines[-1])["round"] if lines else 0
+            last = last_round(rows)
             started |= last > 0
             done.append(f"{label} {last}/{variant.num_server_rounds}")
     held = False
@@ -274,6 +271,17 @@ def state(exp: Experiment, seed: int | None) -> str:
     if not (held or started):
         return "to run"
     return f"{'running' if held else 'partial'} ({', '.join(done)})"
+
+
+def last_round(rows: Path) -> int:
+    """The last round a ``metrics.jsonl`` records (0: none yet; a line being written when
+    read is passed over)."""
+    import json
+
+    for line in reversed(rows.read_text().splitlines() if rows.exists() else []):
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            return int(json.loads(line)["round"])
+    return 0
 
 
 def archived(exp: Experiment, seed: int | None) -> int:

@@ -169,8 +169,8 @@ def test_list_says_how_far_each_seed_is(scripts: tuple[ModuleType, ModuleType], 
     rounds = cfg.num_server_rounds
     seed1 = tmp_path / "runs" / "fedelmy" / "domain" / "seed-1"
     (seed1 / label).mkdir(parents=True)
-    (seed1 / label / "metrics.jsonl").write_text(
-        "".join(f'{{"round": {r}, "accuracy": 0.5}}\n' for r in range(4)))
+    (seed1 / label / "metrics.jsonl").write_text(  # the last line still being written
+        "".join(f'{{"round": {r}, "accuracy": 0.5}}\n' for r in range(4)) + '{"round": 4, "acc')
     expect = ", ".join(f"{lab} {3 if lab == label else 0}/{v.num_server_rounds}"
                        for lab, v in variants)
     assert f"{label} 3/{rounds}" in expect
