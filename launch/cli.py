@@ -366,11 +366,18 @@ def _terminated(signum: int, frame: object) -> None:
     raise Terminated
 
 
-def stopped(terminated: bool) -> int:
-    """Say how a stopped run continues; the exit status of Ctrl-C (130) or SIGTERM (143)."""
+def stopped(terminated: bool, cmd: str) -> int:
+    """Say what a stop of command ``cmd`` leaves and how to go on; the exit status of
+    Ctrl-C (130) or SIGTERM (143)."""
     stop = "terminated (SIGTERM)" if terminated else "interrupted"
-    print(f"{stop}; 'fedsys resume <run dir>' continues from the last checkpoint",
-          file=sys.stderr)
+    if cmd == "deploy":  # 'flwr run' only streams a run the SuperLink holds
+        then = ("a run already submitted goes on in the deployment ('fedsys deploy status' "
+                "lists it, 'fedsys deploy down' stops the deployment)")
+    elif cmd in ("run", "resume"):
+        then = "'fedsys resume <run dir>' continues from the last checkpoint"
+    else:
+        then = f"'fedsys {cmd}' stopped"
+    print(f"{stop}; {then}", file=sys.stderr)
     return 143 if terminated else 130
 
 
@@ -402,13 +409,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         rc = 2
     except KeyboardInterrupt as exc:
-        rc = stopped(isinstance(exc, Terminated))
+        rc = stopped(isinstance(exc, Terminated), args.cmd)
     except SystemExit as exc:
         # Ray's own SIGTERM handler, set by ray.init in the simulation, ends the process with
         # sys.exit(SIGTERM) instead of :func:`_terminated`
         if exc.code != signal.SIGTERM:
             raise
-        rc = stopped(True)
+        rc = stopped(True, args.cmd)
     if argv is None and rc != 0:
         exit_now_if_threads_linger(rc)
     return rc

@@ -304,3 +304,18 @@ def test_the_simulations_app_config_reads_back_as_the_run_config_in_flower(tmp_p
     app = get_project_config(tmp_path)["tool"]["flwr"]["app"]
     assert app["components"] == {"serverapp": "launch.server_app:app",
                                  "clientapp": "launch.client_app:app"}
+
+
+@pytest.mark.parametrize(("terminated", "cmd", "rc", "needle"), [
+    (False, "run", 130, "interrupted; 'fedsys resume <run dir>' continues"),
+    (True, "resume", 143, "terminated (SIGTERM); 'fedsys resume <run dir>' continues"),
+    (True, "deploy", 143, "a run already submitted goes on in the deployment"),
+    (False, "pretrain", 130, "interrupted; 'fedsys pretrain' stopped"),
+])
+def test_a_stop_says_what_it_leaves_per_command(terminated, cmd, rc, needle, capsys):
+    from launch.cli import stopped
+
+    assert stopped(terminated, cmd) == rc
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+    assert ("fedsys resume" in err) == (cmd in ("run", "resume"))
