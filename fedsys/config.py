@@ -364,7 +364,8 @@ def check_name(name: str) -> None:
 
 
 def parse_seeds(text: str) -> list[int]:
-    """``"0, 1,2"`` -> ``[0, 1, 2]`` (distinct integers >= 0, order kept); empty: ``[]``."""
+    """``"0, 1,2"`` -> ``[0, 1, 2]`` (distinct integers in ``[0, MAX_SEED]``, order kept);
+    empty: ``[]``."""
     items = [t.strip() for t in str(text).split(",") if t.strip()]
     try:
         out = [int(t) for t in items]
