@@ -45,9 +45,9 @@ FLWR_ENV = {
     # Ray's C++ failure handler takes SIGTERM from the driver: 'kill', 'timeout', 'docker
     # stop' and a batch scheduler's time limit printed a stack dump and ended the run
     # without a word on how to continue (ray-project/ray#64830: it may also abort a slow
-    # shutdown 3 s on).  Without it,
-    # ray.init's Python handler raises SystemExit(SIGTERM), which launch.cli.main turns
-    # into Ctrl-C's stop: exit 143, the checkpoint whole (tests/integration/test_interrupt.py).
+    # shutdown 3 s on).  Without it, ray.init's Python handler raises SystemExit(SIGTERM),
+    # which launch.cli.main turns into Ctrl-C's stop: exit 143, the checkpoint whole
+    # (tests/integration/test_interrupt.py).
     "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1",
 }
 
