@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import platform
+import textwrap
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -316,11 +317,17 @@ def plot_seed_curves(runs: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]
                        marker="o" if len(rounds) <= 3 else None, **line_style(i))[0]
         ax.fill_between(rounds, mean - sd, mean + sd, color=line.get_color(), alpha=0.18)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(f"{ylabel}, mean ± std over seeds")
-    ax.set_title(title)
+    ax.set_ylabel(fit_title(f"{ylabel}, mean ± std over seeds", 50))
+    ax.set_title(fit_title(title))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return save_figure(fig, path)
+
+
+def fit_title(title: str, width: int = 80) -> str:
+    """``title`` broken into lines of at most ``width`` characters, so a long one is not cut
+    off at the figure's edges (a short one is unchanged)."""
+    return title if len(title) <= width else textwrap.fill(title, width)
 
 
 def plot_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, title: str) -> Path:
@@ -341,7 +348,7 @@ def plot_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, tit
     ax.set_xlabel("client-training work: examples trained by clients so far (thousands)"
                   if by_work else "round")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(title)
+    ax.set_title(fit_title(title))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return save_figure(fig, path)

@@ -343,3 +343,17 @@ def test_compare_names_a_spoilt_metrics_line_and_run_refuses_empty_seeds(tmp_pat
     for given in ("", ",", " , "):
         assert main(["run", "configs/default.yaml", "--seeds", given]) == 2
         assert "names no seed" in capsys.readouterr().err
+
+
+def test_a_long_plot_title_is_broken_into_lines_a_short_one_kept():
+    """Titles past 80 characters were cut off at the figure's edges (the results pages'
+    long setting names): broken at spaces into lines of at most 80, words kept."""
+    from fedsys.metrics import fit_title
+
+    short = "2 label shards (`partition: shards`), FedAvg"
+    assert fit_title(short) == short
+    long = ("Dirichlet 0.3 (`partition: dirichlet-balanced`), the paper's local work: 20 "
+            "epochs at lr 1e-3, 30 rounds, warmup 7")
+    lines = fit_title(long).split("\n")
+    assert len(lines) == 2 and all(len(x) <= 80 for x in lines)
+    assert " ".join(lines) == long
