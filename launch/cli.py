@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,35 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
         raise cfgmod.ConfigError(problem)
 
 
+#: the file in a run directory whose lock says a fedsys process is running it
+RUN_LOCK = ".fedsys.lock"
+
+
+@contextlib.contextmanager
+def holding(run_dir: Path) -> Iterator[None]:
+    """``run_dir`` to this process alone for a ``with`` block: a second ``fedsys run`` or
+    ``fedsys resume`` of the same directory meanwhile would write the same checkpoints and
+    records, so it is refused with one line naming the process that holds it.  The lock
+    (``flock`` on :data:`RUN_LOCK`) ends with the process, however it ends."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with (run_dir / RUN_LOCK).open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            who = f.read().strip() or "another process"
+            raise cfgmod.ConfigError(
+                f"{run_dir} is being run by {who}; wait for it to end, or give this run "
+                "another name (--set name=...)") from None
+        except OSError:  # a file system without locks: run as before
+            pass
+        f.seek(0)
+        f.truncate()
+        f.write(f"fedsys pid {os.getpid()} (since {time.strftime('%F %T')})\n")
+        f.flush()
+        yield
+
+
 def seed_config(cfg: cfgmod.RunConfig, seed: int) -> cfgmod.RunConfig:
     """One seed's run of a run over seeds: ``<output-dir>/<name>/seed-<k>/``, that seed,
     and ``branch-from`` with ``{seed}`` filled in."""
@@ -83,16 +114,16 @@ def run_seeds(args: argparse.Namespace, cfg: cfgmod.RunConfig, seeds: list[int])
     per = [seed_config(cfg, k) for k in seeds]
     for scfg in per:
         _preflight(scfg)
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    cfg.save(cfg.run_dir / "config.yaml")
-    t0 = time.time()
-    for i, scfg in enumerate(per, 1):
-        print(f"fedsys: seed {scfg.seed} ({i}/{len(per)})", flush=True)
-        rc = cmd_run(args, scfg, checked=True)
-        if rc != 0:
-            print(f"  the run over seeds {seeds} stopped at seed {scfg.seed}; 'fedsys resume "
-                  f"{cfg.run_dir}' continues it.", file=sys.stderr)
-            return rc
+    with holding(cfg.run_dir):
+        cfg.save(cfg.run_dir / "config.yaml")
+        t0 = time.time()
+        for i, scfg in enumerate(per, 1):
+            print(f"fedsys: seed {scfg.seed} ({i}/{len(per)})", flush=True)
+            rc = cmd_run(args, scfg, checked=True)
+            if rc != 0:
+                print(f"  the run over seeds {seeds} stopped at seed {scfg.seed}; 'fedsys "
+                      f"resume {cfg.run_dir}' continues it.", file=sys.stderr)
+                return rc
     from launch.results import seeds_table, write_seeded
 
     runs = write_seeded(cfg.run_dir, cfg.name)
@@ -115,6 +146,13 @@ def cmd_run(args: argparse.Namespace, cfg: cfgmod.RunConfig | None = None,
         return run_seeds(args, cfg, seeds)
     if not checked:
         _preflight(cfg)
+    with holding(cfg.run_dir):
+        return simulate_and_report(args, cfg)
+
+
+def simulate_and_report(args: argparse.Namespace, cfg: cfgmod.RunConfig) -> int:
+    """One run in the simulation engine, then its table; a failed run says whether its
+    checkpoints can continue it."""
     from launch.simulation import simulate
 
     t0 = time.time()

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from fedsys import config as cfgmod
 from launch.cli import main
 
 
@@ -319,3 +320,29 @@ def test_a_stop_says_what_it_leaves_per_command(terminated, cmd, rc, needle, cap
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1
     assert ("fedsys resume" in err) == (cmd in ("run", "resume"))
+
+
+def test_a_run_directory_in_use_is_refused_naming_who_runs_it(tmp_path, capsys):
+    """Two ``fedsys run``/``resume`` of one directory at once would write the same
+    checkpoints and records: the second is refused before any engine starts, and the
+    directory is free again once the first ends."""
+    import os
+
+    from launch.cli import RUN_LOCK, holding
+
+    args = ["run", "--set", "dataset=synthetic", "--set", "num-clients=2",
+            "--set", "clients-per-round=2", "--set", f"output-dir={tmp_path}",
+            "--set", "name=busy"]
+    with holding(tmp_path / "busy"):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {tmp_path / 'busy'} is being run by fedsys pid "
+                              f"{os.getpid()}"), err
+        assert "--set name=" in err and err.count("\n") == 1
+        with pytest.raises(cfgmod.ConfigError, match="is being run by"):  # a resume as well
+            with holding(tmp_path / "busy"):
+                pass
+    with holding(tmp_path / "busy"):  # released
+        pass
+    assert (tmp_path / "busy" / RUN_LOCK).read_text().startswith(f"fedsys pid {os.getpid()}")
+    assert not (tmp_path / "busy" / "config.yaml").exists()  # the refused run wrote nothing
