@@ -359,11 +359,13 @@ PAGES: dict[str, Page] = {
          # issue 45: Lin et al.'s balanced split, and the paper's local work on it
          "dir0.3-balanced": "Dirichlet 0.3 (`partition: dirichlet-balanced`)",
          "dir0.5-balanced": "Dirichlet 0.5 (`partition: dirichlet-balanced`)",
-         "dir0.3-balanced-work": "Dirichlet 0.3 (`partition: dirichlet-balanced`), the paper's "
-                                 "local work: 20 epochs at lr 1e-3, 30 rounds, warmup 7"},
+         **{f"dir{a}-balanced-work": f"Dirichlet {a} (`partition: dirichlet-balanced`), the "
+                                     "paper's local work: 20 epochs at lr 1e-3, 30 rounds, warmup 7"
+            for a in ("0.3", "0.5")}},
         {"fedavg": "FedAvg", "fedcda": "FedCDA"}, paired="fedavg",
         claims=tuple(c for s in ("dir0.1", "shards2", "dir0.3-balanced", "dir0.5-balanced",
-                                 "dir0.3-balanced-work") for c in fedcda_claims(s)),
+                                 "dir0.3-balanced-work", "dir0.5-balanced-work")
+                     for c in fedcda_claims(s)),
         config=DRIVER),
     "fedcross-seeds": across_seeds(
         "fedcross", "## Across seeds (generated)",

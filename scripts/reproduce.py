@@ -190,6 +190,9 @@ def experiments() -> list[Experiment]:
                           (Run(FEDCDA.format("dir0.3"), (*FEDCDA_WORK, PAIR)),)))
     out.append(Experiment("fedcross-seeds", "dir0.1-capped-work", "setups", (Run(FEDCROSS, (
         "dirichlet-alpha=0.1", "local-epochs=5", "num-server-rounds=100")),)))
+    # item 3's second headline row at the paper's local work, queued last (~3.5 h a seed here)
+    out.append(Experiment("fedcda-seeds", "dir0.5-balanced-work", "setups",
+                          (Run(FEDCDA.format("dir0.5"), (*FEDCDA_WORK, PAIR)),)))
     out += [Experiment("robustness", "none", "robustness", (Run(ROBUST),)),
             *[Experiment("robustness", f"{k}-{n}", "robustness",
                          (Run(ROBUST, (f"attack.kind={k}", f"attack.clients={n}")),))
