@@ -193,7 +193,11 @@ def seeds_summary(per_seed: Mapping[int, Sequence[Mapping[str, Any]]], last: int
 # t distribution); beyond 20 the value for 20 is used, which only makes the test stricter.
 T95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812,
        1.796, 1.782, 1.771, 1.761, 1.753, 1.746, 1.740, 1.734, 1.729, 1.725)
-VERDICTS = ("holds", "holds within noise", "does not hold here")
+#: :func:`verdict`'s answers: the seeds separate a gain from 0; they do not, and the mean
+#: difference is a gain, nothing, or a loss (the sign is said: a loss within noise is not a
+#: claim that holds); they separate a loss from 0
+VERDICTS = ("holds", "within noise, mean for", "within noise", "within noise, mean against",
+            "does not hold here")
 
 
 def verdict(diffs: Sequence[float]) -> str:
@@ -202,8 +206,10 @@ def verdict(diffs: Sequence[float]) -> str:
     A paired one-sided t-test at 95 % each way on ``diffs`` (one difference per seed, same
     partition, start and draws for both): ``"holds"`` when the mean difference is
     significantly above 0, ``"does not hold here"`` when it is significantly below 0, and
-    ``"holds within noise"`` when neither (the seeds do not separate the two).  With fewer
-    than two seeds there is no spread to judge by, so no verdict.
+    when neither (the seeds do not separate the two) ``"within noise, mean for"``,
+    ``"within noise, mean against"`` or, for a mean of exactly 0, ``"within noise"``: the
+    sign of an unseparated mean is said, never read as the claim holding.  With fewer than
+    two seeds there is no spread to judge by, so no verdict.
 
     Parameters
     ----------
@@ -220,10 +226,14 @@ def verdict(diffs: Sequence[float]) -> str:
         return "one seed: no verdict"
     mean, sd = float(d.mean()), float(d.std(ddof=1))
     if sd == 0.0:
-        return VERDICTS[0] if mean > 0 else VERDICTS[2] if mean < 0 else VERDICTS[1]
+        return VERDICTS[0] if mean > 0 else VERDICTS[4] if mean < 0 else VERDICTS[2]
     t = mean / (sd / np.sqrt(d.size))
     crit = T95[min(d.size - 1, len(T95)) - 1]
-    return VERDICTS[0] if t >= crit else VERDICTS[2] if t <= -crit else VERDICTS[1]
+    if t >= crit:
+        return VERDICTS[0]
+    if t <= -crit:
+        return VERDICTS[4]
+    return VERDICTS[1] if mean > 0 else VERDICTS[3] if mean < 0 else VERDICTS[2]
 
 
 def seeds_columns(last: int = 10) -> list[str]:

@@ -11,7 +11,8 @@ there; a run with refused replies is not copied but moved aside, to be run again
 :func:`collect`), and writes the page's generated section: per setting, every strategy's
 accuracy as mean ± std across seeds (and each seed's) at the page's points, the curves (mean
 across seeds, ±1 std band), and where a page lists the paper's claims, each judged on the
-seeds: "holds", "holds within noise" or "does not hold here" (:func:`claims_table`).
+seeds: "holds", "within noise" (with the sign of the mean difference) or "does not hold
+here" (:func:`claims_table`).
 
 Usage::
 
@@ -595,8 +596,9 @@ def paired_table(runs: Runs, points: tuple[int | str, ...],
             "so this is tighter than comparing the two means).  The verdict judges the "
             f"{heads[-1]} difference by a paired one-sided t-test at 95 % each way "
             "(`fedsys.metrics.verdict`): \"holds\" is a gain the seeds separate from 0, "
-            "\"does not hold here\" a loss they separate from 0, \"holds within noise\" "
-            "neither:\n",
+            "\"does not hold here\" a loss they separate from 0, \"within noise\" "
+            "neither, with the sign of the mean difference (\"mean for\": a gain, "
+            "\"mean against\": a loss):\n",
             "| setting | method | " + " | ".join(f"{h}, difference" for h in heads)
             + " | verdict |",
             "|---|---|" + "---:|" * len(points) + "---|"]
@@ -671,7 +673,8 @@ def claims_table(runs: Runs, claims: tuple[Claim, ...], names: Names) -> str:
             "the per-seed difference taken in the claimed direction "
             "(`fedsys.metrics.verdict`): \"holds\" when the seeds separate the claimed "
             "difference from 0, \"does not hold here\" when they separate the opposite, "
-            "\"holds within noise\" when neither.\n",
+            "\"within noise\" when neither, with the sign of the mean difference "
+            "(\"mean for\": in the claimed direction, \"mean against\": opposite).\n",
             "| the paper's claim | setting | statistic | method | baseline | "
             "method − baseline, per seed | verdict |",
             "|---|---|---|---:|---:|---:|---|"]

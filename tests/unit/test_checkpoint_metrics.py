@@ -199,18 +199,24 @@ def test_verdict_is_a_paired_one_sided_t_test_each_way():
     # t = mean / (sd / sqrt(n)); n = 3 needs |t| >= 2.920 (t-table, df 2, one-sided 95 %)
     assert metrics.verdict([1.0, 2.0, 3.0]) == "holds"            # t = 3.46
     assert metrics.verdict([-1.0, -2.0, -3.0]) == "does not hold here"
-    assert metrics.verdict([0.5, 2.0, 3.5]) == "holds within noise"  # t = 2.31
-    assert metrics.verdict([1.0, -1.0, 0.5]) == "holds within noise"
+    # unseparated: the mean's sign is said, a loss is never "holds"
+    assert metrics.verdict([0.5, 2.0, 3.5]) == "within noise, mean for"  # t = 2.31
+    assert metrics.verdict([-0.5, -2.0, -3.5]) == "within noise, mean against"
+    assert metrics.verdict([1.0, -1.0, 0.5]) == "within noise, mean for"  # mean +0.17
+    assert metrics.verdict([-1.0, 1.0, -0.5]) == "within noise, mean against"
+    assert metrics.verdict([1.0, -1.0]) == "within noise"             # mean exactly 0
     # n = 2 (df 1) needs t >= 6.314: 1.0 and 1.2 give t = 11, 1.0 and 3.0 give t = 2
     assert metrics.verdict([1.0, 1.2]) == "holds"
-    assert metrics.verdict([1.0, 3.0]) == "holds within noise"
+    assert metrics.verdict([1.0, 3.0]) == "within noise, mean for"
     assert metrics.verdict([0.4, 0.4, 0.4]) == "holds"             # no spread: the sign
-    assert metrics.verdict([0.0, 0.0]) == "holds within noise"
+    assert metrics.verdict([-0.4, -0.4]) == "does not hold here"
+    assert metrics.verdict([0.0, 0.0]) == "within noise"
     assert metrics.verdict([5.0]) == "one seed: no verdict"
     # 25 seeds, t = 1.72: above df 24's quantile (1.711) but judged with df 20's (1.725)
     z = np.linspace(-1.0, 1.0, 25)
     diffs = 0.344 + z / z.std(ddof=1)
-    assert metrics.verdict(list(diffs)) == "holds within noise"
+    assert metrics.verdict(list(diffs)) == "within noise, mean for"
+    assert metrics.verdict(list(-diffs)) == "within noise, mean against"
     assert metrics.verdict(list(diffs + 0.01)) == "holds"  # t = 1.77
 
 

@@ -86,7 +86,7 @@ def test_claims_are_judged_in_their_claimed_direction(report: ModuleType) -> Non
             report.claims_table(runs, tuple(claims), {}).splitlines() if r.startswith("| ")}
     assert rows["steadier"].endswith("| holds |")
     assert rows["swings more"].endswith("| does not hold here |")
-    assert rows["above"].endswith("| holds within noise |")            # 0.00, 0.10, 0.40 points
+    assert rows["above"].endswith("| within noise, mean for |")        # 0.00, 0.10, 0.40 points
     assert rows["above, not run"].endswith("| (not run) |")
 
 
