@@ -16,7 +16,13 @@ from Flower's quickstart speaks it:
   strategy's ``weighted_by_key`` names it) and, optionally, ``train-loss``,
   ``local-steps``, ``partition-id`` and any other numbers (Flower's app template:
   ``train_loss``, which a strategy's ``train_loss_key`` names); extra models (a pool,
-  ingredients) as ``"model.<name>"`` ArrayRecords;
+  ingredients) as ``"model.<name>"`` ArrayRecords.  As Flower's strategies read it, the
+  model's and the metrics' record names are free (the one ArrayRecord that is not a
+  named extra model, the one MetricRecord: :func:`model_key`), and ConfigRecords are the
+  client's own (Flower's tutorial "Communicate custom Messages" sends objects that way),
+  left to a strategy that overrides ``aggregate_train`` to read them;
+* an instruction's record names are a strategy's ``arrayrecord_key`` and
+  ``configrecord_key`` (Flower's keywords; default ``"arrays"``, ``"config"``);
 * an **evaluate instruction / reply**: ``"arrays"`` + ``"config"``, and ``"metrics"``
   with ``num-examples``, ``eval-loss``, ``eval-acc``;
 * a **query**, sent only where the server asks for it (``query_partitions``), asks a
@@ -122,11 +128,35 @@ def extra_models(content: RecordDict) -> dict[str, Params]:
             if k.startswith(MODEL_PREFIX)}
 
 
-def settings(content: RecordDict) -> dict[str, Scalar]:
-    """The ConfigRecord ``config`` of a message as a plain typed dict."""
-    if CONFIG not in content.config_records:
+def model_key(content: RecordDict, key: str = ARRAYS) -> str | None:
+    """The name of a message's model ArrayRecord: ``key`` where the message holds it,
+    else its one ArrayRecord that is not a named extra model (``model.<name>``), as
+    Flower's strategies take a reply's one ArrayRecord whatever its name (and send it
+    under their ``arrayrecord_key``); ``None`` when there is none, or several."""
+    if key in content.array_records:
+        return key
+    main = [k for k in content.array_records if not k.startswith(MODEL_PREFIX)]
+    return main[0] if len(main) == 1 else None
+
+
+def model_record(content: RecordDict, key: str = ARRAYS) -> ArrayRecord:
+    """A message's model ArrayRecord (:func:`model_key`); a KeyError naming what the
+    message holds when it has none it can be told by."""
+    name = model_key(content, key)
+    if name is None:
+        raise KeyError(f"the message holds no model ArrayRecord '{key}' (ArrayRecords: "
+                       f"{sorted(content.array_records)})")
+    return content.array_records[name]
+
+
+def settings(content: RecordDict, key: str = CONFIG) -> dict[str, Scalar]:
+    """A message's settings as a plain typed dict: its ConfigRecord ``key``, else its one
+    ConfigRecord whatever its name (a strategy's ``configrecord_key``), else none."""
+    records = content.config_records
+    name = key if key in records else next(iter(records)) if len(records) == 1 else None
+    if name is None:
         return {}
-    return {k: v for k, v in content.config_records[CONFIG].items()}  # type: ignore[misc]
+    return {k: v for k, v in records[name].items()}  # type: ignore[misc]
 
 
 def metrics_of(content: RecordDict) -> dict[str, float]:
@@ -147,18 +177,22 @@ def message(
     arrays: Params | ArrayRecord | None = None,
     config: Mapping[str, object] | None = None,
     models: Mapping[str, Params] | None = None,
+    arrays_key: str = ARRAYS,
+    config_key: str = CONFIG,
 ) -> Message:
     """Build one instruction with its own RecordDict.
 
     ``models`` adds further named models (``model.<name>`` ArrayRecords): anchors, a
-    pool, a per-node payload beside the main model.
+    pool, a per-node payload beside the main model.  ``arrays_key`` and ``config_key``
+    name the model and the settings (a strategy's ``arrayrecord_key`` and
+    ``configrecord_key``, Flower's keywords).
     """
     content = RecordDict()
     if arrays is not None:
-        content[ARRAYS] = arrays if isinstance(arrays, ArrayRecord) else to_record(arrays)
+        content[arrays_key] = arrays if isinstance(arrays, ArrayRecord) else to_record(arrays)
     for name, m in (models or {}).items():
         content[MODEL_PREFIX + name] = to_record(m)
-    content[CONFIG] = config_record(config or {})
+    content[config_key] = config_record(config or {})
     return Message(content, dst_node_id=node_id, message_type=message_type)
 
 
@@ -238,6 +272,8 @@ __all__ = [
     "metric_record",
     "metrics_of",
     "model_bytes",
+    "model_key",
+    "model_record",
     "query_message",
     "query_reply",
     "settings",

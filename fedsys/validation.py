@@ -16,7 +16,6 @@ from flwr.app import Message
 from fedsys.params import Params, check_update
 from fedsys.protocol import (
     ARRAYS,
-    METRICS,
     MODEL_PREFIX,
     NUM_EXAMPLES,
     PARTITION_ID,
@@ -24,6 +23,7 @@ from fedsys.protocol import (
     extra_models,
     from_record,
     metrics_of,
+    model_key,
 )
 
 
@@ -65,8 +65,14 @@ def parse_train_reply(
     reported: Mapping[int, int] | None = None,
     weighted_by_key: str = NUM_EXAMPLES,
     read: Collection[str] | None = None,
+    arrays_key: str = ARRAYS,
 ) -> ClientUpdate | Rejection:
     """Validate one train reply against the model the node was sent.
+
+    The reply's records as Flower's strategies take them: one model ArrayRecord
+    (``arrays_key``, else the one whatever its name: :func:`fedsys.protocol.model_key`)
+    beside any named extra models (``model.<name>``), one MetricRecord whatever its name,
+    and any ConfigRecords, which are the client's own and not read.
 
     ``expected_pid`` maps node ids to the keys they were sampled under this round
     (partition-ids, or node ids for nodes that reported none).  ``reported`` maps
@@ -92,27 +98,35 @@ def parse_train_reply(
         err = reply.error
         return Rejection(node, pid, f"error reply (code {err.code}): {str(err.reason)[-300:]}")
     content = reply.content
-    if ARRAYS not in content.array_records:
-        return Rejection(node, pid, f"reply holds no ArrayRecord '{ARRAYS}'")
-    odd = [k for k in content.array_records if k != ARRAYS and not k.startswith(MODEL_PREFIX)]
+    main = model_key(content, arrays_key)
+    models_in = [k for k in content.array_records if not k.startswith(MODEL_PREFIX)]
+    if main is None and not models_in:
+        return Rejection(node, pid, f"reply holds no ArrayRecord '{arrays_key}'")
+    odd = [k for k in models_in if k != main]
     if odd:
         return Rejection(node, pid, f"reply holds unexpected ArrayRecord(s) {odd} (expected "
-                         f"'{ARRAYS}' and named models '{MODEL_PREFIX}<name>')")
-    odd = [k for k in content.metric_records if k != METRICS] + list(content.config_records)
-    if odd:
-        return Rejection(node, pid, f"reply holds unexpected record(s) {odd} (expected one "
-                         f"MetricRecord '{METRICS}')")
+                         f"one model, '{arrays_key}', and named models '{MODEL_PREFIX}<name>')")
+    assert main is not None
+    if len(content.metric_records) > 1:
+        return Rejection(node, pid, f"reply holds more than one MetricRecord "
+                         f"{list(content.metric_records)} (expected one, as Flower's "
+                         f"strategies)")
+
     def is_read(k: str) -> bool:
         return read is None or k in read
 
-    if METRICS in content.metric_records:
-        typed = [k for k, v in content.metric_records[METRICS].items()
+    for rec in content.metric_records.values():
+        typed = [k for k, v in rec.items()
                  if is_read(k) and (not isinstance(v, int | float) or isinstance(v, bool))]
         if typed:
             return Rejection(node, pid, f"metric(s) {typed} are not numbers")
     metrics = {k: v for k, v in metrics_of(content).items() if is_read(k) or np.isfinite(v)}
     w = weighted_by_key
     if w not in metrics:
+        held = [k for k, r in content.config_records.items() if w in r]
+        if held and not content.metric_records:
+            return Rejection(node, pid, f"reply holds no MetricRecord ('{w}' is in ConfigRecord "
+                             f"'{held[0]}'; numbers to aggregate travel in a MetricRecord)")
         return Rejection(node, pid, lacks(w))
     n = metrics[w]
     if np.isfinite(n) and n != int(n):
@@ -135,12 +149,13 @@ def parse_train_reply(
     if not np.isfinite(metrics[w]) or metrics[w] <= 0:
         return Rejection(node, pid, f"{w} is {metrics[w]}")
     try:
-        params = from_record(content.array_records[ARRAYS])
+        params = from_record(content.array_records[main])
         models = extra_models(content)
     except Exception as exc:
         return Rejection(node, pid, f"arrays cannot be decoded: {exc}")
-    if reference is None and instr is not None and ARRAYS in instr.content.array_records:
-        reference = from_record(instr.content.array_records[ARRAYS])
+    sent_key = model_key(instr.content, arrays_key) if instr is not None else None
+    if reference is None and instr is not None and sent_key is not None:
+        reference = from_record(instr.content.array_records[sent_key])
     if reference is not None:
         for name, m in [("", params), *models.items()]:
             why = check_update(m, reference)

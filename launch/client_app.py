@@ -77,7 +77,7 @@ def _load(cfg: RunConfig, ds: Dataset, msg: Message) -> torch.nn.Module:
     gradients and sets training mode: what a freshly built model would be.
     """
     net = _built(cfg.model, ds.input_shape, ds.num_classes, cfg.seed, cfg.model_norm)
-    net.load_state_dict(msg.content.array_records[proto.ARRAYS].to_torch_state_dict())
+    net.load_state_dict(proto.model_record(msg.content).to_torch_state_dict())
     net.zero_grad(set_to_none=True)
     return net.train()
 
@@ -135,7 +135,7 @@ def train(msg: Message, context: Context) -> Message:
     trainer_state.state_to_records(res.state, context.state, scope)
     weights = _weights(net)
     if proto.DP_CLIPPING_NORM in s:  # client-side DP: the update clipped before it leaves
-        sent = proto.from_record(msg.content.array_records[proto.ARRAYS])
+        sent = proto.from_record(proto.model_record(msg.content))
         clipped, _ = clip_update(proto.from_record(weights), sent, float(s[proto.DP_CLIPPING_NORM]))
         weights = proto.to_record(clipped)
     num_examples = res.num_examples
@@ -156,7 +156,7 @@ def _attacked(attack: attacks.AttackOptions, cfg: RunConfig, ds: Dataset, msg: M
     kind = attack.kind
     if kind not in attacks.UPDATE_KINDS and kind != "inflated-count":
         return weights, num_examples  # label-flip: the training was the attack
-    sent = proto.from_record(msg.content.array_records[proto.ARRAYS])
+    sent = proto.from_record(proto.model_record(msg.content))
     if kind == "inflated-count":
         fresh = build_model(cfg.model, ds.input_shape, ds.num_classes, seed, cfg.model_norm)
         return _weights(fresh), attacks.claimed_examples(num_examples, attack.count_factor)

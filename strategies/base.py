@@ -43,7 +43,7 @@ from fedsys.params import copy
 from strategies.exchange import TRAFFIC_KEYS
 from strategies.nodes import EVAL_TAG, SAMPLE_TAG, NodeDirectory, NodesUnavailableError
 from strategies.replies import ReplyPolicy, why_refused
-from strategies.rounds import EvaluateFn, RoundEngine
+from strategies.rounds import EvaluateFn, MetricsAggrFn, RoundEngine
 from strategies.wrapper import StrategyWrapper, Wrapping
 
 if TYPE_CHECKING:
@@ -128,6 +128,18 @@ class FedsysStrategy(Wrapping, RoundEngine):
     weighted_by_key : str, default "num-examples"
         The train-reply metric holding the number of examples an update is weighted by
         (Flower's ``weighted_by_key``); a reply without it is refused.
+    arrayrecord_key, configrecord_key : str, default "arrays", "config"
+        Flower's keywords: the names an instruction's model and settings travel under.
+        A reply's model is read under ``arrayrecord_key``, else as its one ArrayRecord
+        whatever its name (Flower's rule; ``model.<name>`` records are a method's extra
+        models), its metrics from its one MetricRecord, whatever its name; its
+        ConfigRecords are the client's own and not read.
+    train_metrics_aggr_fn, evaluate_metrics_aggr_fn : callable, optional
+        Flower's keywords: ``fn(contents, weighted_by_key) -> MetricRecord``, the round's
+        client metrics from the used train replies' (the evaluate replies') contents,
+        reported beside the round's own (``clients-ok``, the training loss, ...).
+        Without one, Flower's default: every metric all used replies report, averaged
+        weighted by their examples.
     **options
         The method's own options (the fields of :attr:`Options`).
     """
@@ -165,6 +177,10 @@ class FedsysStrategy(Wrapping, RoundEngine):
         query_partitions: bool = False,
         train_loss_key: str = proto.FLOWER_TRAIN_LOSS,
         weighted_by_key: str = proto.NUM_EXAMPLES,
+        arrayrecord_key: str = proto.ARRAYS,
+        configrecord_key: str = proto.CONFIG,
+        train_metrics_aggr_fn: MetricsAggrFn | None = None,
+        evaluate_metrics_aggr_fn: MetricsAggrFn | None = None,
         **options: Any,
     ) -> None:
         self._told: set[str] = set()
@@ -192,9 +208,12 @@ class FedsysStrategy(Wrapping, RoundEngine):
                 self.name, keys["weighted_by_key"], keys["train_loss_key"],
                 self.max_examples_ratio, self.max_update_ratio, self.max_weight_share,
                 {keys[kw]: (kw, why) for kw, why in self.required_metrics.items()},
-                self.tell_once),
+                self.tell_once, arrays_key=str(arrayrecord_key)),
             clients_per_round=clients_per_round, fraction_evaluate=fraction_evaluate,
-            min_evaluate_nodes=min_evaluate_nodes, transport_retries=transport_retries, **keys)
+            min_evaluate_nodes=min_evaluate_nodes, transport_retries=transport_retries,
+            arrayrecord_key=arrayrecord_key, configrecord_key=configrecord_key,
+            train_metrics_aggr_fn=train_metrics_aggr_fn,
+            evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn, **keys)
         self.wrappers: list[StrategyWrapper] = []
         self.workdir: Path | None = None
         #: The name a run gives this strategy (its results directory), used in the logs.

@@ -219,8 +219,11 @@ class FedElmyStrategy(FedsysStrategy):
         self.warmed = self.warmed or warm
         self.params = self.finish(rnd, {0: upd.params})[0]
         self.last_updates = [upd]
-        record.update({"clients-ok": 1, "clients-rejected": 0, "hop-skipped": 0,
-                       **{k: v for k, v in upd.metrics.items() if k != proto.PARTITION_ID}})
+        record.update({"clients-ok": 1, "clients-rejected": 0, "hop-skipped": 0})
+        if self.train_metrics_aggr_fn is None:  # the hop's one reply: its metrics as they are
+            record.update({k: v for k, v in upd.metrics.items() if k != proto.PARTITION_ID})
+        else:
+            self.add_client_metrics(record, [upd], self.last_replies)
         return record
 
     def skip(self, rnd: int, what: str, why: str) -> None:
@@ -286,7 +289,7 @@ class ParallelStrategy(FedElmyStrategy):
             s = dict(settings)
             if proto.INIT_SEED in s:
                 s[proto.INIT_SEED] = derive_seed(int(s[proto.INIT_SEED]), p)
-            ex.outbox.append(proto.message(n, MessageType.TRAIN, self.params, s))
+            ex.outbox.append(self.instruction(n, MessageType.TRAIN, self.params, s))
         self.last_replies = self.exchange(grid, ex)
         ok, _ = self.validate(self.last_replies, ex)
         self.last_updates = ok
@@ -311,6 +314,7 @@ class ParallelStrategy(FedElmyStrategy):
         if all(key in u.metrics for u in ok) and n > 0:
             record[key] = sum(u.metrics[key] * u.num_examples for u in ok) / n
         record[proto.TRAINED_EXAMPLES] = sum(u.metrics.get(proto.TRAINED_EXAMPLES, 0) for u in ok)
+        self.add_client_metrics(record, ok, self.last_replies)
         return record
 
     def evaluate_now(self, rnd: int) -> bool:

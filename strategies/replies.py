@@ -58,6 +58,9 @@ class ReplyPolicy:
     earlier : list of float
         The update norms accepted in the last :data:`EARLIER` rounds or hops, the
         yardstick of a round with fewer than three replies (part of the strategy's state).
+    arrays_key : str
+        The name the strategy sends its model under (Flower's ``arrayrecord_key``), read
+        first in a reply (:func:`fedsys.protocol.model_key`).
     """
 
     method: str
@@ -69,6 +72,7 @@ class ReplyPolicy:
     required: Mapping[str, tuple[str, str]]
     tell: Tell
     earlier: list[float] = field(default_factory=list)
+    arrays_key: str = proto.ARRAYS
 
     def read_keys(self) -> set[str]:
         """The reply metrics the strategy reads: a reply whose value for one of them is not
@@ -131,6 +135,7 @@ class ReplyPolicy:
             res = validation.parse_train_reply(
                 r, sent, ex.expected, ex.reference(r, sent), reported=known.partition_ids,
                 weighted_by_key=self.weighted_by_key, read=self.read_keys(),
+                arrays_key=self.arrays_key,
             )
             if isinstance(res, ClientUpdate) and proto.PARTITION_ID in res.metrics:
                 known.partition_ids.setdefault(res.node_id, res.partition_id)  # its first report
@@ -188,6 +193,21 @@ def train_metrics(updates: list[ClientUpdate], rejected: int, train_loss_key: st
     return out
 
 
+def client_means(updates: list[ClientUpdate], skip: Iterable[str]) -> dict[str, float]:
+    """What Flower's strategies report of their clients' train metrics by default (their
+    ``aggregate_metricrecords``): the mean of every metric all ``updates`` report, weighted
+    by each update's examples, but the keys in ``skip`` (the weight itself, the
+    ``partition-id``, what the round reports otherwise).  Flower's tutorial adds a metric
+    to the train reply ("training_time") and finds it "aggregated automatically"."""
+    left = set(skip) | {proto.PARTITION_ID}
+    n = sum(u.num_examples for u in updates)
+    if not updates or n <= 0:
+        return {}
+    keys = [k for k in updates[0].metrics if k not in left
+            and all(k in u.metrics for u in updates[1:])]
+    return {k: sum(u.metrics[k] * u.num_examples for u in updates) / n for k in keys}
+
+
 def evaluate_mean(replies: Iterable[Message], weighted_by_key: str) -> dict[str, Any] | None:
     """Mean of the clients' evaluation metrics weighted by ``weighted_by_key``, as Flower's
     FedAvg: every finite metric all usable replies report, but the weight and
@@ -204,4 +224,4 @@ def evaluate_mean(replies: Iterable[Message], weighted_by_key: str) -> dict[str,
     return {k: sum(r[k] * r[w] for r in rows) / n for k in keys}
 
 
-__all__ = ["ReplyPolicy", "Tell", "evaluate_mean", "train_metrics", "why_refused"]
+__all__ = ["ReplyPolicy", "Tell", "client_means", "evaluate_mean", "train_metrics", "why_refused"]

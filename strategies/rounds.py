@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from logging import ERROR, WARNING
 from typing import Any, Self
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
@@ -37,6 +37,9 @@ from strategies.nodes import EVAL_TAG, SAMPLE_TAG, NodeDirectory
 from strategies.replies import ReplyPolicy, why_refused
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+#: Flower's ``train_metrics_aggr_fn`` / ``evaluate_metrics_aggr_fn``: the replies' contents
+#: and the weight's key -> the round's metrics
+MetricsAggrFn = Callable[[list[RecordDict], str], MetricRecord]
 
 
 class RoundEngine(Strategy):
@@ -58,12 +61,23 @@ class RoundEngine(Strategy):
         Times a round sends its instruction again to a node whose reply was lost.
     train_loss_key, weighted_by_key : str
         The train-reply metrics holding the training loss and the example count.
+    arrayrecord_key, configrecord_key : str
+        The names the model and the settings travel under in an instruction (Flower's
+        keywords, Flower's defaults ``"arrays"``, ``"config"``).
+    train_metrics_aggr_fn, evaluate_metrics_aggr_fn : MetricsAggrFn, optional
+        Flower's keywords: the round's client metrics from the used replies' contents
+        and ``weighted_by_key``; without one, Flower's default, each metric's mean
+        weighted by the examples (:func:`strategies.replies.client_means`,
+        :func:`strategies.replies.evaluate_mean`).
     """
 
     def __init__(self, *, nodes: NodeDirectory, replies: ReplyPolicy,
                  clients_per_round: int | None, fraction_evaluate: float,
                  min_evaluate_nodes: int, transport_retries: int, train_loss_key: str,
-                 weighted_by_key: str) -> None:
+                 weighted_by_key: str, arrayrecord_key: str = proto.ARRAYS,
+                 configrecord_key: str = proto.CONFIG,
+                 train_metrics_aggr_fn: MetricsAggrFn | None = None,
+                 evaluate_metrics_aggr_fn: MetricsAggrFn | None = None) -> None:
         self.nodes = nodes
         self.replies = replies
         self.clients_per_round = clients_per_round
@@ -72,6 +86,10 @@ class RoundEngine(Strategy):
         self.transport_retries = int(transport_retries)
         self.train_loss_key = str(train_loss_key)
         self.weighted_by_key = str(weighted_by_key)
+        self.arrayrecord_key = str(arrayrecord_key)
+        self.configrecord_key = str(configrecord_key)
+        self.train_metrics_aggr_fn = train_metrics_aggr_fn
+        self.evaluate_metrics_aggr_fn = evaluate_metrics_aggr_fn
         self.num_rounds = 0
         self.round_timeout = 3600.0
         self.round = 0
@@ -129,6 +147,18 @@ class RoundEngine(Strategy):
     def summary(self) -> None:
         """Log the strategy's settings (nothing here)."""
 
+    def tell_once(self, key: str, level: int, msg: str, *args: Any) -> None:
+        """Log ``msg`` (here every time; the strategy logs each key once)."""
+        log(level, msg, *args)
+
+    def instruction(self, node_id: int, message_type: str, arrays: Params | ArrayRecord,
+                    config: Mapping[str, Any], models: Mapping[str, Params] | None = None
+                    ) -> Message:
+        """One instruction, its model and settings under the strategy's record names
+        (``arrayrecord_key``, ``configrecord_key``)."""
+        return proto.message(node_id, message_type, arrays, config, models,
+                             self.arrayrecord_key, self.configrecord_key)
+
     # ------------------------------------------------------------------ Flower API
 
     def configure_train(
@@ -141,8 +171,8 @@ class RoundEngine(Strategy):
         cfg = self.round_config(server_round, config)
         payloads = {n: self.payload_for(n, p, server_round) for n, p in chosen.items()}
         self.last_exchange = Exchange(chosen, payloads, [
-            proto.message(n, MessageType.TRAIN, payloads[n], cfg,
-                          self.payload_models(n, p, server_round))
+            self.instruction(n, MessageType.TRAIN, payloads[n], cfg,
+                             self.payload_models(n, p, server_round))
             for n, p in chosen.items()
         ])
         return list(self.last_exchange.outbox)
@@ -176,9 +206,11 @@ class RoundEngine(Strategy):
         """Validate replies, aggregate the good ones, report train metrics.
 
         The training loss (``train_loss_key``) is the example-weighted mean over the
-        updates that report one.  A round without a usable update is an ERROR saying
-        why (the refusals' reasons).
+        updates that report one; the clients' other metrics as Flower's strategies
+        report them (:meth:`client_metrics`).  A round without a usable update is an
+        ERROR saying why (the refusals' reasons).
         """
+        replies = list(replies)
         updates, rejected = self.validate(replies)
         self.round_metrics = {}
         new = self.aggregate(server_round, updates) if updates else None
@@ -195,8 +227,50 @@ class RoundEngine(Strategy):
                 self.round_metrics.update(self.estimator_fn(server_round, updates, new))
         self.last_updates = updates
         metrics = replies_ops.train_metrics(updates, len(rejected), self.train_loss_key)
+        self.add_client_metrics(metrics, updates, replies, own=self.round_metrics)
         metrics.update(self.round_metrics)
         return (proto.to_record(new) if new is not None else None), proto.metric_record(metrics)
+
+    def add_client_metrics(self, record: dict[str, Any], updates: list[ClientUpdate],
+                           replies: list[Message], own: Iterable[str] = ()) -> None:
+        """Put the round's client metrics (:meth:`client_metrics`) into ``record``, but
+        where one shares a name with the record's own or with ``own`` (said once)."""
+        theirs = self.client_metrics(updates, replies)
+        taken = set(record) | set(own)
+        clash = sorted(k for k in theirs if k in taken)
+        if clash:
+            self.tell_once("metric-clash", WARNING, "[%s] client metric(s) %s share a name with "
+                           "the round's own; the round's are reported", self.label, clash)
+        record.update({k: v for k, v in theirs.items() if k not in taken})
+
+    def client_metrics(self, updates: list[ClientUpdate], replies: list[Message]
+                       ) -> dict[str, float]:
+        """The round's client train metrics, as Flower's strategies report them: the
+        caller's ``train_metrics_aggr_fn`` on the used replies' contents, else the mean of
+        every metric all used replies report, weighted by their examples
+        (:func:`strategies.replies.client_means`).  Numbers only (a round record holds
+        numbers; a list value is left out, said once)."""
+        if self.train_metrics_aggr_fn is None:
+            return replies_ops.client_means(updates, (
+                self.weighted_by_key, self.train_loss_key, proto.TRAINED_EXAMPLES))
+        if not updates:
+            return {}
+        used = {u.node_id for u in updates}
+        sent = self.last_exchange.sent()
+        contents: dict[int, RecordDict] = {}
+        for r in replies:
+            instr = sent.get(r.metadata.reply_to_message_id)
+            node = instr.metadata.dst_node_id if instr is not None else r.metadata.src_node_id
+            if node in used and r.has_content():
+                contents.setdefault(node, r.content)
+        got = self.train_metrics_aggr_fn(list(contents.values()), self.weighted_by_key)
+        out = {k: float(v) for k, v in (got or {}).items()
+               if isinstance(v, int | float) and not isinstance(v, bool)}
+        if len(out) < len(got or {}):
+            self.tell_once("metric-lists", WARNING, "[%s] train_metrics_aggr_fn returned "
+                           "non-scalar metric(s) %s: left out of the round's record",
+                           self.label, sorted(set(got or {}) - set(out)))
+        return out
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -208,11 +282,15 @@ class RoundEngine(Strategy):
         n = min(connected, max(self.min_evaluate_nodes, math.ceil(self.fraction_evaluate * connected)))
         chosen = self.sample(grid, server_round, n, tag=EVAL_TAG)
         cfg = {**dict(config), proto.SERVER_ROUND: server_round}
-        return [proto.message(nd, MessageType.EVALUATE, arrays, cfg) for nd in chosen]
+        return [self.instruction(nd, MessageType.EVALUATE, arrays, cfg) for nd in chosen]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Mean of the clients' evaluation metrics weighted by ``weighted_by_key``
-        (:func:`strategies.replies.evaluate_mean`)."""
+        """The caller's ``evaluate_metrics_aggr_fn`` on the replies' contents (error
+        replies left out), else the mean of the clients' evaluation metrics weighted by
+        ``weighted_by_key`` (:func:`strategies.replies.evaluate_mean`)."""
+        if self.evaluate_metrics_aggr_fn is not None:
+            good = [r.content for r in replies if not r.has_error() and r.has_content()]
+            return self.evaluate_metrics_aggr_fn(good, self.weighted_by_key) if good else None
         mean = replies_ops.evaluate_mean(replies, self.weighted_by_key)
         return None if mean is None else proto.metric_record(mean)
 
@@ -260,7 +338,7 @@ class RoundEngine(Strategy):
         """
         cfg = self.round_config(server_round, train_config or {})
         ex = Exchange({node_id: partition_id}, {node_id: params},
-                      [proto.message(node_id, MessageType.TRAIN, params, cfg, models)])
+                      [self.instruction(node_id, MessageType.TRAIN, params, cfg, models)])
         replies = self.last_replies = self.exchange(grid, ex)
         ok, _ = self.validate(replies, ex)
         return ok[0] if ok else None
@@ -333,7 +411,8 @@ class RoundEngine(Strategy):
             self.round_timeout, self.poll_interval)[0])
         if fed is not None:
             result.evaluate_metrics_clientapp[rnd] = fed
-            record.update({f"fed-{k}": float(v) for k, v in fed.items()})  # type: ignore[arg-type]
+            record.update({f"fed-{k}": float(v) for k, v in fed.items()
+                           if isinstance(v, int | float) and not isinstance(v, bool)})
         if evaluate_fn is not None:
             res = evaluate_fn(rnd, proto.to_record(self.params))
             if res is not None:

@@ -92,7 +92,6 @@ KINDS: dict[str, Callable[[Message], RecordDict]] = {
     "extra-arrays": lambda r: _with(r, "arrays-2", r.content["arrays"]),
     "no-metrics": lambda r: _without(r, "metrics"),
     "extra-metrics": lambda r: _with(r, "metrics-2", MetricRecord({"x": 1.0})),
-    "extra-config": lambda r: _with(r, "config", ConfigRecord({"x": 1})),
     "string-metric": _string_metric,
     "list-metric": lambda r: _metrics(r, train_loss=[0.1, 0.2]),
     "no-num-examples": lambda r: _metrics(r, num_examples=None),

@@ -21,7 +21,11 @@ results in that sense under the strategies that key clients (FedCDA's cache, Fed
 slots, the chain's order): every reply used, accuracy rising.  (Not bit for bit: node
 ids are random in every simulation and the template seeds nothing.)  The robust and DP
 wrappers (issue 42) over FedAvg too: the median sees every node's model each round, DP
-reports a noise level and a growing epsilon.  About 13 simulations of 10 to 30 s each and
+reports a noise level and a growing epsilon.  The client with the additions of Flower's
+tutorial "Communicate custom Messages" (``client_app_tutorial.py``: a ``training_time``
+metric, an object in a ConfigRecord) under FedCDA with the tutorial's ``aggregate_train``
+override: every reply used and its object read, the metric averaged into the round's
+metrics.  About 14 simulations of 10 to 30 s each and
 one deployment.
 """
 
@@ -106,6 +110,13 @@ def check(log_text: str, strategy: str, nodes: int = NODES,
     if strategy == "fedavg+median":  # the median saw every node's model each round
         assert [float(m) for m in re.findall(r"robust-models ([\d.]+)", log_text)] \
             == [float(want)] * steps, wrapped
+    if strategy == "fedcda-tutorial":  # every used reply's object read, its metric averaged
+        meta = re.findall(r"template metadata: round (\d+), partition (\d+), converged True",
+                          log_text)
+        assert sorted({int(r) for r, _ in meta}) == list(range(1, steps + 1)), meta
+        assert len(meta) == want * steps, meta
+        times = [float(t) for t in re.findall(r"training_time ([\d.e+-]+)", log_text)]
+        assert len(times) == steps and min(times) > 0, wrapped
     if strategy == "fedavg+dp":  # noised, and the privacy spent grows round by round
         eps = [float(e) for e in re.findall(r"dp-epsilon ([\d.e+]+)", log_text)]
         assert len(eps) == steps and 0 < eps[0] < eps[-1], wrapped
@@ -115,9 +126,12 @@ def check(log_text: str, strategy: str, nodes: int = NODES,
 
 
 #: the template under every strategy; with partition-id under those that key clients by it
-#: (FedCDA's cache, here with IMA over it; the chain's order)
+#: (FedCDA's cache, here with IMA over it; the chain's order); with the additions of
+#: Flower's tutorial "Communicate custom Messages" (an extra metric, an object in a
+#: ConfigRecord, read by an ``aggregate_train`` override) under FedCDA
 CASES = [*((s, "client_app") for s in STRATEGIES),
-         *((s, "client_app_pid") for s in ("fedcda+ima", "fedelmy"))]
+         *((s, "client_app_pid") for s in ("fedcda+ima", "fedelmy")),
+         ("fedcda-tutorial", "client_app_tutorial")]
 
 
 @pytest.mark.parametrize(("strategy", "client"), CASES)

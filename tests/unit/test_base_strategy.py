@@ -601,3 +601,91 @@ def test_the_metric_keys_are_flowers_keywords_and_a_missing_one_is_one_error(rep
     v.start(reply_grid(NODES, flower_client([])), protocol.to_record(model(0.0)), num_rounds=2)
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len([e for e in errors if "weighted_by_key='num_examples'" in e]) == 1
+
+
+def tutorial_client(sent: list[Message], model_key: str = "arrays", config_key: str = "config"):
+    """The train and evaluate handlers of Flower's tutorial "Communicate custom Messages"
+    (the quickstart's client, then a ``training_time`` metric and an object sent in a
+    ConfigRecord ``train_metadata``), reading the model and the settings under the names
+    its strategy sends them (``arrayrecord_key``, ``configrecord_key``)."""
+
+    def answer(m: Message) -> Message:
+        sent.append(m)
+        node = m.metadata.dst_node_id
+        got = protocol.from_record(m.content[model_key])
+        n = 10 * (NODES[node] + 1)
+        if m.metadata.message_type == MessageType.EVALUATE:
+            met = {"num-examples": n, "eval_loss": 1.0, "eval_acc": 0.1 * NODES[node]}
+            return Message(RecordDict({"metrics": MetricRecord(met)}), reply_to=m)
+        lr = float(m.content[config_key]["lr"])
+        new = {k: (v + lr).astype(v.dtype) for k, v in got.items()}
+        met = {"train_loss": 0.5, "num-examples": n, "training_time": float(NODES[node])}
+        return Message(RecordDict({
+            "arrays": protocol.to_record(new), "metrics": MetricRecord(met),
+            "train_metadata": ConfigRecord({"meta": b"\x80\x04pickled", "converged": True}),
+        }), reply_to=m)
+
+    return answer
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedcda", "fedcross", "fedadam", "fedyogi",
+                                  "fedelmy", "oneshot-fedavg"])
+def test_flowers_tutorial_client_and_keywords_work_under_every_strategy(name, reply_grid, caplog):
+    """Flower's FedAvg keywords (record names, metric aggregation functions) and the
+    tutorial's reply (an extra metric, an object in a ConfigRecord) under every strategy:
+    every reply used, the model and settings sent under the caller's names, the client
+    metrics aggregated as Flower's strategies do, or by the caller's functions."""
+    from strategies import REGISTRY
+
+    calls: list[tuple[str, int, str]] = []
+
+    def train_aggr(contents: list[RecordDict], key: str) -> MetricRecord:
+        calls.append(("train", len(contents), key))
+        assert all("train_metadata" in c for c in contents)  # the whole reply, as Flower's
+        times = [float(c["metrics"]["training_time"]) for c in contents]
+        return MetricRecord({"slowest": max(times), "per_class": [1.0, 2.0]})
+
+    def eval_aggr(contents: list[RecordDict], key: str) -> MetricRecord:
+        calls.append(("evaluate", len(contents), key))
+        return MetricRecord({"best_acc": max(float(c["metrics"]["eval_acc"]) for c in contents)})
+
+    kw: dict[str, Any] = {"min_available_nodes": 4, "min_evaluate_nodes": 4}
+    if name not in ("fedelmy", "oneshot-fedavg"):
+        kw |= {"fraction_train": 1.0}
+    if name == "fedcda":
+        kw |= {"memory": 2, "warmup": 1, "batches": 1}
+    # Flower's defaults: the tutorial's extra metric averaged, weighted by the examples
+    sent: list[Message] = []
+    s = REGISTRY[name](**kw)
+    res = s.start(reply_grid(NODES, tutorial_client(sent)), protocol.to_record(model(0.0)),
+                  num_rounds=2, train_config=ConfigRecord({"lr": 0.5}))
+    train = [m for m in sent if m.metadata.message_type == MessageType.TRAIN]
+    assert train and all(h["clients-ok"] >= 1 and h.get("clients-rejected", 0) == 0
+                         for h in s.history if "clients-ok" in h), s.history
+    assert "rejected" not in caplog.text
+    if name == "fedelmy":  # a hop's one reply: its metrics as they are
+        assert all(h["training_time"] == float(NODES[m.metadata.dst_node_id])
+                   for h, m in zip(s.history, train, strict=True))
+    elif name != "oneshot-fedavg" or len(s.history) > 1:
+        want = sum(10 * (p + 1) * p for p in NODES.values()) / sum(10 * (p + 1) for p in NODES.values())
+        assert res.train_metrics_clientapp[s.round]["training_time"] == pytest.approx(want)
+    # the caller's record names and aggregation functions, as with Flower's FedAvg
+    sent.clear()
+    caplog.clear()
+    t = REGISTRY[name](**kw, arrayrecord_key="weights", configrecord_key="settings",
+                       train_metrics_aggr_fn=train_aggr, evaluate_metrics_aggr_fn=eval_aggr)
+    with caplog.at_level("WARNING"):
+        res = t.start(reply_grid(NODES, tutorial_client(sent, "weights", "settings")),
+                      protocol.to_record(model(0.0)), num_rounds=2,
+                      train_config=ConfigRecord({"lr": 0.5}))
+    assert all(sorted(m.content.array_records) == ["weights"]
+               and sorted(m.content.config_records) == ["settings"] for m in sent)
+    assert all(h.get("clients-rejected", 0) == 0 for h in t.history)
+    trained = [c for c in calls if c[0] == "train"]
+    assert trained and all(k == "num-examples" and n >= 1 for _, n, k in trained)
+    last = res.train_metrics_clientapp[t.round]
+    assert "slowest" in last and "per_class" not in last and "training_time" not in last
+    assert "non-scalar metric(s) ['per_class']" in caplog.text
+    if name not in ("fedelmy", "oneshot-fedavg"):  # the chains ask no node to evaluate
+        assert ("evaluate", 4, "num-examples") in calls
+        assert res.evaluate_metrics_clientapp[t.round]["best_acc"] == pytest.approx(0.3)

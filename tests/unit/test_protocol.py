@@ -80,9 +80,13 @@ def _reply(instr, records: dict) -> object:
     ({"arrays": "M", "extra": "M", "metrics": {"num-examples": 10}},
      "unexpected ArrayRecord(s) ['extra']"),
     ({"arrays": "M", "metrics": {"num-examples": 10}, "other": {"x": 1.0}},
-     "unexpected record(s) ['other']"),
-    ({"arrays": "M", "metrics": {"num-examples": 10}, "cfg": "C"},
-     "unexpected record(s) ['cfg']"),
+     "more than one MetricRecord ['metrics', 'other']"),
+    ({"one": "M", "two": "M", "metrics": {"num-examples": 10}},
+     "unexpected ArrayRecord(s) ['one', 'two']"),
+    ({"model.pool-0": "M", "metrics": {"num-examples": 10}}, "no ArrayRecord 'arrays'"),
+    ({"arrays": "M", "metrics": {"x": 1.0}}, "lack 'num-examples'"),
+    # the numbers in a ConfigRecord, as a legacy client might send them
+    ({"arrays": "M", "metrics": "N"}, "no MetricRecord ('num-examples' is in ConfigRecord 'metrics'"),
     ({"arrays": "M", "metrics": {"num-examples": 10, "loss": [0.1, 0.2]}},
      "metric(s) ['loss'] are not numbers"),
     ({"arrays": "M", "metrics": {"num-examples": 10.5}}, "not a whole number"),
@@ -102,10 +106,61 @@ def test_a_reply_that_is_not_exactly_what_is_expected_is_refused_naming_why(reco
             built[k] = protocol.to_record(model(2.0))
         elif v == "C":
             built[k] = ConfigRecord({"note": "x"})
+        elif v == "N":
+            built[k] = ConfigRecord({"num-examples": 10})
         else:
             built[k] = MetricRecord(v)
     rj = validation.parse_train_reply(_reply(instr, built), sent(instr), {5: 1}, None)
     assert isinstance(rj, validation.Rejection) and why in rj.reason, getattr(rj, "reason", rj)
+
+
+def _built(records: dict) -> RecordDict:
+    from flwr.app import ConfigRecord, MetricRecord
+
+    return RecordDict({k: protocol.to_record(model(2.0)) if v == "M" else
+                       ConfigRecord({"meta": b"x", "note": "x"}) if v == "C" else MetricRecord(v)
+                       for k, v in records.items()})
+
+
+@pytest.mark.parametrize("records", [
+    # Flower's tutorial "Communicate custom Messages": an object in a ConfigRecord beside
+    # the model and the metrics, which the strategy leaves alone
+    {"arrays": "M", "metrics": {"num-examples": 10, "training_time": 1.5}, "train_metadata": "C"},
+    # Flower's strategies take a reply's one ArrayRecord and one MetricRecord by any name
+    {"model": "M", "train_metrics": {"num-examples": 10}},
+    {"weights": "M", "model.pool-0": "M", "m": {"num-examples": 10}},
+])
+def test_a_reply_as_flowers_strategies_read_it_is_used(records):
+    instr = protocol.message(5, MessageType.TRAIN, model(1.0), {})
+    sent(instr)
+    upd = validation.parse_train_reply(_reply(instr, _built(records)), sent(instr), {5: 1}, None)
+    assert isinstance(upd, validation.ClientUpdate), upd
+    assert upd.num_examples == 10 and np.all(upd.params["w"] == 2.0)
+
+
+def test_a_strategys_record_names_name_the_instruction_and_its_reply():
+    instr = protocol.message(5, MessageType.TRAIN, model(1.0), {"lr": 0.1},
+                             arrays_key="weights", config_key="settings")
+    sent(instr)
+    assert sorted(instr.content.array_records) == ["weights"]
+    assert sorted(instr.content.config_records) == ["settings"]
+    assert protocol.settings(instr.content, "settings") == {"lr": 0.1}
+    assert protocol.settings(instr.content) == {"lr": 0.1}  # its one ConfigRecord
+    assert np.all(protocol.model_record(instr.content).to_numpy_ndarrays()[0] == 1.0)
+    # a reply naming the model as sent; the sent model is the update's yardstick
+    ok = _reply(instr, _built({"weights": "M", "metrics": {"num-examples": 10}}))
+    assert isinstance(validation.parse_train_reply(ok, sent(instr), {5: 1}, None,
+                                                   arrays_key="weights"), validation.ClientUpdate)
+    short = RecordDict({"weights": protocol.to_record({"w": np.zeros((2, 2), np.float32)}),
+                        "metrics": _built({"m": {"num-examples": 10}})["m"]})
+    rj = validation.parse_train_reply(_reply(instr, short), sent(instr), {5: 1}, None,
+                                      arrays_key="weights")
+    assert isinstance(rj, validation.Rejection) and rj.reason == "missing arrays ['n']", rj
+    both = _reply(instr, _built({"weights": "M", "arrays": "M", "metrics": {"num-examples": 10}}))
+    rj = validation.parse_train_reply(both, sent(instr), {5: 1}, None, arrays_key="weights")
+    assert isinstance(rj, validation.Rejection) and "unexpected ArrayRecord(s) ['arrays']" in rj.reason
+    with pytest.raises(KeyError, match="no model ArrayRecord 'arrays'"):
+        protocol.model_record(_built({"a": "M", "b": "M"}))
 
 
 def test_a_reply_to_another_message_is_refused():

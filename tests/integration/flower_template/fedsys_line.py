@@ -5,8 +5,11 @@ keywords, each method's options by name, no fedsys run config), in place of Flow
 Each round's outcome is logged (``template round ...``) so that a test reads it from the
 log, in the simulation engine and in a deployment alike."""
 
+import json
+from collections.abc import Iterable
 from typing import Any
 
+from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.common.logger import log
 
 from strategies.base import FedsysStrategy
@@ -24,9 +27,25 @@ STRATEGIES = ("fedavg", "fedprox", "fedadam", "fedcda", "fedcross", "fedavg+ima"
               "fedelmy", "fedavg+median", "fedavg+dp")
 
 
+class TutorialFedCDA(FedCDAStrategy):
+    """The server side of Flower's tutorial "Communicate custom Messages" on a fedsys
+    strategy: ``aggregate_train`` overridden to read each reply's ``train_metadata``, then
+    the strategy's own (the tutorial does it on ``FedAdagrad``)."""
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        for reply in replies:
+            if reply.has_content():
+                meta = json.loads(reply.content["train_metadata"]["meta"])  # type: ignore[arg-type]
+                log(20, "template metadata: round %d, partition %d, converged %s",
+                    server_round, meta["partition"], meta["converged"])
+        return super().aggregate_train(server_round, replies)
+
+
 def _report(strategy: FedsysStrategy, record: dict[str, Any]) -> None:
     wrappers = " ".join(f"{k} {v:g}" for k, v in sorted(record.items())
-                        if k.startswith(("robust-", "dp-")))
+                        if k.startswith(("robust-", "dp-", "training_time")))
     log(20, "template round %d: clients-ok %d, clients-rejected %d, eval_acc %.4f%s",
         int(record["round"]), int(record.get("clients-ok", 0)),
         int(record.get("clients-rejected", 0)), float(record.get("fed-eval_acc", -1.0)),
@@ -54,6 +73,9 @@ def fedsys_strategy(name: str, fraction_train: float) -> FedsysStrategy:
                                              warmup_fraction=0.4).wrap(
             IMA(window=2, start_fraction=0.5)),
         "fedelmy": lambda: FedElmyStrategy(order="permutation"),
+        # Flower's tutorial's server side, with client_app_tutorial.py (not in STRATEGIES)
+        "fedcda-tutorial": lambda: TutorialFedCDA(fraction_train=fraction_train, memory=2,
+                                                  warmup_fraction=0.4),
         # the robust and DP wrappers as a user composes them (issue 42): the coordinate-wise
         # median of the round's models; server-side clipping to C = 5 with noise z = 0.01
         "fedavg+median": lambda: FedAvgStrategy(fraction_train=fraction_train).wrap(
