@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from logging import WARNING
 from typing import Any
 
-from flwr.app import Message
+from flwr.app import ArrayRecord, Message
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
@@ -36,6 +36,9 @@ class Exchange:
     payloads: dict[int, Params] = field(default_factory=dict)
     #: the instructions, as sent (a resent one replaces the one whose reply was lost)
     outbox: list[Message] = field(default_factory=list)
+    #: node id -> the model record its instruction was built with (what ``payloads`` holds,
+    #: as sent: a record swapped in afterwards is another model)
+    records: dict[int, ArrayRecord] = field(default_factory=dict)
 
     def sent(self) -> dict[str, Message]:
         """Message id -> instruction, for the instructions the SuperLink accepted."""

@@ -170,12 +170,37 @@ class RoundEngine(Strategy):
         chosen = self.sample(grid, server_round, self.clients_per_round)
         cfg = self.round_config(server_round, config)
         payloads = {n: self.payload_for(n, p, server_round) for n, p in chosen.items()}
-        self.last_exchange = Exchange(chosen, payloads, [
-            self.instruction(n, MessageType.TRAIN, payloads[n], cfg,
-                             self.payload_models(n, p, server_round))
-            for n, p in chosen.items()
-        ])
+        outbox = [self.instruction(n, MessageType.TRAIN, payloads[n], cfg,
+                                   self.payload_models(n, p, server_round))
+                  for n, p in chosen.items()]
+        self.last_exchange = Exchange(chosen, payloads, outbox, {
+            m.metadata.dst_node_id: m.content.array_records[self.arrayrecord_key] for m in outbox})
         return list(self.last_exchange.outbox)
+
+    def sent_as_returned(self, ex: Exchange, messages: list[Message]) -> Exchange:
+        """The exchange of the instructions ``configure_train`` returned.  On Flower's
+        strategies what it returns is what is sent, so a subclass's override that drops,
+        adds or changes instructions (another model for a node, a node left out) is
+        honoured here too: ``ex`` when they are its own, else an exchange of exactly
+        ``messages``, each reply checked against the model its instruction carried."""
+        if len(messages) == len(ex.outbox) and all(
+                m is o and proto.model_key(m.content, self.arrayrecord_key) is not None
+                and proto.model_record(m.content, self.arrayrecord_key)
+                is ex.records.get(m.metadata.dst_node_id)
+                for m, o in zip(messages, ex.outbox, strict=True)):
+            return ex
+        expected: dict[int, int] = {}
+        payloads: dict[int, Params] = {}
+        records: dict[int, ArrayRecord] = {}
+        for m in messages:
+            node = m.metadata.dst_node_id
+            expected[node] = ex.expected.get(node, self.nodes.known.partition_ids.get(node, node))
+            if proto.model_key(m.content, self.arrayrecord_key) is None:
+                continue
+            records[node] = rec = proto.model_record(m.content, self.arrayrecord_key)
+            payloads[node] = (ex.payloads[node] if rec is ex.records.get(node) and node in ex.payloads
+                              else proto.from_record(rec))
+        return Exchange(expected, payloads, messages, records)
 
     def validate(self, replies: Iterable[Message], exchange: Exchange | None = None
                  ) -> tuple[list[ClientUpdate], list[Rejection]]:
@@ -303,8 +328,9 @@ class RoundEngine(Strategy):
         this method and returns its round metrics.
         """
         assert self.params is not None
-        self.configure_train(server_round, proto.to_record(self.params), train_config, grid)
-        ex = self.last_exchange
+        sent = list(self.configure_train(server_round, proto.to_record(self.params),
+                                         train_config, grid))
+        ex = self.sent_as_returned(self.last_exchange, sent)
         replies = self.exchange(grid, ex)
         replies = self.resend_lost(grid, server_round, replies, ex)
         _, metrics = self.aggregate_train(server_round, replies)

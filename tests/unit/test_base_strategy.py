@@ -689,3 +689,43 @@ def test_flowers_tutorial_client_and_keywords_work_under_every_strategy(name, re
     if name not in ("fedelmy", "oneshot-fedavg"):  # the chains ask no node to evaluate
         assert ("evaluate", 4, "num-examples") in calls
         assert res.evaluate_metrics_clientapp[t.round]["best_acc"] == pytest.approx(0.3)
+
+
+def test_what_a_configure_train_override_returns_is_what_is_sent(reply_grid, caplog):
+    """As on Flower's strategies (``start`` sends what ``configure_train`` returns), a
+    subclass's override is honoured: a node left out is not sent (nor counted missing), a
+    node given its own model (personalised layers, as Flower users write it) has its reply
+    checked against that model, and a key set on the config before ``super()`` reaches
+    every node."""
+    left_out, personal = 101, 205
+
+    class Custom(FedAvgStrategy):
+        def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                            grid: Any) -> list[Message]:
+            config["mine"] = server_round
+            msgs = [m for m in super().configure_train(server_round, arrays, config, grid)
+                    if m.metadata.dst_node_id != left_out]
+            for m in msgs:
+                if m.metadata.dst_node_id == personal:  # far from the global model
+                    own = {k: (v + 1000).astype(v.dtype) for k, v in
+                           protocol.from_record(m.content["arrays"]).items()}
+                    m.content["arrays"] = protocol.to_record(own)
+            return msgs
+
+    sent: list[Message] = []
+    s = Custom(fraction_train=1.0, min_available_nodes=4, fraction_evaluate=0.0)
+    with caplog.at_level("WARNING"):
+        s.start(reply_grid(NODES, plain_client(sent)), protocol.to_record(model(0.0)),
+                num_rounds=2)
+    assert sorted({m.metadata.dst_node_id for m in sent}) == sorted(set(NODES) - {left_out})
+    assert all(m.content["config"]["mine"] == m.content["config"]["server-round"] for m in sent)
+    # every sent node used: the personalised reply (its model + 1) is an update of norm
+    # ~1 from what it was sent, not ~1000 from the global model (max-update-ratio 20)
+    assert [h["clients-ok"] for h in s.history] == [3, 3], caplog.text
+    assert [h["clients-rejected"] for h in s.history] == [0, 0], caplog.text
+    # a plain run is untouched: its own exchange, nothing rebuilt
+    t = FedAvgStrategy(fraction_train=1.0, min_available_nodes=4, fraction_evaluate=0.0)
+    t.params = model(0.0)
+    msgs = list(t.configure_train(1, protocol.to_record(model(0.0)), ConfigRecord(),
+                                  reply_grid(NODES)))
+    assert t.sent_as_returned(t.last_exchange, msgs) is t.last_exchange
