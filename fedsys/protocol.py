@@ -77,6 +77,8 @@ WEIGHT_DECAY = "weight-decay"
 WARMUP_EPOCHS = "warmup-epochs"  #: plain epochs before the method's training (a chain's first hop)
 INIT_SEED = "init-seed"  #: re-initialise the model from this seed first (own-init variants)
 DP_CLIPPING_NORM = "dp-clipping-norm"  #: client-side DP: clip the update to this L2 norm
+#: FedProx's mu as Flower's ``FedProx`` sends it (its clients read ``config["proximal-mu"]``)
+PROXIMAL_MU = "proximal-mu"
 ASK = "ask"
 
 # ---------------------------------------------------------------- metric keys
@@ -257,6 +259,7 @@ __all__ = [
     "NUM_EXAMPLES",
     "NUM_PARTITIONS",
     "PARTITION_ID",
+    "PROXIMAL_MU",
     "SERVER_ROUND",
     "STATE_PREFIX",
     "STATE_SCOPE",

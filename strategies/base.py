@@ -230,8 +230,9 @@ class FedsysStrategy(Wrapping, RoundEngine):
     def parse_options(cls, values: Mapping[str, Any]) -> Any:
         """Build :attr:`Options` from keyword arguments; a wrong name is a TypeError."""
         names = [f.name for f in dataclasses.fields(cls.Options)]
-        common = [p for p in inspect.signature(FedsysStrategy.__init__).parameters
-                  if p not in ("self", "options")]
+        common = [p for f in (FedsysStrategy.__init__, cls.__init__)
+                  for p in inspect.signature(f).parameters if p not in ("self", "options", "kwargs")]
+        common += list(getattr(cls, "FLOWER_NAMES", {}))  # Flower's names of the options
         for k in values:
             if k not in names:
                 raise TypeError(f"{cls.__name__}() got an unexpected keyword argument "

@@ -33,6 +33,11 @@ class FedOptStrategy(FedsysStrategy):
     r"""Weighted mean of the clients, then a server optimiser step on the
     pseudo-gradient :math:`\Delta = \tilde x - w` (Alg. 2).
 
+    Built like Flower's ``FedAdam`` / ``FedYogi``: its keywords ``eta``, ``beta_1``,
+    ``beta_2``, ``tau`` are the options ``lr``, ``beta1``, ``beta2``, ``tau`` (fedsys's
+    defaults, the IMA code's), ``eta_l`` is kept as Flower keeps it (Flower sends it to no
+    client either).
+
     The client mean passes through the wrappers (:meth:`finish`) *before* the step:
     IMA then averages its window of client means (spec §2.5: IMA goes between
     averaging and the Adam step).  No bias correction unless ``fedopt.bias-correction``
@@ -42,9 +47,20 @@ class FedOptStrategy(FedsysStrategy):
     kind: ClassVar[str] = "adam"
     Options = FedOptOptions
     option_prefix = "fedopt"
+    #: Flower's ``FedAdam`` / ``FedYogi`` keywords -> the options they mean
+    FLOWER_NAMES: ClassVar[dict[str, str]] = {"eta": "lr", "beta_1": "beta1", "beta_2": "beta2"}
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, eta_l: float | None = None, **kwargs: Any) -> None:
+        for flower, ours in self.FLOWER_NAMES.items():
+            if flower in kwargs:
+                if ours in kwargs:
+                    raise TypeError(f"{type(self).__name__}() got both {flower!r} (Flower's name) "
+                                    f"and {ours!r}: give one")
+                kwargs[ours] = kwargs.pop(flower)
         super().__init__(**kwargs)
+        #: Flower's ``eta_l`` (the clients' lr), kept and logged as Flower's strategy does;
+        #: the clients' lr is the ``lr`` of the train config
+        self.eta_l = eta_l
         o: FedOptOptions = self.options
         self.opt = OptConfig(o.lr, o.tau, o.beta1, o.beta2, o.bias_correction)
         self.m: dict[str, np.ndarray] = {}

@@ -729,3 +729,42 @@ def test_what_a_configure_train_override_returns_is_what_is_sent(reply_grid, cap
     msgs = list(t.configure_train(1, protocol.to_record(model(0.0)), ConfigRecord(),
                                   reply_grid(NODES)))
     assert t.sent_as_returned(t.last_exchange, msgs) is t.last_exchange
+
+
+def test_fedprox_sends_mu_as_flowers_fedprox_does_and_fedadam_takes_flowers_names(reply_grid):
+    """A client written from Flower's FedProx documentation reads
+    ``msg.content["config"]["proximal-mu"]``: fedsys's FedProx sends it (and ``fedprox.mu``
+    for its own trainer), from Flower's keyword ``proximal_mu``, else from the caller's
+    ``fedprox.mu``, else the trainer's default; FedAdam/FedYogi take Flower's names."""
+    from clients.fedprox import FedProxOptions
+    from fedsys.options import ConfigError
+    from strategies import REGISTRY
+    from strategies.fedprox import DEFAULT_MU, FedProxStrategy
+
+    assert DEFAULT_MU == FedProxOptions().mu
+
+    def mus(s: FedProxStrategy, given: dict[str, Any]) -> set[tuple[float, float]]:
+        sent: list[Message] = []
+        s.start(reply_grid(NODES, plain_client(sent)), protocol.to_record(model(0.0)),
+                num_rounds=1, train_config=ConfigRecord(given))
+        return {(float(m.content["config"]["proximal-mu"]), float(m.content["config"]["fedprox.mu"]))
+                for m in sent}
+
+    kw: dict[str, Any] = {"fraction_train": 0.5, "fraction_evaluate": 0.0}
+    assert mus(FedProxStrategy(proximal_mu=0.1, **kw), {}) == {(0.1, 0.1)}
+    assert mus(FedProxStrategy(**kw), {}) == {(DEFAULT_MU, DEFAULT_MU)}
+    assert mus(FedProxStrategy(**kw), {"fedprox.mu": 0.3}) == {(0.3, 0.3)}
+    assert mus(FedProxStrategy(proximal_mu=0.3, **kw), {"fedprox.mu": 0.3}) == {(0.3, 0.3)}
+    with pytest.raises(ConfigError, match=r"proximal_mu=0\.1 and the train config's fedprox\.mu=0\.3"):
+        mus(FedProxStrategy(proximal_mu=0.1, **kw), {"fedprox.mu": 0.3})
+    with pytest.raises(ConfigError, match="proximal_mu must be >= 0"):
+        FedProxStrategy(proximal_mu=-1.0)
+    # a fedsys run: the run config's fedprox.mu (its trainer reads the same number)
+    assert FedProxStrategy.from_config(cfg(strategy="fedprox", **{"fedprox.mu": 0.2})).proximal_mu == 0.2
+    for name in ("fedadam", "fedyogi"):
+        s = REGISTRY[name](eta=0.05, beta_1=0.8, beta_2=0.9, tau=1e-4, eta_l=0.1)
+        assert (s.opt.lr, s.opt.beta1, s.opt.beta2, s.opt.tau, s.eta_l) == (0.05, 0.8, 0.9, 1e-4, 0.1)
+        with pytest.raises(TypeError, match="got both 'eta'"):
+            REGISTRY[name](eta=0.1, lr=0.2)
+        with pytest.raises(TypeError, match="Did you mean 'eta'"):
+            REGISTRY[name](etaa=0.1)
