@@ -344,6 +344,15 @@ class FedsysStrategy(Wrapping, RoundEngine):
         if inert:
             raise ConfigError(f"[{self.label}] " + "; ".join(inert))
 
+    def schedule_keys(self) -> list[str]:
+        """The options (the method's and its wrappers') whose rounds follow the run's
+        length: unset, or given as a fraction of it (FedCDA's warmup, IMA's start)."""
+        return [*self.method_schedule_keys(), *(k for w in self.wrappers for k in w.schedule_keys())]
+
+    def method_schedule_keys(self) -> list[str]:
+        """The method's own :meth:`schedule_keys` (none here)."""
+        return []
+
     def on_start(self, num_rounds: int) -> None:
         """Called by :meth:`prepare` once the schedule's length is known (strategies
         whose options depend on it, e.g. a warmup given as a fraction, resolve here)."""

@@ -147,6 +147,12 @@ class FedCDAStrategy(FedsysStrategy):
         elif self.options.warmup < 0:
             self.warmup = num_rounds // 4
 
+    def method_schedule_keys(self) -> list[str]:
+        """The warmup, given as a fraction of the run or unset (a quarter of it)."""
+        if self.options.warmup_fraction > 0:
+            return ["fedcda.warmup-fraction"]
+        return ["fedcda.warmup (unset: a quarter of the run)"] if self.options.warmup < 0 else []
+
     def branch_refusal(self) -> str | None:
         """The disk cache (``fedcda.cache: disk``) lives in the parent's run directory:
         a branch would share its files."""

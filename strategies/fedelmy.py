@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from logging import ERROR, INFO, WARNING
 from typing import Any
 
-from flwr.app import ConfigRecord, MessageType
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
@@ -237,6 +237,15 @@ class FedElmyStrategy(FedsysStrategy):
                 f"chain.max-skipped={self.options.max_skipped:g} allows")
 
     # ------------------------------------------------------------------ loop
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> list[Message]:
+        """Not for a chain: it learns its partitions, sends hop by hop, retries and skips
+        inside :meth:`start`; a round loop of the caller's own is refused saying so."""
+        raise NotImplementedError(
+            f"[{self.label}] a chain runs its hops inside start() (one node at a time, with "
+            f"retries and skips); a round loop of your own calling configure_train and "
+            f"aggregate_train cannot run it: call strategy.start(grid, initial_arrays, ...)")
 
     def run_round(self, grid: Grid, server_round: int, train_config: ConfigRecord) -> dict[str, Any]:
         """One step of the plan (see :meth:`step`)."""

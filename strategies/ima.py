@@ -93,6 +93,10 @@ class IMA(StrategyWrapper):
         self.base_name = strategy.name
         self.t_s = ima.start_round(num_rounds, o.start_fraction, o.start_round)
 
+    def schedule_keys(self) -> list[str]:
+        """:math:`t_s` as a fraction of the run, unless ``start_round`` is given."""
+        return [] if self.options.start_round >= 0 else ["ima.start-fraction"]
+
     def branch_late_keys(self, strategy: Wrapped, rnd: int) -> frozenset[str]:
         """Averaging and IMA's lr decay act from round :math:`t_s + 1` on: up to round
         :math:`t_s` a branch may set them otherwise (the models and the lr so far are

@@ -30,6 +30,7 @@ import strategies.exchange as exchange_ops
 import strategies.replies as replies_ops
 from fedsys import protocol as proto
 from fedsys import transport
+from fedsys.options import ConfigError
 from fedsys.params import Params, distance
 from fedsys.validation import ClientUpdate, Rejection
 from strategies.exchange import Exchange, Traffic
@@ -144,6 +145,10 @@ class RoundEngine(Strategy):
         """Fix the schedule's length before the first round."""
         self.num_rounds = int(num_rounds)
 
+    def schedule_keys(self) -> list[str]:
+        """Options whose rounds follow the run's length (none here)."""
+        return []
+
     def summary(self) -> None:
         """Log the strategy's settings (nothing here)."""
 
@@ -164,7 +169,18 @@ class RoundEngine(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Sample nodes and build one fresh train message per node."""
+        """Sample nodes and build one fresh train message per node.
+
+        Called from a round loop of the caller's own (Flower's advanced examples override
+        ``start``), which tells the strategy nothing of the run's length: an option that
+        follows it (:meth:`schedule_keys`) is then an error naming it, until
+        :meth:`prepare` is given the length, as :meth:`start` does.
+        """
+        if self.num_rounds == 0 and (keys := self.schedule_keys()):
+            raise ConfigError(
+                f"[{self.label}] the run's length sets {', '.join(keys)}, and start()'s "
+                f"num_rounds tells it to the strategy; in a round loop of your own, call "
+                f"strategy.prepare(num_rounds) before it (or give them in rounds)")
         if self.params is None:
             self.params = proto.from_record(arrays)
         chosen = self.sample(grid, server_round, self.clients_per_round)

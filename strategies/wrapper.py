@@ -68,6 +68,11 @@ class StrategyWrapper:
     def on_start(self, strategy: Wrapped, num_rounds: int) -> None:
         """Called by the strategy's ``start`` with the schedule's length."""
 
+    def schedule_keys(self) -> list[str]:
+        """The wrapper's options whose rounds follow the run's length (unset, or given as a
+        fraction of it): what ``start``'s ``num_rounds`` (or ``prepare``) must fix."""
+        return []
+
     def inert_options(self, strategy: Wrapped, num_rounds: int) -> list[str]:
         """What in this wrapper's options would leave it inert for ``num_rounds`` rounds
         (one sentence each, naming the key); the strategy's ``prepare`` refuses the run

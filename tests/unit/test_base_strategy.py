@@ -768,3 +768,46 @@ def test_fedprox_sends_mu_as_flowers_fedprox_does_and_fedadam_takes_flowers_name
             REGISTRY[name](eta=0.1, lr=0.2)
         with pytest.raises(TypeError, match="Did you mean 'eta'"):
             REGISTRY[name](etaa=0.1)
+
+
+def flower_loop(strategy: Any, grid: Any, rounds: int) -> ArrayRecord:
+    """The round loop of Flower's advanced PyTorch example (its ``CustomFedAvg.start``):
+    configure_train, send_and_receive, aggregate_train, configure_evaluate, ... by hand."""
+    arrays = protocol.to_record(model(0.0))
+    for rnd in range(1, rounds + 1):
+        msgs = strategy.configure_train(rnd, arrays, ConfigRecord({"lr": 0.1}), grid)
+        agg, _ = strategy.aggregate_train(rnd, grid.pull_messages(grid.push_messages(msgs)))
+        arrays = agg if agg is not None else arrays
+        ev = strategy.configure_evaluate(rnd, arrays, ConfigRecord(), grid)
+        strategy.aggregate_evaluate(rnd, grid.pull_messages(grid.push_messages(ev)))
+    return arrays
+
+
+def test_a_round_loop_of_the_users_own_runs_or_says_what_it_needs(reply_grid):
+    """Flower's advanced example writes its own ``start``: the strategy is then never told
+    the run's length.  Options that follow it (FedCDA's warmup unset: a quarter of the run;
+    IMA's start fraction) are an error naming them and the way out (``prepare``), not a
+    silent FedCDA without its warmup; given in rounds, or after ``prepare``, the loop
+    runs; a chain, whose hops run inside ``start``, says so."""
+    from fedsys.options import ConfigError
+    from strategies.fedcda import FedCDAStrategy
+    from strategies.fedelmy import FedElmyStrategy
+    from strategies.ima import IMA
+
+    grid = reply_grid(NODES, flower_client([]))
+    kw: dict[str, Any] = {"fraction_train": 1.0, "min_available_nodes": 4, "fraction_evaluate": 0.0}
+    with pytest.raises(ConfigError, match=r"fedcda\.warmup \(unset: a quarter of the run\).*"
+                                          r"strategy\.prepare\(num_rounds\)"):
+        flower_loop(FedCDAStrategy(**kw), grid, 4)
+    with pytest.raises(ConfigError, match=r"ima\.start-fraction"):
+        flower_loop(FedAvgStrategy(**kw).wrap(IMA(window=2)), grid, 4)
+    s = FedCDAStrategy(**kw, memory=2, batches=1)
+    s.prepare(8)  # as start(num_rounds=8) does
+    flower_loop(s, grid, 8)
+    assert s.warmup == 2  # a quarter of 8
+    t = FedCDAStrategy(**kw, memory=2, batches=1, warmup=1)
+    assert flower_loop(t, grid, 3) is not None and t.params is not None
+    u = FedAvgStrategy(**kw)  # nothing follows the run's length: as Flower's FedAvg
+    assert np.all(protocol.from_record(flower_loop(u, grid, 2))["w"] == 2.0)
+    with pytest.raises(NotImplementedError, match=r"call strategy\.start"):
+        flower_loop(FedElmyStrategy(), grid, 1)
