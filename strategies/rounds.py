@@ -275,9 +275,12 @@ class RoundEngine(Strategy):
     def add_client_metrics(self, record: dict[str, Any], updates: list[ClientUpdate],
                            replies: list[Message], own: Iterable[str] = ()) -> None:
         """Put the round's client metrics (:meth:`client_metrics`) into ``record``, but
-        where one shares a name with the record's own or with ``own`` (said once)."""
+        where one shares a name with the record's own bookkeeping or with ``own`` (said
+        once).  The clients' training loss and work, which the round reports from the
+        replies, are the caller's ``train_metrics_aggr_fn``'s where it gives them (as on
+        Flower's strategies, whose train metrics are what that function returns)."""
         theirs = self.client_metrics(updates, replies)
-        taken = set(record) | set(own)
+        taken = (set(record) | set(own)) - {self.train_loss_key, proto.TRAINED_EXAMPLES}
         clash = sorted(k for k in theirs if k in taken)
         if clash:
             self.tell_once("metric-clash", WARNING, "[%s] client metric(s) %s share a name with "

@@ -619,7 +619,8 @@ def tutorial_client(sent: list[Message], model_key: str = "arrays", config_key: 
             return Message(RecordDict({"metrics": MetricRecord(met)}), reply_to=m)
         lr = float(m.content[config_key]["lr"])
         new = {k: (v + lr).astype(v.dtype) for k, v in got.items()}
-        met = {"train_loss": 0.5, "num-examples": n, "training_time": float(NODES[node])}
+        met = {"train_loss": 0.5 + 0.1 * NODES[node], "num-examples": n,
+               "training_time": float(NODES[node])}
         return Message(RecordDict({
             "arrays": protocol.to_record(new), "metrics": MetricRecord(met),
             "train_metadata": ConfigRecord({"meta": b"\x80\x04pickled", "converged": True}),
@@ -643,7 +644,9 @@ def test_flowers_tutorial_client_and_keywords_work_under_every_strategy(name, re
         calls.append(("train", len(contents), key))
         assert all("train_metadata" in c for c in contents)  # the whole reply, as Flower's
         times = [float(c["metrics"]["training_time"]) for c in contents]
-        return MetricRecord({"slowest": max(times), "per_class": [1.0, 2.0]})
+        losses = [float(c["metrics"]["train_loss"]) for c in contents]
+        return MetricRecord({"slowest": max(times), "per_class": [1.0, 2.0],
+                             "train_loss": min(losses)})  # the caller's, not the mean
 
     def eval_aggr(contents: list[RecordDict], key: str) -> MetricRecord:
         calls.append(("evaluate", len(contents), key))
@@ -667,8 +670,11 @@ def test_flowers_tutorial_client_and_keywords_work_under_every_strategy(name, re
         assert all(h["training_time"] == float(NODES[m.metadata.dst_node_id])
                    for h, m in zip(s.history, train, strict=True))
     elif name != "oneshot-fedavg" or len(s.history) > 1:
-        want = sum(10 * (p + 1) * p for p in NODES.values()) / sum(10 * (p + 1) for p in NODES.values())
+        n = sum(10 * (p + 1) for p in NODES.values())
+        want = sum(10 * (p + 1) * p for p in NODES.values()) / n
         assert res.train_metrics_clientapp[s.round]["training_time"] == pytest.approx(want)
+        loss = sum(10 * (p + 1) * (0.5 + 0.1 * p) for p in NODES.values()) / n  # weighted mean
+        assert res.train_metrics_clientapp[s.round]["train_loss"] == pytest.approx(loss)
     # the caller's record names and aggregation functions, as with Flower's FedAvg
     sent.clear()
     caplog.clear()
@@ -685,6 +691,9 @@ def test_flowers_tutorial_client_and_keywords_work_under_every_strategy(name, re
     assert trained and all(k == "num-examples" and n >= 1 for _, n, k in trained)
     last = res.train_metrics_clientapp[t.round]
     assert "slowest" in last and "per_class" not in last and "training_time" not in last
+    if name != "fedelmy":  # a chain's last hop: one reply, its own loss
+        assert last["train_loss"] == pytest.approx(0.5)  # the minimum, node 0's
+    assert "share a name" not in caplog.text
     assert "non-scalar metric(s) ['per_class']" in caplog.text
     if name not in ("fedelmy", "oneshot-fedavg"):  # the chains ask no node to evaluate
         assert ("evaluate", 4, "num-examples") in calls
