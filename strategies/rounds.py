@@ -331,11 +331,22 @@ class RoundEngine(Strategy):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """The caller's ``evaluate_metrics_aggr_fn`` on the replies' contents (error
         replies left out), else the mean of the clients' evaluation metrics weighted by
-        ``weighted_by_key`` (:func:`strategies.replies.evaluate_mean`)."""
+        ``weighted_by_key`` (:func:`strategies.replies.evaluate_mean`).  Error replies are
+        a WARNING with their count and reason, and replies that give no mean (none holds
+        the weight) one, so that a round without federated metrics says why."""
+        replies = list(replies)
+        errors = [r for r in replies if r.has_error()]
+        if errors:
+            log(WARNING, "[%s] round %d: %d of %d evaluate replies are errors (%s)", self.label,
+                server_round, len(errors), len(replies), str(errors[0].error.reason)[-200:])
+        good = [r.content for r in replies if not r.has_error() and r.has_content()]
         if self.evaluate_metrics_aggr_fn is not None:
-            good = [r.content for r in replies if not r.has_error() and r.has_content()]
             return self.evaluate_metrics_aggr_fn(good, self.weighted_by_key) if good else None
         mean = replies_ops.evaluate_mean(replies, self.weighted_by_key)
+        if mean is None and good:
+            self.tell_once("eval-weight", WARNING, "[%s] evaluate replies hold no finite '%s' "
+                           "(weighted_by_key) to weigh their metrics by: no federated "
+                           "evaluation metrics", self.label, self.weighted_by_key)
         return None if mean is None else proto.metric_record(mean)
 
     # ------------------------------------------------------------------ loop

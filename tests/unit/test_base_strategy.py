@@ -820,3 +820,36 @@ def test_a_round_loop_of_the_users_own_runs_or_says_what_it_needs(reply_grid):
     assert np.all(protocol.from_record(flower_loop(u, grid, 2))["w"] == 2.0)
     with pytest.raises(NotImplementedError, match=r"call strategy\.start"):
         flower_loop(FedElmyStrategy(), grid, 1)
+
+
+def test_a_round_without_federated_metrics_says_why(reply_grid, caplog):
+    """Evaluate replies that are errors are counted with their reason each round, and
+    replies without the weight (a typo in ``num-examples``) say once that no federated
+    metrics can be made; good replies give Flower's weighted mean as before."""
+
+    def answer(m: Message) -> Message:
+        node = m.metadata.dst_node_id
+        if m.metadata.message_type != MessageType.EVALUATE:
+            return flower_client([])(m)
+        if node == 101:
+            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                 reason="ValueError: no validation split"), reply_to=m)
+        return Message(RecordDict({"metrics": MetricRecord(
+            {"num_examples": 10, "eval_acc": 0.5})}), reply_to=m)  # the weight misspelt
+
+    s = FedAvgStrategy(fraction_train=1.0, min_available_nodes=4, fraction_evaluate=1.0,
+                       min_evaluate_nodes=4)
+    with caplog.at_level("WARNING"):
+        res = s.start(reply_grid(NODES, answer), protocol.to_record(model(0.0)), num_rounds=2)
+    assert not res.evaluate_metrics_clientapp
+    lines = [r.getMessage() for r in caplog.records]
+    assert [m for m in lines if "1 of 4 evaluate replies are errors (ValueError: no validation "
+            "split)" in m] and len([m for m in lines if "evaluate replies are errors" in m]) == 2
+    assert len([m for m in lines if "hold no finite 'num-examples'" in m]) == 1
+    caplog.clear()
+    t = FedAvgStrategy(fraction_train=1.0, min_available_nodes=4, fraction_evaluate=1.0,
+                       min_evaluate_nodes=4)
+    with caplog.at_level("WARNING"):
+        res = t.start(reply_grid(NODES, flower_client([])), protocol.to_record(model(0.0)),
+                      num_rounds=1)
+    assert res.evaluate_metrics_clientapp[1]["eval_acc"] == 0.5 and "evaluate" not in caplog.text
