@@ -41,6 +41,9 @@ class ClientUpdate:
     num_examples: int
     metrics: dict[str, float] = field(default_factory=dict)
     models: dict[str, Params] = field(default_factory=dict)
+    #: arrays of the model the reply left out (kept on the client, as FedBN does): the
+    #: update holds the values it was sent for them
+    local: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,9 @@ def parse_train_reply(
 ) -> ClientUpdate | Rejection:
     """Validate one train reply against the model the node was sent.
 
+    A reply's model may leave arrays out (layers its client keeps, as Flower's FedBN
+    how-to does with batch normalisation): the update holds the values it was sent for
+    them (:attr:`ClientUpdate.local`); a model holding none of the arrays is refused.
     The reply's records as Flower's strategies take them: one model ArrayRecord
     (``arrays_key``, else the one whatever its name: :func:`fedsys.protocol.model_key`)
     beside any named extra models (``model.<name>``), one MetricRecord whatever its name,
@@ -156,7 +162,15 @@ def parse_train_reply(
     sent_key = model_key(instr.content, arrays_key) if instr is not None else None
     if reference is None and instr is not None and sent_key is not None:
         reference = from_record(instr.content.array_records[sent_key])
+    local: list[str] = []
     if reference is not None:
+        local = [k for k in reference if k not in params]
+        if local and len(local) == len(reference):
+            return Rejection(node, pid, f"reply's model holds none of the arrays it was sent "
+                             f"(it holds {sorted(params)[:3]}, expected {list(reference)[:3]}...)")
+        if local:  # layers the client keeps (Flower's FedBN how-to): the values it was sent
+            params = {**{k: params[k] if k in params else reference[k].copy() for k in reference},
+                      **{k: v for k, v in params.items() if k not in reference}}
         for name, m in [("", params), *models.items()]:
             why = check_update(m, reference)
             if why is not None:
@@ -166,7 +180,7 @@ def parse_train_reply(
         return Rejection(node, pid, f"metric(s) {bad} are NaN or Inf")
     if metrics.get(TRAINED_EXAMPLES, 0) < 0:  # the work the results compare methods on
         return Rejection(node, pid, f"{TRAINED_EXAMPLES} is {metrics[TRAINED_EXAMPLES]:g}")
-    return ClientUpdate(node, pid, params, int(metrics[w]), metrics, models)
+    return ClientUpdate(node, pid, params, int(metrics[w]), metrics, models, tuple(local))
 
 
 

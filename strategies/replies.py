@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from logging import ERROR, WARNING
+from logging import ERROR, INFO, WARNING
 from typing import Any
 
 from flwr.app import Message
@@ -139,6 +139,11 @@ class ReplyPolicy:
             )
             if isinstance(res, ClientUpdate) and proto.PARTITION_ID in res.metrics:
                 known.partition_ids.setdefault(res.node_id, res.partition_id)  # its first report
+            if isinstance(res, ClientUpdate) and res.local:
+                self.tell("local-arrays", INFO, "[%s] train replies leave out arrays %s%s (kept "
+                          "on the clients, as in Flower's FedBN how-to): the server keeps the "
+                          "values it sent for them", label, list(res.local[:5]),
+                          " ..." if len(res.local) > 5 else "")
             if isinstance(res, ClientUpdate) and res.node_id in seen:
                 res = Rejection(res.node_id, res.partition_id, "duplicate reply")
             if isinstance(res, ClientUpdate) and (why := self.check(res, label)) is not None:

@@ -127,7 +127,7 @@ def test_good_replies_are_aggregated_with_example_weights(reply_grid):
 @pytest.mark.parametrize(
     ("mutate", "reason"),
     [
-        (lambda p: {k: v for k, v in p.items() if k != "b"}, "missing arrays"),
+        (lambda p: {k + "_": v for k, v in p.items()}, "holds none of the arrays it was sent"),
         (lambda p: {**p, "w": np.zeros((3, 2), np.float32)}, "shape"),
         (lambda p: {**p, "w": p["w"].astype(np.float64)}, "dtype"),
         (lambda p: {**p, "b": np.array([0, np.nan, 0], np.float32)}, "NaN or Inf"),
@@ -853,3 +853,23 @@ def test_a_round_without_federated_metrics_says_why(reply_grid, caplog):
         res = t.start(reply_grid(NODES, flower_client([])), protocol.to_record(model(0.0)),
                       num_rounds=1)
     assert res.evaluate_metrics_clientapp[1]["eval_acc"] == 0.5 and "evaluate" not in caplog.text
+
+
+def test_a_model_without_its_batchnorm_layers_is_used_as_flowers_fedbn_sends_it(reply_grid, caplog):
+    """Flower's FedBN how-to: the client leaves its batch-norm arrays out of the reply and
+    keeps them.  The reply is used; the arrays it left out hold what the node was sent (so
+    the mean keeps the server's), said once; a model sharing no array is refused."""
+    s = FedAvgStrategy.from_config(cfg())
+    msgs = configured(s, reply_grid(NODES))
+
+    def without_b(m: Message) -> Message:
+        got = protocol.from_record(m.content["arrays"])
+        return reply(m, {k: np.asarray(v + 1, dtype=v.dtype) for k, v in got.items() if k != "b"})
+
+    with caplog.at_level("INFO"):
+        arrays, metrics = s.aggregate_train(1, [without_b(m) for m in msgs])
+    assert metrics["clients-ok"] == 3 and metrics["clients-rejected"] == 0
+    new = protocol.from_record(arrays)
+    assert np.all(new["w"] == 2.0) and np.all(new["b"] == 1.0)  # b as sent: model(1.0)
+    assert all(u.local == ("b",) for u in s.last_updates)
+    assert len([r for r in caplog.records if "leave out arrays ['b']" in r.getMessage()]) == 1
