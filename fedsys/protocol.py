@@ -20,7 +20,9 @@ from Flower's quickstart speaks it:
   model's and the metrics' record names are free (the one ArrayRecord that is not a
   named extra model, the one MetricRecord: :func:`model_key`), and ConfigRecords are the
   client's own (Flower's tutorial "Communicate custom Messages" sends objects that way),
-  left to a strategy that overrides ``aggregate_train`` to read them;
+  left to a strategy that overrides ``aggregate_train`` to read them; the model may leave
+  out arrays its client keeps (Flower's FedBN how-to: the batch-norm layers), which then
+  hold what the node was sent (:func:`fedsys.validation.parse_train_reply`);
 * an instruction's record names are a strategy's ``arrayrecord_key`` and
   ``configrecord_key`` (Flower's keywords; default ``"arrays"``, ``"config"``);
 * an **evaluate instruction / reply**: ``"arrays"`` + ``"config"``, and ``"metrics"``
