@@ -242,7 +242,7 @@ class FedElmyStrategy(FedsysStrategy):
                         grid: Grid) -> list[Message]:
         """Not for a chain: it learns its partitions, sends hop by hop, retries and skips
         inside :meth:`start`; a round loop of the caller's own is refused saying so."""
-        raise NotImplementedError(
+        raise RuntimeError(
             f"[{self.label}] a chain runs its hops inside start() (one node at a time, with "
             f"retries and skips); a round loop of your own calling configure_train and "
             f"aggregate_train cannot run it: call strategy.start(grid, initial_arrays, ...)")

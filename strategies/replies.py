@@ -11,7 +11,7 @@ holds, a metric the method cannot work without) and logs every refusal.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from logging import ERROR, INFO, WARNING
 from typing import Any
@@ -198,19 +198,28 @@ def train_metrics(updates: list[ClientUpdate], rejected: int, train_loss_key: st
     return out
 
 
-def client_means(updates: list[ClientUpdate], skip: Iterable[str]) -> dict[str, float]:
-    """What Flower's strategies report of their clients' train metrics by default (their
-    ``aggregate_metricrecords``): the mean of every metric all ``updates`` report, weighted
-    by each update's examples, but the keys in ``skip`` (the weight itself, the
-    ``partition-id``, what the round reports otherwise).  Flower's tutorial adds a metric
-    to the train reply ("training_time") and finds it "aggregated automatically"."""
+def weighted_means(rows: Sequence[Mapping[str, float]], weights: Sequence[float], skip: Iterable[str]
+                   ) -> dict[str, float]:
+    """Flower's default aggregation of client metrics (its ``aggregate_metricrecords``):
+    the mean of every metric that all ``rows`` report as a finite number, weighted by
+    ``weights``, but the keys in ``skip`` and the ``partition-id`` (empty when there is no
+    row or no weight)."""
     left = set(skip) | {proto.PARTITION_ID}
-    n = sum(u.num_examples for u in updates)
-    if not updates or n <= 0:
+    n = sum(weights)
+    if not rows or n <= 0:
         return {}
-    keys = [k for k in updates[0].metrics if k not in left
-            and all(k in u.metrics for u in updates[1:])]
-    return {k: sum(u.metrics[k] * u.num_examples for u in updates) / n for k in keys}
+    keys = [k for k in rows[0] if k not in left
+            and all(math.isfinite(r.get(k, math.nan)) for r in rows)]
+    return {k: sum(r[k] * w for r, w in zip(rows, weights, strict=True)) / n for k in keys}
+
+
+def client_means(updates: list[ClientUpdate], skip: Iterable[str]) -> dict[str, float]:
+    """What Flower's strategies report of their clients' train metrics by default: each
+    metric all ``updates`` report, weighted by the update's examples (:func:`weighted_means`;
+    ``skip``: the weight itself, what the round reports otherwise).  Flower's tutorial adds
+    a metric to the train reply ("training_time") and finds it "aggregated automatically"."""
+    return weighted_means([u.metrics for u in updates],
+                          [float(u.num_examples) for u in updates], skip)
 
 
 def evaluate_mean(replies: Iterable[Message], weighted_by_key: str) -> dict[str, Any] | None:
@@ -221,12 +230,10 @@ def evaluate_mean(replies: Iterable[Message], weighted_by_key: str) -> dict[str,
     good = [r for r in replies if not r.has_error() and r.content.metric_records]
     rows = [m for m in (proto.metrics_of(r.content) for r in good)
             if math.isfinite(m.get(w, math.nan)) and m[w] >= 0]
-    n = sum(r[w] for r in rows)
-    if not rows or n <= 0:
+    if not rows or sum(r[w] for r in rows) <= 0:
         return None
-    keys = [k for k in rows[0] if k not in (w, proto.PARTITION_ID)
-            and all(math.isfinite(r.get(k, math.nan)) for r in rows)]
-    return {k: sum(r[k] * r[w] for r in rows) / n for k in keys}
+    return weighted_means(rows, [r[w] for r in rows], (w,))
 
 
-__all__ = ["ReplyPolicy", "Tell", "client_means", "evaluate_mean", "train_metrics", "why_refused"]
+__all__ = ["ReplyPolicy", "Tell", "client_means", "evaluate_mean", "train_metrics", "weighted_means",
+           "why_refused"]

@@ -818,7 +818,7 @@ def test_a_round_loop_of_the_users_own_runs_or_says_what_it_needs(reply_grid):
     assert flower_loop(t, grid, 3) is not None and t.params is not None
     u = FedAvgStrategy(**kw)  # nothing follows the run's length: as Flower's FedAvg
     assert np.all(protocol.from_record(flower_loop(u, grid, 2))["w"] == 2.0)
-    with pytest.raises(NotImplementedError, match=r"call strategy\.start"):
+    with pytest.raises(RuntimeError, match=r"call strategy\.start"):
         flower_loop(FedElmyStrategy(), grid, 1)
 
 
