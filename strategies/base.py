@@ -184,6 +184,11 @@ class FedsysStrategy(Wrapping, RoundEngine):
         **options: Any,
     ) -> None:
         self._told: set[str] = set()
+        for kw, name in (("arrayrecord_key", arrayrecord_key), ("configrecord_key", configrecord_key)):
+            if not str(name) or str(name).startswith(proto.MODEL_PREFIX):
+                raise ConfigError(f"{type(self).__name__}: {kw}={name!r}: a record name, not empty "
+                                  f"and not starting with {proto.MODEL_PREFIX!r} (a method's extra "
+                                  f"models travel under that prefix)")
         self.options = self.parse_options(options)
         self.fraction_train = float(fraction_train)
         self.min_train_nodes = int(min_train_nodes)

@@ -58,8 +58,8 @@ class FedOptStrategy(FedsysStrategy):
                                     f"and {ours!r}: give one")
                 kwargs[ours] = kwargs.pop(flower)
         super().__init__(**kwargs)
-        #: Flower's ``eta_l`` (the clients' lr), kept and logged as Flower's strategy does;
-        #: the clients' lr is the ``lr`` of the train config
+        #: Flower's ``eta_l`` (the clients' lr), kept as Flower's strategy keeps it (it sends
+        #: it to no client); the clients' lr is the ``lr`` of the train config
         self.eta_l = eta_l
         o: FedOptOptions = self.options
         self.opt = OptConfig(o.lr, o.tau, o.beta1, o.beta2, o.bias_correction)

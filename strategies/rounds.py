@@ -199,10 +199,13 @@ class RoundEngine(Strategy):
         adds or changes instructions (another model for a node, a node left out) is
         honoured here too: ``ex`` when they are its own, else an exchange of exactly
         ``messages``, each reply checked against the model its instruction carried."""
+        def sent_model(m: Message) -> ArrayRecord | None:
+            key = proto.model_key(m.content, self.arrayrecord_key)
+            return None if key is None else m.content.array_records[key]
+
         if len(messages) == len(ex.outbox) and all(
-                m is o and proto.model_key(m.content, self.arrayrecord_key) is not None
-                and proto.model_record(m.content, self.arrayrecord_key)
-                is ex.records.get(m.metadata.dst_node_id)
+                m is o and (rec := sent_model(m)) is not None
+                and rec is ex.records.get(m.metadata.dst_node_id)
                 for m, o in zip(messages, ex.outbox, strict=True)):
             return ex
         expected: dict[int, int] = {}
@@ -211,9 +214,9 @@ class RoundEngine(Strategy):
         for m in messages:
             node = m.metadata.dst_node_id
             expected[node] = ex.expected.get(node, self.nodes.known.partition_ids.get(node, node))
-            if proto.model_key(m.content, self.arrayrecord_key) is None:
+            if (rec := sent_model(m)) is None:
                 continue
-            records[node] = rec = proto.model_record(m.content, self.arrayrecord_key)
+            records[node] = rec
             payloads[node] = (ex.payloads[node] if rec is ex.records.get(node) and node in ex.payloads
                               else proto.from_record(rec))
         return Exchange(expected, payloads, messages, records)

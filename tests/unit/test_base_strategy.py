@@ -695,6 +695,10 @@ def test_flowers_tutorial_client_and_keywords_work_under_every_strategy(name, re
         assert last["train_loss"] == pytest.approx(0.5)  # the minimum, node 0's
     assert "share a name" not in caplog.text
     assert "non-scalar metric(s) ['per_class']" in caplog.text
+    from fedsys.options import ConfigError
+    for bad in ("", "model.main"):
+        with pytest.raises(ConfigError, match="arrayrecord_key="):
+            REGISTRY[name](arrayrecord_key=bad)
     if name not in ("fedelmy", "oneshot-fedavg"):  # the chains ask no node to evaluate
         assert ("evaluate", 4, "num-examples") in calls
         assert res.evaluate_metrics_clientapp[t.round]["best_acc"] == pytest.approx(0.3)
