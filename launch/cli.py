@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import os
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ from fedsys import config as cfgmod
 from fedsys import metrics
 from launch import registry
 from launch.results import load_runs, table
+from launch.runlock import holding
 
 EPILOG = """examples:
   fedsys run configs/default.yaml                     every method on Fashion-MNIST
@@ -63,35 +62,6 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
     # last: what is wrong with the config itself is said first
     if problem := ray_address_problem(os.environ):
         raise cfgmod.ConfigError(problem)
-
-
-#: the file in a run directory whose lock says a fedsys process is running it
-RUN_LOCK = ".fedsys.lock"
-
-
-@contextlib.contextmanager
-def holding(run_dir: Path) -> Iterator[None]:
-    """``run_dir`` to this process alone for a ``with`` block: a second ``fedsys run`` or
-    ``fedsys resume`` of the same directory meanwhile would write the same checkpoints and
-    records, so it is refused with one line naming the process that holds it.  The lock
-    (``flock`` on :data:`RUN_LOCK`) ends with the process, however it ends."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with (run_dir / RUN_LOCK).open("a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            who = f.read().strip() or "another process"
-            raise cfgmod.ConfigError(
-                f"{run_dir} is being run by {who}; wait for it to end, or give this run "
-                "another name (--set name=...)") from None
-        except OSError:  # a file system without locks: run as before
-            pass
-        f.seek(0)
-        f.truncate()
-        f.write(f"fedsys pid {os.getpid()} (since {time.strftime('%F %T')})\n")
-        f.flush()
-        yield
 
 
 def seed_config(cfg: cfgmod.RunConfig, seed: int) -> cfgmod.RunConfig:

@@ -27,6 +27,7 @@ from launch.deploy import (
     connection_toml,
     run_config_toml,
 )
+from launch.runlock import busy, in_use
 
 DEFAULT_DIR = "runs/deploy"
 APP_DIR = Path(__file__).resolve().parents[1]
@@ -171,6 +172,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = registry.load(Path(args.config), args.set or [])
     for _, vcfg in cfg.variants():  # strategy-specific checks before anything is sent
         registry.make_strategy(vcfg)
+    if who := in_use(cfg.run_dir):  # its ServerApp would be refused: say so before sending
+        raise DeployError(busy(cfg.run_dir, who))
     if args.superlink:
         dep = _remote(args)
     else:

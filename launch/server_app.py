@@ -46,6 +46,7 @@ from fedsys.task import (
 from launch import lifecycle
 from launch.lifecycle import kept_checkpoint
 from launch.registry import from_run_config, make_strategy, train_config
+from launch.runlock import FLWR_RENAME, holding
 from strategies.base import FedsysStrategy, NoUsableUpdateError
 from strategies.nodes import Known
 
@@ -247,7 +248,15 @@ LOG_TABLE = True
 def run_experiment(grid: Grid, cfg: RunConfig, log_table: bool = True
                    ) -> dict[str, list[dict[str, Any]]]:
     """Run every strategy of ``cfg`` on identical partitions and seeds, then compare
-    (the table into ``results.md``, and into the log with ``log_table``)."""
+    (the table into ``results.md``, and into the log with ``log_table``).  The run
+    directory is this process's while it runs (:func:`launch.runlock.holding`): a second
+    ``flwr run`` of the same name is refused, naming the process that runs it."""
+    with holding(cfg.run_dir, FLWR_RENAME):
+        return _run_experiment(grid, cfg, log_table)
+
+
+def _run_experiment(grid: Grid, cfg: RunConfig, log_table: bool
+                    ) -> dict[str, list[dict[str, Any]]]:
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.save(run_dir / "config.yaml")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -322,27 +323,73 @@ def test_a_stop_says_what_it_leaves_per_command(terminated, cmd, rc, needle, cap
     assert ("fedsys resume" in err) == (cmd in ("run", "resume"))
 
 
+@contextlib.contextmanager
+def held_elsewhere(run_dir):
+    """``run_dir`` held by another process (a second ``fedsys``) for a ``with`` block."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pathlib import Path; from launch.runlock import holding\n"
+            "with holding(Path(sys.argv[1])):\n"
+            "    print('held', flush=True); sys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+        yield proc.pid
+    finally:
+        proc.communicate("", timeout=60)  # stdin closed: it lets go and ends
+    assert proc.returncode == 0
+
+
 def test_a_run_directory_in_use_is_refused_naming_who_runs_it(tmp_path, capsys):
     """Two ``fedsys run``/``resume`` of one directory at once would write the same
-    checkpoints and records: the second is refused before any engine starts, and the
-    directory is free again once the first ends."""
+    checkpoints and records: the second is refused before any engine starts, naming the
+    process that runs it, and the directory is free again once that process ends."""
     import os
 
-    from launch.cli import RUN_LOCK, holding
+    from launch.runlock import RUN_LOCK, holding, in_use
 
     args = ["run", "--set", "dataset=synthetic", "--set", "num-clients=2",
             "--set", "clients-per-round=2", "--set", f"output-dir={tmp_path}",
             "--set", "name=busy"]
-    with holding(tmp_path / "busy"):
+    busy = tmp_path / "busy"
+    assert in_use(busy) is None
+    with held_elsewhere(busy) as pid:
         assert main(args) == 2
         err = capsys.readouterr().err
-        assert err.startswith(f"error: {tmp_path / 'busy'} is being run by fedsys pid "
-                              f"{os.getpid()}"), err
+        assert err.startswith(f"error: {busy} is being run by fedsys pid {pid} (since "), err
         assert "--set name=" in err and err.count("\n") == 1
         with pytest.raises(cfgmod.ConfigError, match="is being run by"):  # a resume as well
-            with holding(tmp_path / "busy"):
+            with holding(busy):
                 pass
-    with holding(tmp_path / "busy"):  # released
+        assert in_use(busy).startswith(f"fedsys pid {pid}")
+        assert not (busy / "config.yaml").exists()  # the refused run wrote nothing
+    assert in_use(busy) is None  # released with its process
+    with holding(busy):
+        assert (busy / RUN_LOCK).read_text().startswith(f"fedsys pid {os.getpid()}")
+        with holding(busy):  # this process again (the CLI around its own ServerApp): runs on
+            pass
+        assert in_use(busy) is None  # nobody else runs it
+    with held_elsewhere(busy):  # and both withs let go
         pass
-    assert (tmp_path / "busy" / RUN_LOCK).read_text().startswith(f"fedsys pid {os.getpid()}")
-    assert not (tmp_path / "busy" / "config.yaml").exists()  # the refused run wrote nothing
+
+
+def test_a_servers_run_of_a_directory_in_use_is_refused(tmp_path, capsys):
+    """``flwr run`` and ``fedsys deploy run`` start the ServerApp without ``fedsys run``'s
+    lock: it takes the lock itself, so a second submission of a running name is refused
+    (by ``fedsys deploy run`` before anything is sent), naming the process, writing nothing."""
+    from launch.registry import load
+    from launch.server_app import run_experiment
+
+    cfg = load(None, ["dataset=synthetic", f"output-dir={tmp_path}", "name=busy"])
+    with held_elsewhere(cfg.run_dir) as pid:
+        with pytest.raises(cfgmod.ConfigError, match=rf"is being run by fedsys pid {pid} .*"
+                                                     r"--run-config \"name='...'\""):
+            run_experiment(None, cfg)  # refused before the grid is touched
+        config = tmp_path / "c.yaml"
+        config.write_text(f"dataset: synthetic\nmodel: mlp\noutput-dir: {tmp_path}\nname: busy\n")
+        assert main(["deploy", "run", str(config), "--dir", str(tmp_path / "none")]) == 2
+        err = capsys.readouterr().err  # before it looks for a deployment
+        assert err.startswith(f"error: {cfg.run_dir} is being run by fedsys pid {pid}"), err
+        assert not (cfg.run_dir / "config.yaml").exists()
