@@ -20,4 +20,19 @@ TRAINERS: dict[str, type[Trainer]] = {
     "lss": LssTrainer,
 }
 
-__all__ = ["TRAINERS", "LocalConfig", "TrainJob", "TrainResult", "Trainer"]
+def trainer_class(trainer: str | type[Trainer]) -> type[Trainer]:
+    """A trainer by its name in :data:`TRAINERS` (or the class itself, one of your own).
+
+    Raises
+    ------
+    ValueError
+        An unknown name, listing the registered ones.
+    """
+    if not isinstance(trainer, str):
+        return trainer
+    if trainer not in TRAINERS:
+        raise ValueError(f"unknown trainer {trainer!r}; registered: {', '.join(TRAINERS)}")
+    return TRAINERS[trainer]
+
+
+__all__ = ["TRAINERS", "LocalConfig", "TrainJob", "TrainResult", "Trainer", "trainer_class"]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from clients.optim import Optimiser
+from fedsys.options import parse_group
 from fedsys.params import Params
 from fedsys.protocol import TRAINED_EXAMPLES
 
@@ -132,6 +133,20 @@ class Trainer(ABC):
     @abstractmethod
     def train(self, job: TrainJob) -> TrainResult:
         """Train ``job.net`` in place; return what happened."""
+
+
+def trainer_options(trainer: type[Trainer], given: Mapping[str, Any]) -> Any:
+    """``trainer``'s typed options from the config keys in ``given`` that carry its prefix
+    (``lss.ingredients``); other keys are not its business.
+
+    Raises
+    ------
+    fedsys.config.ConfigError
+        An unknown ``<prefix>.`` key or a value out of bounds, naming it.
+    """
+    prefix = trainer.prefix()
+    return parse_group(trainer.Options, prefix,
+                       {k: v for k, v in given.items() if k.startswith(prefix + ".")})
 
 
 TRAINABLE = ("all", "head")

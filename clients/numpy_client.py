@@ -30,8 +30,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from flwr.client import NumPyClient
 
-from clients.base import LocalConfig, Normalise, Trainer, TrainJob, local_config, run_trainer
-from fedsys.options import parse_group
+from clients.base import (
+    LocalConfig,
+    Normalise,
+    Trainer,
+    TrainJob,
+    local_config,
+    run_trainer,
+    trainer_options,
+)
 from fedsys.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -68,13 +75,9 @@ class TrainerClient(NumPyClient):
                  y_eval: torch.Tensor | None = None, options: Mapping[str, Any] | None = None,
                  local: LocalConfig | None = None, seed: int = 0, partition_id: int = 0,
                  eval_batch_size: int = 256) -> None:
-        from clients import TRAINERS
+        from clients import trainer_class
 
-        if isinstance(trainer, str):
-            if trainer not in TRAINERS:
-                raise ValueError(f"unknown trainer {trainer!r}; registered: {', '.join(TRAINERS)}")
-            trainer = TRAINERS[trainer]
-        self.trainer = trainer
+        self.trainer = trainer_class(trainer)
         self.net, self.x, self.y, self.normalise = net, x, y, normalise
         self.x_eval = x if x_eval is None else x_eval
         self.y_eval = y if y_eval is None else y_eval
@@ -87,9 +90,7 @@ class TrainerClient(NumPyClient):
 
     def parse(self, given: Mapping[str, Any]) -> Any:
         """The trainer's typed options from config keys (``<prefix>.<option>``)."""
-        prefix = self.trainer.prefix()
-        return parse_group(self.trainer.Options, prefix,
-                           {k: v for k, v in given.items() if k.startswith(prefix + ".")})
+        return trainer_options(self.trainer, given)
 
     def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
         """The model's ``state_dict`` as NumPy arrays, in order."""

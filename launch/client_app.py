@@ -16,8 +16,8 @@ import torch
 from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
-from clients import TRAINERS, LocalConfig, TrainJob
-from clients.base import local_config, run_trainer
+from clients import LocalConfig, TrainJob, trainer_class
+from clients.base import local_config, run_trainer, trainer_options
 from fedsys import attacks, trainer_state
 from fedsys import protocol as proto
 from fedsys.config import ConfigError, RunConfig
@@ -117,13 +117,9 @@ def train(msg: Message, context: Context) -> Message:
     if attack is not None and attack.kind == "label-flip":
         y = torch.as_tensor(attacks.flip_labels(y.cpu().numpy(), ds.num_classes))
     name = str(s.get(proto.TRAINER, "sgd"))
-    if name not in TRAINERS:
-        raise ValueError(f"unknown trainer {name!r}; registered: {', '.join(TRAINERS)}")
-    trainer = TRAINERS[name]
-    prefix = trainer.prefix()
-    given = {**cfg.group(prefix), **{k: v for k, v in s.items() if k.startswith(prefix + ".")}}
+    trainer = trainer_class(name)
     try:
-        options = parse_group(trainer.Options, prefix, given)
+        options = trainer_options(trainer, {**cfg.group(trainer.prefix()), **s})
     except ConfigError as exc:
         raise ValueError(f"trainer {name!r}: {exc}") from None
     scope = f"{s.get(proto.STATE_SCOPE, '')}/{name}"

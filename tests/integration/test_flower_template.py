@@ -25,8 +25,13 @@ reports a noise level and a growing epsilon.  The client with the additions of F
 tutorial "Communicate custom Messages" (``client_app_tutorial.py``: a ``training_time``
 metric, an object in a ConfigRecord) under FedCDA with the tutorial's ``aggregate_train``
 override: every reply used and its object read, the metric averaged into the round's
-metrics.  About 14 simulations of 10 to 30 s each and
-one deployment.
+metrics.  The template's ClientApp with a fedsys trainer doing its training
+(``client_app_trainer.py``, ``clients.message.local_train`` as the README shows): LSS under
+Flower's own FedAvg and under FedCDA, FedELMY's pool trainer under the chain that asks for it:
+every reply used, accuracy rising, the trainer's metric (soup or pool size) in every round.
+Each simulation's run config reaches both apps through the app's pyproject.toml, as ``flwr run
+--run-config`` gives it (Flower's simulation Python API hands it to the ServerApp only).
+About 17 simulations of 10 to 40 s each and one deployment.
 """
 
 from __future__ import annotations
@@ -34,11 +39,14 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
+from fedsys.config import toml_text
 from launch.simulation import FLWR_ENV, ray_init_args
 
 pytestmark = pytest.mark.slow
@@ -73,7 +81,19 @@ sys.path.insert(0, str(APP))  # the template's flat imports (``from task import 
 from fedsys_line import STRATEGIES  # noqa: E402
 
 
-def _simulate(strategy: str, client: str) -> None:
+def _app_with(run_config: dict[str, object], where: Path) -> Path:
+    """The template app whose pyproject holds ``run_config``, as ``flwr run --run-config``
+    gives it to both apps.  (Flower's simulation Python API hands its run config to the
+    ServerApp only: a ClientApp reads the app's pyproject.toml.)"""
+    app = where / "app"
+    shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))
+    data = tomllib.loads((APP / "pyproject.toml").read_text())
+    data["tool"]["flwr"]["app"]["config"].update(run_config)
+    (app / "pyproject.toml").write_text(toml_text(data))
+    return app
+
+
+def _simulate(strategy: str, client: str, where: Path) -> None:
     from flwr.app import Context, RecordDict
     from flwr.simulation.run_simulation import _run_simulation
     from flwr.supercore.telemetry import EventType
@@ -82,19 +102,19 @@ def _simulate(strategy: str, client: str) -> None:
     run_config = {"num-server-rounds": ROUNDS_OF.get(strategy, ROUNDS),
                   "fraction-train": FRACTION_OF.get(strategy, 0.5),
                   "local-epochs": EPOCHS_OF.get(strategy, 3), "lr": LR_OF.get(strategy, 0.01),
-                  "strategy": strategy}
+                  "strategy": strategy, "client-trainer": TRAINER_OF.get(strategy, "lss")}
     _run_simulation(
         num_supernodes=NODES, exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
         client_app_attr=f"{client}:app", server_app_attr="server_app:app",
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},  # type: ignore[typeddict-item]
                         "init_args": ray_init_args(os.environ, NODES)},
-        app_dir=str(APP), is_app=True,
+        app_dir=str(_app_with(run_config, where)), is_app=True,
         server_app_context=Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
                                    run_config=run_config))
 
 
-def check(log_text: str, strategy: str, nodes: int = NODES,
-          rounds_run: int = ROUNDS) -> list[tuple[int, int, int, float]]:
+def check(log_text: str, strategy: str, nodes: int = NODES, rounds_run: int = ROUNDS,
+          client: str = "client_app") -> list[tuple[int, int, int, float]]:
     """The rounds the strategy reported; fails on an ERROR, a traceback or a refusal."""
     for bad in ("ERROR", "Traceback", "rejected reply", "No query function"):
         assert bad not in log_text, f"{strategy}: {bad!r} in the log:\n{log_text[-3000:]}"
@@ -117,6 +137,10 @@ def check(log_text: str, strategy: str, nodes: int = NODES,
         assert len(meta) == want * steps, meta
         times = [float(t) for t in re.findall(r"training_time ([\d.e+-]+)", log_text)]
         assert len(times) == steps and min(times) > 0, wrapped
+    if client == "client_app_trainer":  # the fedsys trainer trained: its metric, every round
+        key, value = ("pool-size", 3.0) if strategy == "fedelmy" else ("soup-size", 3.0)
+        assert [float(v) for v in re.findall(rf"{key} ([\d.]+)", log_text)] \
+            == [value] * steps, wrapped
     if strategy == "fedavg+dp":  # noised, and the privacy spent grows round by round
         eps = [float(e) for e in re.findall(r"dp-epsilon ([\d.e+]+)", log_text)]
         assert len(eps) == steps and 0 < eps[0] < eps[-1], wrapped
@@ -131,7 +155,11 @@ def check(log_text: str, strategy: str, nodes: int = NODES,
 #: ConfigRecord, read by an ``aggregate_train`` override) under FedCDA
 CASES = [*((s, "client_app") for s in STRATEGIES),
          *((s, "client_app_pid") for s in ("fedcda+ima", "fedelmy")),
-         ("fedcda-tutorial", "client_app_tutorial")]
+         ("fedcda-tutorial", "client_app_tutorial"),
+         *((s, "client_app_trainer") for s in ("flower-fedavg", "fedcda", "fedelmy"))]
+#: the run config's ``client-trainer`` for client_app_trainer.py: LSS, but under the chain the
+#: strategy's own choice (FedELMY's pool trainer)
+TRAINER_OF = {"fedelmy": ""}
 
 
 @pytest.mark.parametrize(("strategy", "client"), CASES)
@@ -139,8 +167,8 @@ def test_flowers_template_trains_under_every_fedsys_strategy(strategy, client, t
                                                              monkeypatch, caplog, capfd):
     monkeypatch.chdir(tmp_path)  # the template saves final_model.pt in its working directory
     with caplog.at_level(logging.INFO):
-        _simulate(strategy, client)
+        _simulate(strategy, client, tmp_path)
     out, err = capfd.readouterr()
     check("\n".join(r.getMessage() for r in caplog.records) + out + err, strategy,
-          rounds_run=ROUNDS_OF.get(strategy, ROUNDS))
+          rounds_run=ROUNDS_OF.get(strategy, ROUNDS), client=client)
     assert (tmp_path / "final_model.pt").is_file()

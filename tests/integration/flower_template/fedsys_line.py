@@ -11,6 +11,7 @@ from typing import Any
 
 from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.common.logger import log
+from flwr.serverapp.strategy import FedAvg, Strategy
 
 from strategies.base import FedsysStrategy
 from strategies.dp import DP
@@ -43,17 +44,52 @@ class TutorialFedCDA(FedCDAStrategy):
         return super().aggregate_train(server_round, replies)
 
 
+class LoggedFedAvg(FedAvg):
+    """Flower's own FedAvg (for the template's ClientApp with a fedsys trainer,
+    ``client_app_trainer.py``), each round's outcome logged as :func:`_report` logs a fedsys
+    strategy's: Flower's strategy itself, only watched."""
+
+    ok = rejected = 0
+    train_metrics: MetricRecord | None = None
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        self.ok = sum(1 for r in replies if r.has_content())
+        self.rejected = len(replies) - self.ok
+        arrays, self.train_metrics = super().aggregate_train(server_round, replies)
+        return arrays, self.train_metrics
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
+                           ) -> MetricRecord | None:
+        metrics = super().aggregate_evaluate(server_round, replies)
+        log(20, "template round %d: clients-ok %d, clients-rejected %d, eval_acc %.4f%s",
+            server_round, self.ok, self.rejected,
+            float(metrics["eval_acc"]) if metrics else -1.0,  # type: ignore[arg-type]
+            _client_metrics(dict(self.train_metrics or {})))
+        return metrics
+
+
+def _client_metrics(record: dict[str, Any]) -> str:
+    """What the tests read beyond the round's outcome: the wrappers' numbers, the tutorial's
+    metric, a fedsys trainer's (LSS's soup, FedELMY's pool)."""
+    shown = " ".join(f"{k} {float(v):g}" for k, v in sorted(record.items())
+                     if k.startswith(("robust-", "dp-", "training_time", "soup-size",
+                                      "pool-size")))
+    return f" | {shown}" if shown else ""
+
+
 def _report(strategy: FedsysStrategy, record: dict[str, Any]) -> None:
-    wrappers = " ".join(f"{k} {v:g}" for k, v in sorted(record.items())
-                        if k.startswith(("robust-", "dp-", "training_time")))
     log(20, "template round %d: clients-ok %d, clients-rejected %d, eval_acc %.4f%s",
         int(record["round"]), int(record.get("clients-ok", 0)),
         int(record.get("clients-rejected", 0)), float(record.get("fed-eval_acc", -1.0)),
-        f" | {wrappers}" if wrappers else "")
+        _client_metrics(record))
 
 
-def fedsys_strategy(name: str, fraction_train: float) -> FedsysStrategy:
-    """The fedsys strategy ``name`` (:data:`STRATEGIES`)."""
+def fedsys_strategy(name: str, fraction_train: float) -> Strategy:
+    """The fedsys strategy ``name`` (:data:`STRATEGIES`); ``flower-fedavg``: Flower's own."""
+    if name == "flower-fedavg":
+        return LoggedFedAvg(fraction_train=fraction_train)
     build = {
         "fedavg": lambda: FedAvgStrategy(fraction_train=fraction_train),
         "fedprox": lambda: FedProxStrategy(fraction_train=fraction_train),
