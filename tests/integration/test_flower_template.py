@@ -63,7 +63,7 @@ ROUNDS_OF = {"fedadam": 6, "fedcda+ima": 5}
 #: local epochs per round: 3; a chain's hop 1 epoch, so that its later hops can rise above its
 #: first (one client's 300 images).  Until 2026-11-29 this never reached the ClientApps (they
 #: read the pyproject's 1, see _app_with), so the measurements quoted here and below were made
-#: with 1 epoch everywhere; with 3, all 16 cases passed (2026-11-29), and the chain under the
+#: with 1 epoch everywhere; with 3, the other 15 cases passed (2026-11-29), and the chain under the
 #: plain template client, whose setting did not change, ended 0.19 -> 0.24 in 1 of 6 runs
 #: (the template seeds nothing)
 EPOCHS_OF = {"fedelmy": 1}
