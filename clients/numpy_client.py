@@ -19,7 +19,7 @@ by the keys of :mod:`fedsys.protocol` (``lr``, ``local-epochs``, ``batch-size``,
 ``server-round``) and the trainer's options by their config keys (``lss.affinity``).
 What needs the Message API instead: fedsys's server strategies (FedCDA, FedCross, IMA,
 the FedELMY chain), per-node payloads and extra named models, trainer state kept in
-``context.state``; see the README.
+``context.state``: :mod:`clients.message` runs the same trainers there.
 """
 
 from __future__ import annotations
