@@ -158,14 +158,30 @@ def run_trainer(trainer: Trainer, job: TrainJob) -> TrainResult:
     training, as the LSS official code does for every method (its ``main.py``, "tmp:
     freezing backbone"); the frozen parameters come back unchanged.
 
+    The trainers seed torch's global generator from the job's seed (dropout, a pool's
+    inits); that stays inside: the caller's generator state (CPU, and the job's CUDA
+    device) is restored afterwards, so a ClientApp of one's own that calls a fedsys
+    trainer draws the same random numbers after it as without it.
+
     Raises
     ------
     ValueError
         For a ``trainable`` other than ``all`` or ``head``.
     """
+    import torch
+
     kind = job.config.trainable
     if kind not in TRAINABLE:
         raise ValueError(f"trainable {kind!r}; allowed: {', '.join(TRAINABLE)}")
+    device = torch.device(job.config.device)
+    cuda = [] if device.type != "cuda" else [
+        torch.cuda.current_device() if device.index is None else device.index]
+    with torch.random.fork_rng(devices=cuda):
+        return _train_with(trainer, job, kind)
+
+
+def _train_with(trainer: Trainer, job: TrainJob, kind: str) -> TrainResult:
+    """:func:`run_trainer`'s work, the ``trainable`` kind checked."""
     if kind == "all":
         return trainer.train(job)
     from fedsys.pretrain import head_name

@@ -75,6 +75,24 @@ def test_the_same_training_as_fedsys_own_client_app_bit_for_bit(trainer):
     assert any(not torch.equal(b[k], sent[k]) for k in b), "it trained nothing"
 
 
+@pytest.mark.parametrize("trainer", sorted(TRAINERS))
+def test_your_own_random_numbers_are_yours_after_a_fedsys_trainer(trainer):
+    """The trainers seed torch's global generator; the caller's stream goes on after
+    ``local_train`` as if it had not run (and the training is the same either way)."""
+    config = {proto.SERVER_ROUND: 2, proto.TRAINER: trainer}
+    torch.manual_seed(123)
+    torch.rand(3)
+    expected = torch.rand(5)
+    torch.manual_seed(123)
+    torch.rand(3)
+    first = _ours(_message(config))
+    assert torch.equal(torch.rand(5), expected), "local_train moved the caller's generator"
+    torch.manual_seed(999)
+    again = _ours(_message(config)).content[proto.ARRAYS].to_torch_state_dict()
+    a = first.content[proto.ARRAYS].to_torch_state_dict()
+    assert all(torch.equal(a[k], again[k]) for k in a), "training drew on the caller's state"
+
+
 def test_the_reply_is_what_flowers_own_fedavg_aggregates():
     """Flower's FedAvg (``flwr.serverapp.strategy``) sends ``lr`` and ``server-round`` only:
     the reply is read as its template's client reply is."""
