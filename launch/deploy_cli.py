@@ -173,7 +173,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for _, vcfg in cfg.variants():  # strategy-specific checks before anything is sent
         registry.make_strategy(vcfg)
     if who := in_use(cfg.run_dir):  # its ServerApp would be refused: say so before sending
-        raise DeployError(busy(cfg.run_dir, who))
+        raise DeployError(busy(cfg.run_dir, who) + "; a run of it left running on the "
+                          "SuperLink ends with 'flwr stop RUN_ID' (see 'fedsys deploy status')")
     if args.superlink:
         dep = _remote(args)
     else:

@@ -19,6 +19,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from typing import IO
 from pathlib import Path
 
 from fedsys.config import ConfigError
@@ -56,6 +57,28 @@ def in_use(run_dir: Path) -> str | None:
         return None
 
 
+#: how long a start waits for the lock before refusing: a look (:func:`in_use`,
+#: ``reproduce.py --list``) holds it shared for an instant, a run for its whole length
+PEEK_WAIT_S = 0.5
+
+
+def _lock(f: IO[str]) -> bool:
+    """Lock ``f`` exclusively; False when another process runs the directory.  A shared
+    lock seen is waited out for :data:`PEEK_WAIT_S` (somebody looking, not running);
+    a file system without locks lets the run go on, as before locks."""
+    deadline = time.monotonic() + PEEK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        except OSError:
+            return True
+
+
 @contextlib.contextmanager
 def holding(run_dir: Path, rename: str = CLI_RENAME) -> Iterator[None]:
     """``run_dir`` to this process alone for a ``with`` block.
@@ -86,13 +109,9 @@ def holding(run_dir: Path, rename: str = CLI_RENAME) -> Iterator[None]:
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     with (run_dir / RUN_LOCK).open("a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _lock(f):
             f.seek(0)
             raise ConfigError(busy(run_dir, f.read().strip(), rename)) from None
-        except OSError:  # a file system without locks: run as before
-            pass
         f.seek(0)
         f.truncate()
         f.write(f"fedsys pid {os.getpid()} (since {time.strftime('%F %T')})\n")

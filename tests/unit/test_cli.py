@@ -375,6 +375,27 @@ def test_a_run_directory_in_use_is_refused_naming_who_runs_it(tmp_path, capsys):
         pass
 
 
+def test_a_look_at_a_run_directory_does_not_refuse_a_run_starting_then(tmp_path):
+    """``in_use`` (``fedsys deploy run``'s check) and ``reproduce.py --list`` hold the lock
+    shared for an instant: a run starting in that instant waits it out instead of being
+    refused as if somebody ran the directory."""
+    import fcntl
+    import threading
+
+    from launch.runlock import PEEK_WAIT_S, RUN_LOCK, holding
+
+    run_dir = tmp_path / "looked-at"
+    run_dir.mkdir()
+    (run_dir / RUN_LOCK).write_text("")
+    with (run_dir / RUN_LOCK).open("r") as look:
+        fcntl.flock(look, fcntl.LOCK_SH | fcntl.LOCK_NB)  # somebody looking
+        done = threading.Timer(PEEK_WAIT_S / 5, fcntl.flock, (look, fcntl.LOCK_UN))
+        done.start()
+        with holding(run_dir):
+            assert (run_dir / RUN_LOCK).read_text().startswith("fedsys pid ")
+        done.join()
+
+
 def test_a_servers_run_of_a_directory_in_use_is_refused(tmp_path, capsys):
     """``flwr run`` and ``fedsys deploy run`` start the ServerApp without ``fedsys run``'s
     lock: it takes the lock itself, so a second submission of a running name is refused
@@ -392,4 +413,5 @@ def test_a_servers_run_of_a_directory_in_use_is_refused(tmp_path, capsys):
         assert main(["deploy", "run", str(config), "--dir", str(tmp_path / "none")]) == 2
         err = capsys.readouterr().err  # before it looks for a deployment
         assert err.startswith(f"error: {cfg.run_dir} is being run by fedsys pid {pid}"), err
+        assert "'flwr stop RUN_ID'" in err and err.count("\n") == 1, err  # a run left running
         assert not (cfg.run_dir / "config.yaml").exists()
