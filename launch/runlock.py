@@ -19,8 +19,8 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from typing import IO
 from pathlib import Path
+from typing import IO
 
 from fedsys.config import ConfigError
 
