@@ -20,6 +20,8 @@ model: the parallel variant, Alg. 3).  ``local-steps`` caps each model's steps.
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,6 +39,14 @@ if TYPE_CHECKING:
 
 VAL_TAG = 0x7A11
 WARMUP_TAG = 0x3A4B
+#: what :class:`Regulariser` logs per step: d1, d2, s, the norms of the regulariser's
+#: gradient (``pull``) and of the loss's (``loss-grad``); a pool model's ``logs`` are its
+#: last epoch's means, the two norms as their ratio ``grad-ratio``
+REG_LOGS = ("d1", "d2", "scale", "pull", "loss-grad")
+#: a pool whose distance terms' gradient outweighs the loss's (``grad-ratio`` above this,
+#: the pool's mean) while App. A's s stayed 1 is held near the received model: warned,
+#: see :meth:`FedElmyTrainer.train`
+HELD_RATIO = 1.0
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,8 @@ class Regulariser:
         from fedsys import pool as pool_ops
 
         with torch.no_grad():
+            ce_norm = math.sqrt(sum(float(torch.linalg.vector_norm(p.grad)) ** 2
+                                    for p in params if p.grad is not None))
             theta = pool_ops.flat([p.detach() for p in params])
             loss = float(ce.detach())
             if self.form == "code":
@@ -125,8 +137,9 @@ class Regulariser:
                 grad, d1, d2 = pool_ops.distance_gradient(theta, self.pool, self.m0, self.alpha,
                                                  self.beta, s)
             del theta
+            pull = float(torch.linalg.vector_norm(grad))
             pool_ops.add_to_grads(params, grad)
-            self.logs = {"d1": d1, "d2": d2, "scale": s}
+            self.logs = {"d1": d1, "d2": d2, "scale": s, "pull": pull, "loss-grad": ce_norm}
 
 
 def train_one(net: nn.Module, job: TrainJob, data: tuple[torch.Tensor, ...], epochs: int,
@@ -152,7 +165,7 @@ def train_one(net: nn.Module, job: TrainJob, data: tuple[torch.Tensor, ...], epo
     logs: dict[str, float] = {}
     for epoch in range(epochs):
         net.train()
-        loss_sum, n, sums = 0.0, 0, dict.fromkeys(("d1", "d2", "scale"), 0.0)
+        loss_sum, n, sums = 0.0, 0, dict.fromkeys(REG_LOGS, 0.0)
         for _, idx in batches(len(y), cfg.batch_size, 1, derive_seed(seed, epoch)):
             xb, yb = job.normalise(x[idx]).to(device), y[idx].to(device)
             opt.zero_grad(set_to_none=True)
@@ -174,6 +187,8 @@ def train_one(net: nn.Module, job: TrainJob, data: tuple[torch.Tensor, ...], epo
             raise FloatingPointError("local training diverged (loss is NaN or Inf)")
         if reg is not None:
             logs = {k: v / max(n, 1) for k, v in sums.items()}
+            pull, loss_grad = logs.pop("pull"), logs.pop("loss-grad")
+            logs["grad-ratio"] = pull / loss_grad if loss_grad > 0 else 0.0  # nothing to learn
         if select_best and len(yv):
             _, acc = score(net, job.normalise, xv, yv, 512, device)
             if acc > best_acc:
@@ -269,8 +284,30 @@ class FedElmyTrainer(Trainer):
             del start, reg
         job.net.load_state_dict(to_torch(pool.mean()))  # Eq. 5: the reply
         last = fits[-1].logs
-        return _result(data, fits, {"pool-size": pool.count,
+        pool_fits = fits[-int(o.pool_size):]
+        ratio = sum(f.logs.get("grad-ratio", 0.0) for f in pool_fits) / len(pool_fits)
+        if ratio > HELD_RATIO and all(f.logs.get("scale") == 1.0 for f in pool_fits):
+            _warn_held(ratio, pool_fits, job.partition_id, o)
+        return _result(data, fits, {"pool-size": pool.count, "grad-ratio": ratio,
                                     **{f"last-{k}": v for k, v in last.items()}})
+
+
+def _warn_held(ratio: float, pool_fits: list[Fit], who: int, o: Any) -> None:
+    """One WARNING: the pool stayed near the received model.  Eq. 9's pull has norm
+    ``beta / s`` at any distance, and App. A's ``s`` is 1 until d2 reaches the loss's
+    decade: on a small model, whose loss gradient is small, the pool never gets there.
+    (A converged model's loss gradient is small too, but its small loss makes ``s`` large
+    at once: not warned.)"""
+    d2 = max(f.logs.get("d2", 0.0) for f in pool_fits)
+    loss = pool_fits[-1].last_loss
+    decade = 10.0 ** math.floor(math.log10(loss)) if loss > 0 and math.isfinite(loss) else 0.0
+    logging.getLogger("flwr").warning(
+        "fedelmy (client %s): the distance terms' gradient is %.2g times the loss's (the pool's "
+        "mean): its models stay within d2 = %.3g of the received model and learn little (last "
+        "loss %.3g); Eq. 9's pull has norm beta/s = %g/%g there (App. A's s stays 1 until d2 "
+        "reaches %g, the loss's decade).  On a small model lower fedelmy.beta (README: "
+        "'FedELMY's pool on a small model')", who, ratio, d2, loss, float(o.beta),
+        pool_fits[-1].logs.get("scale", 1.0), decade)
 
 
 __all__ = ["FedElmyOptions", "FedElmyTrainer", "FedSeqOptions", "FedSeqTrainer", "Fit",

@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from clients.base import LocalConfig, TrainJob
-from clients.fedelmy import FedElmyOptions, FedElmyTrainer, FedSeqTrainer, Regulariser
+from clients.fedelmy import (
+    HELD_RATIO,
+    FedElmyOptions,
+    FedElmyTrainer,
+    FedSeqTrainer,
+    Regulariser,
+)
 from fedsys import pool as pool_ops
 from fedsys.options import parse_group
 
@@ -87,3 +93,58 @@ def test_a_default_pool_model_moves_away_from_the_received_model():
 
     free, default = moved(alpha=0.0, beta=0.0), moved()
     assert default >= free / 4, (default, free)  # unscaled (scaling=False): 0.36 < 4.72 / 4
+    net.load_state_dict(warm)
+    o = parse_group(FedElmyOptions, "fedelmy", {"pool-size": 1, "select-best": False})
+    res = FedElmyTrainer().train(TrainJob(net, x, y, ds.normalise, cfg, o, run_seed=0))
+    assert res.metrics["grad-ratio"] < HELD_RATIO / 4, res.metrics  # not held: no warning
+
+
+class _Blitz(torch.nn.Module):
+    """The small CNN of PyTorch's 60-minute blitz (Flower's app template), for 1x28x28."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.body = nn.Sequential(nn.Conv2d(1, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
+                                  nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                                  nn.Linear(16 * 4 * 4, 120), nn.ReLU(), nn.Linear(120, 84),
+                                  nn.ReLU(), nn.Linear(84, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def test_a_pool_held_near_the_received_model_is_reported_and_warned(caplog):
+    """On a small model and a few hundred images (a Flower user's template CNN), Eq. 9's
+    pull (norm beta / s, s = 1 below the loss's decade) outweighs the loss's gradient: the
+    default pool stays near ``m_0`` and learns little.  The reply's ``grad-ratio`` says so
+    and one WARNING names ``fedelmy.beta``; at beta 0.1 the pool learns, with no warning.
+    Measured (2026-11-29) on the template's own CNN and data: ratio 2.0, the 3 hops after
+    its warm-up at 0.25 accuracy whatever the epochs (1, 3 or 6 per pool model); beta 0.1:
+    ratio 0.07, 0.48 / 0.61 / 0.64."""
+    import logging
+
+    from fedsys.data import load_fashion_mnist
+
+    ds = load_fashion_mnist()
+    idx = torch.randperm(len(ds.y_train), generator=torch.Generator().manual_seed(0))[:240]
+    x, y = ds.x_train[idx], ds.y_train[idx]
+    cfg = LocalConfig(epochs=1, batch_size=32, lr=1e-3, seed=1, optimizer="adam",
+                      warmup_epochs=1)
+
+    def pool(**opts: object) -> tuple[dict[str, float], float, list[str]]:
+        torch.manual_seed(0)
+        net = _Blitz()
+        caplog.clear()
+        o = parse_group(FedElmyOptions, "fedelmy", {"pool-size": 2, **opts})
+        with caplog.at_level(logging.WARNING, logger="flwr"):
+            res = FedElmyTrainer().train(TrainJob(net, x, y, ds.normalise, cfg, o, run_seed=0))
+        return res.metrics, res.train_loss, [r.getMessage() for r in caplog.records
+                                             if r.levelno == logging.WARNING]
+
+    held, held_loss, warned = pool()
+    assert held["grad-ratio"] > HELD_RATIO, held
+    assert len(warned) == 1 and "fedelmy.beta" in warned[0] and "learn little" in warned[0]
+    free, free_loss, quiet = pool(beta=0.1)
+    assert free["grad-ratio"] < HELD_RATIO and not quiet, (free, quiet)
+    assert free["last-d2"] > 3 * held["last-d2"] and free_loss < held_loss, (free, held)
