@@ -7,10 +7,15 @@ what follows its runs.  The driver runs one unit (an experiment's seed) at a tim
 
 - a unit whose records are in ``docs/results/data/`` already is skipped, so a finished seed is
   never run again, even on a machine without the ``runs/`` directory;
+- a seed's strategies run one ``fedsys run`` each (``--set strategy=ENTRY``: every strategy of a
+  run has the same partitions and seeds, so its numbers are those of the whole run), each
+  archived as soon as it finishes, and a strategy whose record is archived is not run again:
+  a seed of four hours carries across machines strategy by strategy (an experiment whose runs
+  branch from each other's checkpoints runs its commands whole: the branches need ``runs/``);
 - an interrupted one continues from its checkpoints (``--set resume=true``);
 - a unit holds a lock (``runs/<group>/<setting>/seed-<k>.lock``): a second copy of the driver
   skips it (for a machine with cores to spare; on 2 cores one copy is as fast);
-- after each attempt ``scripts/report.py <group>`` archives the finished runs' records and
+- after each command ``scripts/report.py <group>`` archives the finished runs' records and
   rewrites the page's generated sections (one writer at a time); a run with refused replies
   (the machine stalled it past ``round-timeout``) is moved aside there and the unit runs again,
   up to three attempts.
@@ -44,7 +49,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -237,6 +242,35 @@ def experiments() -> list[Experiment]:
     return out
 
 
+def branches(exp: Experiment) -> bool:
+    """Whether a run of ``exp`` starts from another's checkpoint (IMA's branches)."""
+    return any(s.startswith("branch-from=") for r in exp.runs for s in r.sets)
+
+
+def record(exp: Experiment, run: Run, seed: int, label: str) -> Path:
+    """Where the record of strategy ``label`` of ``run``, seed ``seed``, is archived."""
+    return DATA / f"{exp.group}-{run.name or exp.setting}-s{seed}-{label}.jsonl"
+
+
+def pending(exp: Experiment, seed: int | None) -> list[list[str]]:
+    """The ``fedsys`` commands of one seed of ``exp`` still to run: one a strategy whose
+    record is not archived (``--set strategy=ENTRY`` after the run's own overrides), or,
+    for a run without seeds or an experiment with branches, its runs' commands whole."""
+    if seed is None or branches(exp):
+        return [exp.command(run, seed) for run in exp.runs]
+    sys.path.insert(0, str(ROOT))
+    from fedsys.config import parse_strategy
+    from launch import registry
+
+    out = []
+    for run in exp.runs:
+        cfg = registry.load(Path(run.preset), [*run.sets])
+        out += [exp.command(replace(run, sets=(*run.sets, f"strategy={v.spec}")), seed)
+                for v in parse_strategy(cfg.strategy, cfg.schema)
+                if not record(exp, run, seed, v.label).exists()]
+    return out
+
+
 def strategies_of(exp: Experiment) -> int:
     """How many strategy records one seed of ``exp`` archives (its presets' strategies)."""
     sys.path.insert(0, str(ROOT))
@@ -261,6 +295,8 @@ def state(exp: Experiment, seed: int | None) -> str:
         cfg = registry.load(Path(run.preset), sets)
         for label, variant in cfg.variants():
             rows = cfg.run_dir / ("" if seed is None else f"seed-{seed}") / label / "metrics.jsonl"
+            if seed is not None and record(exp, run, seed, label).exists():
+                rows = record(exp, run, seed, label)  # archived (its run may be elsewhere)
             last = last_round(rows)
             started |= last > 0
             done.append(f"{label} {last}/{variant.num_server_rounds}")
@@ -370,14 +406,16 @@ class Driver:
                 print(f"reproduce: {where}, attempt {attempt} ({time.strftime('%H:%M', time.gmtime())} UTC)",
                       flush=True)
                 ok = all(self.pretrain(*p) for p in exp.pretrain)
-                for run in exp.runs if ok else ():
-                    if self.call(exp.command(run, seed), log) != 0:
+                for args in pending(exp, seed) if ok else ():
+                    ok = self.call(args, log) == 0
+                    self.report(exp.group)  # a finished strategy's record, archived at once
+                    if not ok:
                         print(f"reproduce: {where} failed (log: {log})", file=sys.stderr)
-                        ok = False
                         break
-                for args in exp.after if ok else ():
-                    self.call(args, log)
-                self.report(exp.group)
+                for after in exp.after if ok else ():
+                    self.call(after, log)
+                if exp.after:
+                    self.report(exp.group)
                 if self.dry_run or archived(exp, seed) >= want:
                     return
             print(f"reproduce: {where} not archived", file=sys.stderr)

@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 STUB = """#!/usr/bin/env bash
 # a stand-in for `fedsys run PRESET --set k=v ... --seeds K`: the files of a finished run
-echo "$*" >> "$STUB_LOG"
+ARGS="$*"
+# (and, after the arguments, how many records of the seed were archived when it started)
 [[ $1 == run ]] || exit 3
 preset=$2; shift 2
 declare -A set
@@ -35,12 +36,14 @@ seed=
 while [[ $# -gt 0 ]]; do
   case $1 in --set) set[${2%%=*}]=${2#*=}; shift ;; --seeds) seed=$2; shift ;; esac; shift
 done
-exec "$PY" - "$preset" "${set[output-dir]}/${set[name]}/seed-$seed" "$seed" <<'PY'
+n=$(ls docs/results/data | grep -c -- "-s$seed-")
+echo "$ARGS archived=$n" >> "$STUB_LOG"
+exec "$PY" - "$preset" "${set[output-dir]}/${set[name]}/seed-$seed" "$seed" "${set[strategy]}" <<'PY'
 import json, sys
 from pathlib import Path
 from launch import registry
-preset, run_dir, seed = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-for label, _ in registry.load(preset).variants():
+preset, run_dir, seed, strategy = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+for label, _ in registry.load(preset, [f"strategy={strategy}"] if strategy else []).variants():
     d = run_dir / label
     d.mkdir(parents=True, exist_ok=True)
     recs = [{"round": r, "accuracy": 0.1 + 0.01 * r + 0.001 * seed, "clients-ok": 3,
@@ -98,14 +101,78 @@ def test_the_driver_runs_only_the_missing_seed_and_archives_it(tmp_path: Path) -
     assert "fedelmy/domain seed 0: archived, skipped" in first.stdout
     assert "fedelmy/domain seed 2: archived, skipped" in first.stdout
     calls = log.read_text().splitlines()
-    assert len(calls) == 1 and calls[0].endswith("--seeds 1"), calls
-    assert "--set output-dir=runs/fedelmy --set name=domain" in calls[0]
+    labels = [lab for lab, _ in registry_variants(repo / "configs" / "fedelmy-domain.yaml")]
+    assert len(calls) == len(labels) == 4, calls  # one command a strategy of the preset
+    for k, call in enumerate(calls):
+        assert re.search(r" --set strategy=\S+ --set resume=true --set output-dir=runs/fedelmy "
+                         rf"--set name=domain --seeds 1 archived={k}$", call), call
     assert len(list(data.glob("fedelmy-domain-s1-*.jsonl"))) == 4  # the preset's 4 runs
-    assert (repo / "runs" / "fedelmy" / "domain" / "seed-1.log").read_text().count("=== ") == 1
+    assert (repo / "runs" / "fedelmy" / "domain" / "seed-1.log").read_text().count("=== ") == 4
     again = drive()
     assert again.returncode == 0, again.stderr[-2000:]
     assert "fedelmy/domain seed 1: archived, skipped" in again.stdout
-    assert len(log.read_text().splitlines()) == 1  # nothing ran the second time
+    assert len(log.read_text().splitlines()) == 4  # nothing ran the second time
+
+    # a seed on a new machine (no runs/) with two strategies archived runs the other two
+    shutil.rmtree(repo / "runs")
+    kept = {labels[0], labels[2]}
+    for f in data.glob("fedelmy-domain-s1-*.jsonl"):
+        if f.stem.removeprefix("fedelmy-domain-s1-") not in kept:
+            f.unlink()
+    log.write_text("")
+    third = drive()
+    assert third.returncode == 0, third.stdout[-2000:] + third.stderr[-2000:]
+    calls = log.read_text().splitlines()
+    assert [c.split(" --set strategy=")[1].split(" --set ")[0] for c in calls] == \
+        [spec for lab, spec in zip(labels, registry_specs(repo / "configs" / "fedelmy-domain.yaml"),
+                                   strict=True) if lab not in kept], calls
+    assert [c.rsplit("archived=", 1)[1] for c in calls] == ["2", "3"]  # each archived at once
+    assert len(list(data.glob("fedelmy-domain-s1-*.jsonl"))) == 4
+
+
+def registry_variants(preset: Path) -> list[tuple[str, object]]:
+    sys.path.insert(0, str(ROOT))
+    from launch import registry
+
+    return list(registry.load(preset).variants())
+
+
+def registry_specs(preset: Path) -> list[str]:
+    sys.path.insert(0, str(ROOT))
+    from fedsys.config import parse_strategy
+    from launch import registry
+
+    cfg = registry.load(preset)
+    return [v.spec for v in parse_strategy(cfg.strategy, cfg.schema)]
+
+
+def test_a_strategy_run_alone_is_the_same_run_as_in_its_whole_command(
+        scripts: tuple[ModuleType, ModuleType], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's one-strategy commands (``--set strategy=ENTRY`` after the run's own
+    overrides) configure each strategy exactly as the whole command does, for every seeded
+    experiment without branches; an experiment with branches keeps its commands whole."""
+    reproduce, _ = scripts
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(reproduce, "DATA", Path("no-such-archive"))  # nothing archived
+    sys.path.insert(0, str(ROOT))
+    from launch import registry
+
+    split = 0
+    for exp in reproduce.experiments():
+        if exp.seeds is None:
+            continue
+        cmds = reproduce.pending(exp, exp.seeds[0])
+        if reproduce.branches(exp):
+            assert cmds == [exp.command(r, exp.seeds[0]) for r in exp.runs], exp.key
+            continue
+        whole = [v for r in exp.runs for v in registry.load(
+            Path(r.preset), [a for a in exp.command(r, exp.seeds[0])[3::2] if "=" in a]).variants()]
+        assert len(cmds) == len(whole) == reproduce.strategies_of(exp), exp.key
+        for cmd, (label, vcfg) in zip(cmds, whole, strict=True):
+            [(one_label, one)] = registry.load(Path(cmd[1]), [a for a in cmd[3::2] if "=" in a]).variants()
+            assert (one_label, one) == (label, vcfg), exp.key
+            split += 1
+    assert split >= 50
 
 
 def test_every_page_heading_names_an_experiment_of_the_driver(
@@ -182,6 +249,14 @@ def test_list_says_how_far_each_seed_is(scripts: tuple[ModuleType, ModuleType], 
         assert reproduce.state(exp, 1) == f"running ({expect})"
         assert reproduce.state(exp, 2) == "to run"
     assert reproduce.state(exp, 1) == f"partial ({expect})"
+    # a strategy archived on another machine (no runs/ here): partial, its record's rounds
+    first = variants[0][0]
+    shutil.copy2(ROOT / "docs" / "results" / "data" / f"fedelmy-domain-s2-{first}.jsonl", data)
+    done = reproduce.last_round(data / f"fedelmy-domain-s2-{first}.jsonl")
+    assert done > 0
+    assert reproduce.state(exp, 2) == "partial ({})".format(", ".join(
+        f"{lab} {done if lab == first else 0}/{v.num_server_rounds}"
+        for lab, v in variants))
 
 
 def test_list_prints_every_experiment_with_its_state(
