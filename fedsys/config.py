@@ -48,7 +48,7 @@ MAX_SEED = 2**32 - 1
 SEED_BOUNDS = f"[0, {MAX_SEED}]"
 
 DATASETS = ("fashion-mnist", "cifar10", "cifar100", "synthetic")
-MODELS = ("fmnist-cnn", "cifar-cnn", "resnet18", "mlp")
+MODELS = ("fmnist-cnn", "cifar-cnn", "resnet18", "mlp", "blitz-cnn")
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,27 @@ def mlp(in_shape: tuple[int, int, int], num_classes: int, **_: object) -> nn.Mod
     return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 64), nn.ReLU(), nn.Linear(64, num_classes))
 
 
+@register("blitz-cnn")
+def blitz_cnn(in_shape: tuple[int, int, int], num_classes: int, **_: object) -> nn.Module:
+    """The small CNN of PyTorch's 60-minute blitz, the model of Flower's app template.
+
+    conv 5x5 (6) -> 2x2 max-pool -> conv 5x5 (16) -> 2x2 max-pool -> FC 120 -> FC 84 ->
+    FC output, ReLU between (44,426 weights on 28x28 inputs, 62,006 on 3x32x32): a Flower
+    user's first model, and one on which FedELMY's proximity pull outweighs the loss
+    (``docs/results/fedelmy.md``, "A small model").
+    """
+    c, h, w = in_shape
+    feat = 16 * (((h - 4) // 2 - 4) // 2) * (((w - 4) // 2 - 4) // 2)
+    return nn.Sequential(
+        nn.Conv2d(c, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(feat, 120), nn.ReLU(),
+        nn.Linear(120, 84), nn.ReLU(),
+        nn.Linear(84, num_classes),
+    )
+
+
 def build_model(
     name: str,
     in_shape: tuple[int, int, int],

@@ -143,6 +143,8 @@ DRIVER = "python scripts/reproduce.py {group}/{setting}"
 FEDELMY_NAMES = {
     "fedelmy": "FedELMY (S = 5)",
     "fedelmy-scaling-false": "FedELMY, paper form without App. A scaling",
+    "fedelmy-s2": "FedELMY S = 2 (the paper's beta 1)",
+    "fedelmy-s2-beta-0.1": "FedELMY S = 2, beta 0.1",
     "fedseq": "FedSeq, epoch-matched (E = 1)",
     "fedseq-local-epochs-5": "FedSeq, compute-matched (E = 5)",
     "fedseq-local-epochs-3": "FedSeq, epoch-matched (E = 3)",
@@ -196,7 +198,12 @@ def fedelmy_claims() -> list[Claim]:
             ("few-shot improves FedELMY: T = 3 above T = 1 (Table 2)", "fewshot",
              "fedelmy-passes-3", "dir0.5", "fedelmy", "final", ">"),
             ("FedELMY above FedSeq at T = 3 (Table 2)", "fewshot", "fedelmy-passes-3",
-             "fewshot", "fedseq-passes-3", "final", ">")]
+             "fewshot", "fedseq-passes-3", "final", ">"),
+            *[(f"on the template CNN{at}: above FedSeq, epoch-matched (Table 1)", "small", s,
+               "small", "fedseq", "final", ">")
+              for at, s in (("", "fedelmy-s2"), (" at beta 0.1", "fedelmy-s2-beta-0.1"))],
+            ("on the template CNN: beta 0.1 above the paper's beta 1 (ours)", "small",
+             "fedelmy-s2-beta-0.1", "small", "fedelmy-s2", "final", ">")]
     return out
 
 
@@ -248,6 +255,7 @@ PAGES: dict[str, Page] = {
             "dir0.3": "Dirichlet 0.3, 10 clients (H200 GPU)",
             "dir0.1": "Dirichlet 0.1, 10 clients (H200 GPU)",
             "domain": "domain shift (4 transforms), 4 clients (2 CPU cores)",
+            "small": "Flower's template CNN (blitz-cnn), 4 clients of 240 images, S = 2 (2 CPU cores)",
             "pool": "pool size, Dirichlet 0.5 (H200 GPU)",
             "ablation": "d1/d2 ablation, Dirichlet 0.5 (H200 GPU)",
             "fewshot": "few-shot T = 3, Dirichlet 0.5 (H200 GPU)",
@@ -256,7 +264,7 @@ PAGES: dict[str, Page] = {
         xlabel="step (chains: hop; one-shot FedAvg: warm-up, parallel round)",
         config={**{s: f"SEEDS=\"0 1 2\" scripts/gpu_units.sh fedelmy {s}" for s in (
             "e3", "dir0.5", "dir0.3", "dir0.1", "pool", "ablation", "fewshot")},
-                   "domain": "python scripts/reproduce.py fedelmy/domain"},
+                   **{s: f"python scripts/reproduce.py fedelmy/{s}" for s in ("domain", "small")}},
         claims=tuple(FEDELMY_CLAIMS),
     ),
     # the runs before issue 39 (2026-11, 2 CPU cores): FedELMY without App. A's scaling

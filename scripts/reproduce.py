@@ -204,6 +204,7 @@ def experiments() -> list[Experiment]:
               for n in (1, 3) for k in ATTACKS],
             Experiment("robustness", "dp", "robustness", (Run(ROBUST, (f"strategy={DP}",)),))]
     out.append(Experiment("fedelmy", "domain", "fedelmy", (Run("configs/fedelmy-domain.yaml"),)))
+    out.append(Experiment("fedelmy", "small", "fedelmy", (Run("configs/fedelmy-small.yaml"),)))
     for s, start in LSS_STARTS.items():
         pre = (f"configs/lss-{s}.yaml", (), f"runs/lss/{start}") if start else None
         out.append(Experiment("lss", s, "lss", (Run(f"configs/lss-{s}.yaml"),),

@@ -99,21 +99,6 @@ def test_a_default_pool_model_moves_away_from_the_received_model():
     assert res.metrics["grad-ratio"] < HELD_RATIO / 4, res.metrics  # not held: no warning
 
 
-class _Blitz(torch.nn.Module):
-    """The small CNN of PyTorch's 60-minute blitz (Flower's app template), for 1x28x28."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        nn = torch.nn
-        self.body = nn.Sequential(nn.Conv2d(1, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
-                                  nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                                  nn.Linear(16 * 4 * 4, 120), nn.ReLU(), nn.Linear(120, 84),
-                                  nn.ReLU(), nn.Linear(84, 10))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x)
-
-
 def test_a_pool_held_near_the_received_model_is_reported_and_warned(caplog):
     """On a small model and a few hundred images (a Flower user's template CNN), Eq. 9's
     pull (norm beta / s, s = 1 below the loss's decade) outweighs the loss's gradient: the
@@ -125,6 +110,7 @@ def test_a_pool_held_near_the_received_model_is_reported_and_warned(caplog):
     import logging
 
     from fedsys.data import load_fashion_mnist
+    from fedsys.models import build_model
 
     ds = load_fashion_mnist()
     idx = torch.randperm(len(ds.y_train), generator=torch.Generator().manual_seed(0))[:240]
@@ -133,8 +119,7 @@ def test_a_pool_held_near_the_received_model_is_reported_and_warned(caplog):
                       warmup_epochs=1)
 
     def pool(**opts: object) -> tuple[dict[str, float], float, list[str]]:
-        torch.manual_seed(0)
-        net = _Blitz()
+        net = build_model("blitz-cnn", ds.input_shape, ds.num_classes, 0)
         caplog.clear()
         o = parse_group(FedElmyOptions, "fedelmy", {"pool-size": 2, **opts})
         with caplog.at_level(logging.WARNING, logger="flwr"):

@@ -30,6 +30,17 @@ def test_registry_names():
     assert {"fmnist-cnn", "cifar-cnn", "resnet18", "mlp"} <= set(MODELS)
 
 
+def test_blitz_cnn_is_the_template_model_in_its_weights():
+    """Flower's app template's CNN (PyTorch's blitz): 62,006 weights on CIFAR's 3x32x32,
+    44,426 on Fashion-MNIST's 1x28x28."""
+    # conv1 3*6*25+6, conv2 6*16*25+16, fc1 400*120+120, fc2 120*84+84, fc3 84*10+10
+    assert _n_params(build_model("blitz-cnn", (3, 32, 32), 10, seed=0)) == \
+        456 + 2416 + 48120 + 10164 + 850 == 62006
+    net = build_model("blitz-cnn", (1, 28, 28), 10, seed=0)
+    assert _n_params(net) == 156 + 2416 + 30840 + 10164 + 850 == 44426
+    assert net(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+
+
 def test_fmnist_cnn_parameter_count():
     net = build_model("fmnist-cnn", (1, 28, 28), 10, seed=0)
     # conv1 1*32*25+32 + conv2 32*64*25+64 + fc1 1024*512+512 + fc2 512*10+10

@@ -93,7 +93,7 @@ def test_the_driver_runs_only_the_missing_seed_and_archives_it(tmp_path: Path) -
            "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
 
     def drive() -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, str(repo / "scripts" / "reproduce.py"), "fedelmy"],
+        return subprocess.run([sys.executable, str(repo / "scripts" / "reproduce.py"), "fedelmy/domain"],
                               env=env, capture_output=True, text=True, timeout=300, check=False)
 
     first = drive()
