@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from clients.base import Trainer, TrainJob, TrainResult, batches
 from clients.optim import Optimiser
+from fedsys.fedelmy import GRAD_RATIO, POOL_HELD, pool_held
 from fedsys.options import option
 from fedsys.params import Params, RunningMean, from_torch, to_torch
 from fedsys.protocol import TRAINED_EXAMPLES
@@ -43,10 +44,6 @@ WARMUP_TAG = 0x3A4B
 #: gradient (``pull``) and of the loss's (``loss-grad``); a pool model's ``logs`` are its
 #: last epoch's means, the two norms as their ratio ``grad-ratio``
 REG_LOGS = ("d1", "d2", "scale", "pull", "loss-grad")
-#: a pool whose distance terms' gradient outweighs the loss's (``grad-ratio`` above this,
-#: the pool's mean) while App. A's s stayed 1 is held near the received model: warned,
-#: see :meth:`FedElmyTrainer.train`
-HELD_RATIO = 1.0
 
 
 @dataclass(frozen=True)
@@ -188,7 +185,7 @@ def train_one(net: nn.Module, job: TrainJob, data: tuple[torch.Tensor, ...], epo
         if reg is not None:
             logs = {k: v / max(n, 1) for k, v in sums.items()}
             pull, loss_grad = logs.pop("pull"), logs.pop("loss-grad")
-            logs["grad-ratio"] = pull / loss_grad if loss_grad > 0 else 0.0  # nothing to learn
+            logs[GRAD_RATIO] = pull / loss_grad if loss_grad > 0 else 0.0  # nothing to learn
         if select_best and len(yv):
             _, acc = score(net, job.normalise, xv, yv, 512, device)
             if acc > best_acc:
@@ -285,19 +282,17 @@ class FedElmyTrainer(Trainer):
         job.net.load_state_dict(to_torch(pool.mean()))  # Eq. 5: the reply
         last = fits[-1].logs
         pool_fits = fits[-int(o.pool_size):]
-        ratio = sum(f.logs.get("grad-ratio", 0.0) for f in pool_fits) / len(pool_fits)
-        if ratio > HELD_RATIO and all(f.logs.get("scale") == 1.0 for f in pool_fits):
+        ratio = sum(f.logs.get(GRAD_RATIO, 0.0) for f in pool_fits) / len(pool_fits)
+        held = pool_held(ratio, [f.logs.get("scale", 0.0) for f in pool_fits])
+        if held:
             _warn_held(ratio, pool_fits, job.partition_id, o)
-        return _result(data, fits, {"pool-size": pool.count, "grad-ratio": ratio,
+        return _result(data, fits, {"pool-size": pool.count, GRAD_RATIO: ratio,
+                                    POOL_HELD: float(held),
                                     **{f"last-{k}": v for k, v in last.items()}})
 
 
 def _warn_held(ratio: float, pool_fits: list[Fit], who: int, o: Any) -> None:
-    """One WARNING: the pool stayed near the received model.  Eq. 9's pull has norm
-    ``beta / s`` at any distance, and App. A's ``s`` is 1 until d2 reaches the loss's
-    decade: on a small model, whose loss gradient is small, the pool never gets there.
-    (A converged model's loss gradient is small too, but its small loss makes ``s`` large
-    at once: not warned.)"""
+    """One WARNING: the pool stayed near the received model (:func:`fedsys.fedelmy.pool_held`)."""
     d2 = max(f.logs.get("d2", 0.0) for f in pool_fits)
     loss = pool_fits[-1].last_loss
     decade = 10.0 ** math.floor(math.log10(loss)) if loss > 0 and math.isfinite(loss) else 0.0

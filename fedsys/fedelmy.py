@@ -30,10 +30,38 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
+# torch is imported where it is used: the chain strategies read this module's reply keys
+# without loading it
+if TYPE_CHECKING:
+    import torch
 
 FORMS = ("paper", "code")
+#: A pool whose distance terms' gradient outweighs the loss's (the ratio of their norms, the
+#: pool's mean, above this) while App. A's ``s`` stayed 1 is held near the received model
+#: (:func:`pool_held`).
+HELD_RATIO = 1.0
+#: The reply metrics of FedELMY's trainer: that ratio, and whether the pool was held (1.0
+#: held, 0.0 not), read by the chain strategies to warn the server's log.
+GRAD_RATIO, POOL_HELD = "grad-ratio", "pool-held"
+
+
+def pool_held(ratio: float, scales: Sequence[float]) -> bool:
+    r"""Whether a client's pool stayed near the received model ``m_0`` and learnt little.
+
+    Eq. 9's pull :math:`\beta\,\nabla d_2 / s` has norm :math:`\beta / s` at any
+    distance, and App. A's ``s`` is 1 until :math:`d_2` reaches the loss's decade
+    (:func:`magnitude_scale`); on a small model, whose loss gradient is small, the pool never
+    gets there.  Held: the regulariser's gradient norm over the loss's (``ratio``, the pool's
+    mean) above :data:`HELD_RATIO` while every pool model's ``s`` (``scales``) was 1.  A
+    converged model's loss gradient is small too, but its small loss makes ``s`` large at
+    once: not held.
+
+    >>> pool_held(2.0, [1.0, 1.0]), pool_held(2.0, [1.0, 10.0]), pool_held(0.1, [1.0])
+    (True, False, False)
+    """
+    return ratio > HELD_RATIO and bool(scales) and all(sc == 1.0 for sc in scales)
 
 
 def magnitude_scale(loss: float, distance: float) -> float:
@@ -59,6 +87,8 @@ def code_distances(theta: torch.Tensor, anchors: Sequence[torch.Tensor],
     over the pool and the start (``anchors``, K = j + 1), :math:`d_2 =
     \lVert\theta - m_0\rVert^2`.  For tests and logging; training uses
     :func:`code_gradient`."""
+    import torch
+
     d1 = torch.stack([((theta - a) ** 2).sum() for a in anchors]).mean()
     return d1, ((theta - m0) ** 2).sum()
 
@@ -80,9 +110,12 @@ def code_gradient(theta: torch.Tensor, m0: torch.Tensor, start: torch.Tensor, al
     exact because the squared distances' anchors (pool plus start) average to the
     start :math:`\theta_s` (Eq. 6).  Two model copies (``m0``, ``start``), not j + 1.
     """
+    import torch
+
     with torch.no_grad():
         grad = torch.sub(theta, m0).mul_(2.0 * beta / scale)
         return grad.add_(torch.sub(theta, start), alpha=-2.0 * alpha / scale)
 
 
-__all__ = ["FORMS", "code_distances", "code_gradient", "magnitude_scale", "objective"]
+__all__ = ["FORMS", "GRAD_RATIO", "HELD_RATIO", "POOL_HELD", "code_distances", "code_gradient",
+           "magnitude_scale", "objective", "pool_held"]

@@ -39,6 +39,7 @@ from flwr.supercore import log
 
 from fedsys import protocol as proto
 from fedsys.chain import ORDERS, chain_order, parse_order_list
+from fedsys.fedelmy import GRAD_RATIO, POOL_HELD
 from fedsys.options import ConfigError, option
 from fedsys.params import Params
 from fedsys.seeding import derive_seed
@@ -117,6 +118,7 @@ class FedElmyStrategy(FedsysStrategy):
         self.orders: list[list[int]] = []
         self.warmed = False
         self.skipped = 0
+        self.held_warned = False
 
     # ------------------------------------------------------------------ plan
 
@@ -219,12 +221,29 @@ class FedElmyStrategy(FedsysStrategy):
         self.warmed = self.warmed or warm
         self.params = self.finish(rnd, {0: upd.params})[0]
         self.last_updates = [upd]
+        self.warn_held(rnd, [upd])
         record.update({"clients-ok": 1, "clients-rejected": 0, "hop-skipped": 0})
         if self.train_metrics_aggr_fn is None:  # the hop's one reply: its metrics as they are
             record.update({k: v for k, v in upd.metrics.items() if k != proto.PARTITION_ID})
         else:
             self.add_client_metrics(record, [upd], self.last_replies)
         return record
+
+    def warn_held(self, rnd: int, updates: list[ClientUpdate]) -> None:
+        """One WARNING in the server's log, the first time in a run that a reply says its
+        client's FedELMY pool stayed near the received model and learnt little (its
+        ``pool-held`` metric, :func:`fedsys.fedelmy.pool_held`): in a deployment the
+        client's own warning is on its SuperNode, not before the operator."""
+        held = [u for u in updates if float(u.metrics.get(POOL_HELD, 0.0)) == 1.0]
+        if not held or self.held_warned:
+            return
+        self.held_warned = True
+        u = held[0]
+        log(WARNING, "[%s] round %d: client %d's FedELMY pool stayed near the received model "
+            "and learnt little (the distance terms' gradient %.2g times the loss's while App. "
+            "A's s stayed 1); on a small model lower fedelmy.beta (README: 'FedELMY's pool on a "
+            "small model'); the records' '%s' says which later hops were held too", self.label,
+            rnd, u.partition_id, float(u.metrics.get(GRAD_RATIO, 0.0)), POOL_HELD)
 
     def skip(self, rnd: int, what: str, why: str) -> None:
         """Log and count a skipped step; stop the run past ``chain.max-skipped``."""
@@ -318,6 +337,7 @@ class ParallelStrategy(FedElmyStrategy):
             log(ERROR, "[%s] round %d: no usable update; model unchanged", self.label, rnd)
             return record
         self.params = self.finish(rnd, {0: self.combine(rnd, ok)})[0]
+        self.warn_held(rnd, ok)
         n = sum(u.num_examples for u in ok)
         key = self.train_loss_key
         if all(key in u.metrics for u in ok) and n > 0:

@@ -4,6 +4,7 @@ retries, skips and traffic with mock replies in Flower's style (``reply_grid``).
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -289,8 +290,10 @@ class Chain:
     (+ 100 when a warm-up was asked); ``fail`` maps partition ids to how many train
     instructions they answer with an error first."""
 
-    def __init__(self, fail: dict[int, int] | None = None) -> None:
+    def __init__(self, fail: dict[int, int] | None = None,
+                 held: frozenset[int] = frozenset()) -> None:
         self.fail = dict(fail or {})
+        self.held = held  # partition ids whose replies say their pool was held
         self.visits: list[tuple[int, dict[str, Any]]] = []
 
     def __call__(self, m: Message) -> Message:
@@ -306,7 +309,9 @@ class Chain:
         new = {"w": got["w"] + 1 + 100 * (cfg.get("warmup-epochs", 0) > 0), "n": got["n"]}
         content = RecordDict({"arrays": ArrayRecord({k: protocol.Array(v) for k, v in new.items()}),
                               "metrics": MetricRecord({"partition-id": pid, "num-examples": 10 * (pid + 1),
-                                                       "train-loss": 0.1})})
+                                                       "train-loss": 0.1, **({
+                                                           fe.POOL_HELD: 1.0, fe.GRAD_RATIO: 2.5}
+                                                           if pid in self.held else {})})})
         return Message(content, reply_to=m)
 
 
@@ -416,6 +421,39 @@ def test_parallel_baselines(reply_grid):
     assert len(chain.visits) == 4 and len(seeds) == 4  # each client its own start (Alg. 3)
     assert all(c["warmup-epochs"] == 1 for _, c in chain.visits)
     assert protocol.from_record(res.arrays)["w"][0, 0] == 101.0
+
+
+def test_pool_held_is_a_ratio_above_one_with_s_one_throughout():
+    """:func:`fedsys.fedelmy.pool_held`: the pull outweighs the loss's gradient while App.
+    A's s stayed 1 for every pool model; at the bound, with any s above 1, or with no pool
+    model, not held."""
+    assert fe.pool_held(2.0, [1.0, 1.0]) and fe.pool_held(1.0001, [1.0])
+    assert not fe.pool_held(fe.HELD_RATIO, [1.0])
+    assert not fe.pool_held(2.0, [1.0, 10.0]) and not fe.pool_held(759.0, [1e7])
+    assert not fe.pool_held(0.5, [1.0]) and not fe.pool_held(2.0, [])
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+@pytest.mark.parametrize("strategy", ["chain", "parallel"])
+def test_a_held_pool_is_warned_once_in_the_servers_log(reply_grid, caplog, strategy):
+    """A reply saying its client's pool was held (``pool-held`` 1) gets one WARNING in the
+    server's log naming the client, the ratio and ``fedelmy.beta``, however many replies
+    say so; none when no reply does (the operator of a deployment sees no client log)."""
+    def run(held: frozenset[int]) -> list[str]:
+        caplog.clear()
+        s = (FedElmyStrategy(order="index", passes=2, num_partitions=4, query_partitions=True)
+             if strategy == "chain" else ParallelFedElmyStrategy(num_partitions=4, passes=2))
+        with caplog.at_level(logging.WARNING, logger="flwr"):
+            _run(s, reply_grid(NODES, answer=Chain(held=held)))
+        return _warnings(caplog)
+
+    assert run(frozenset()) == []
+    [one] = run(frozenset({1, 2}))
+    assert "client 1's FedELMY pool stayed near the received model" in one, one
+    assert "2.5 times the loss's" in one and "fedelmy.beta" in one and fe.POOL_HELD in one
 
 
 def test_a_wrong_order_list_is_a_config_error():

@@ -14,13 +14,13 @@ import torch
 
 from clients.base import LocalConfig, TrainJob
 from clients.fedelmy import (
-    HELD_RATIO,
     FedElmyOptions,
     FedElmyTrainer,
     FedSeqTrainer,
     Regulariser,
 )
 from fedsys import pool as pool_ops
+from fedsys.fedelmy import HELD_RATIO, POOL_HELD
 from fedsys.options import parse_group
 
 
@@ -128,8 +128,8 @@ def test_a_pool_held_near_the_received_model_is_reported_and_warned(caplog):
                                              if r.levelno == logging.WARNING]
 
     held, held_loss, warned = pool()
-    assert held["grad-ratio"] > HELD_RATIO, held
+    assert held["grad-ratio"] > HELD_RATIO and held[POOL_HELD] == 1.0, held
     assert len(warned) == 1 and "fedelmy.beta" in warned[0] and "learn little" in warned[0]
     free, free_loss, quiet = pool(beta=0.1)
-    assert free["grad-ratio"] < HELD_RATIO and not quiet, (free, quiet)
+    assert free["grad-ratio"] < HELD_RATIO and free[POOL_HELD] == 0.0 and not quiet, (free, quiet)
     assert free["last-d2"] > 3 * held["last-d2"] and free_loss < held_loss, (free, held)
