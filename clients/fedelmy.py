@@ -296,6 +296,14 @@ def _warn_held(ratio: float, pool_fits: list[Fit], who: int, o: Any) -> None:
     d2 = max(f.logs.get("d2", 0.0) for f in pool_fits)
     loss = pool_fits[-1].last_loss
     decade = 10.0 ** math.floor(math.log10(loss)) if loss > 0 and math.isfinite(loss) else 0.0
+    if not o.scaling:  # the ablation: s is 1 by construction (and the code form logs no d2)
+        logging.getLogger("flwr").warning(
+            "fedelmy (client %s): the distance terms' gradient is %.2g times the loss's (the "
+            "pool's mean): its models stay near the received model and learn little (last loss "
+            "%.3g); without App. A's scaling (fedelmy.scaling is false) Eq. 9's pull has norm "
+            "beta = %g at any distance.  fedelmy.scaling: true (the default) or a lower "
+            "fedelmy.beta lets them move", who, ratio, loss, float(o.beta))
+        return
     logging.getLogger("flwr").warning(
         "fedelmy (client %s): the distance terms' gradient is %.2g times the loss's (the pool's "
         "mean): its models stay within d2 = %.3g of the received model and learn little (last "

@@ -133,3 +133,7 @@ def test_a_pool_held_near_the_received_model_is_reported_and_warned(caplog):
     free, free_loss, quiet = pool(beta=0.1)
     assert free["grad-ratio"] < HELD_RATIO and free[POOL_HELD] == 0.0 and not quiet, (free, quiet)
     assert free["last-d2"] > 3 * held["last-d2"] and free_loss < held_loss, (free, held)
+    # the unscaled ablation, held too: its warning names the switch, not App. A's decade
+    off, _, said = pool(scaling=False)
+    assert off[POOL_HELD] == 1.0 and len(said) == 1, (off, said)
+    assert "fedelmy.scaling is false" in said[0] and "d2 =" not in said[0], said
