@@ -24,6 +24,12 @@ def register(name: str) -> Callable[[Builder], Builder]:
     return deco
 
 
+def _after_two_conv_blocks(h: int, w: int) -> int:
+    """Positions left of an ``h`` x ``w`` input after two blocks of a 5x5 convolution (no
+    padding) and a 2x2 max-pool: 16 on 28x28, 25 on 32x32."""
+    return (((h - 4) // 2 - 4) // 2) * (((w - 4) // 2 - 4) // 2)
+
+
 @register("fmnist-cnn")
 def fmnist_cnn(in_shape: tuple[int, int, int], num_classes: int, **_: object) -> nn.Module:
     """CNN of the FedCDA paper for Fashion-MNIST (§5.1).
@@ -33,12 +39,11 @@ def fmnist_cnn(in_shape: tuple[int, int, int], num_classes: int, **_: object) ->
     on 28x28 inputs, FedCDA spec §4).
     """
     c, h, w = in_shape
-    feat_h, feat_w = ((h - 4) // 2 - 4) // 2, ((w - 4) // 2 - 4) // 2
     return nn.Sequential(
         nn.Conv2d(c, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(),
-        nn.Linear(64 * feat_h * feat_w, 512), nn.ReLU(),
+        nn.Linear(64 * _after_two_conv_blocks(h, w), 512), nn.ReLU(),
         nn.Linear(512, num_classes),
     )
 
@@ -47,12 +52,11 @@ def fmnist_cnn(in_shape: tuple[int, int, int], num_classes: int, **_: object) ->
 def cifar_cnn(in_shape: tuple[int, int, int], num_classes: int, **_: object) -> nn.Module:
     """The CIFAR CNN of McMahan et al. (2017) / FedCross: two 5x5 conv blocks, FC 384-192."""
     c, h, w = in_shape
-    feat = 64 * (((h - 4) // 2 - 4) // 2) * (((w - 4) // 2 - 4) // 2)
     return nn.Sequential(
         nn.Conv2d(c, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(64, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(),
-        nn.Linear(feat, 384), nn.ReLU(),
+        nn.Linear(64 * _after_two_conv_blocks(h, w), 384), nn.ReLU(),
         nn.Linear(384, 192), nn.ReLU(),
         nn.Linear(192, num_classes),
     )
@@ -99,12 +103,11 @@ def blitz_cnn(in_shape: tuple[int, int, int], num_classes: int, **_: object) -> 
     (``docs/results/fedelmy.md``, "A small model").
     """
     c, h, w = in_shape
-    feat = 16 * (((h - 4) // 2 - 4) // 2) * (((w - 4) // 2 - 4) // 2)
     return nn.Sequential(
         nn.Conv2d(c, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(),
-        nn.Linear(feat, 120), nn.ReLU(),
+        nn.Linear(16 * _after_two_conv_blocks(h, w), 120), nn.ReLU(),
         nn.Linear(120, 84), nn.ReLU(),
         nn.Linear(84, num_classes),
     )
