@@ -12,6 +12,9 @@ what follows its runs.  The driver runs one unit (an experiment's seed) at a tim
   archived as soon as it finishes, and a strategy whose record is archived is not run again:
   a seed of four hours carries across machines strategy by strategy (an experiment whose runs
   branch from each other's checkpoints runs its commands whole: the branches need ``runs/``);
+  when every strategy of a seed has finished on this machine, its whole command runs once more,
+  resuming each at its last round (no training), so that the seed's ``config.yaml``,
+  ``results.md`` and plot list all its strategies (a run directory keeps its last command's);
 - an interrupted one continues from its checkpoints (``--set resume=true``);
 - a unit holds a lock (``runs/<group>/<setting>/seed-<k>.lock``): a second copy of the driver
   skips it (for a machine with cores to spare; on 2 cores one copy is as fast);
@@ -280,27 +283,32 @@ def strategies_of(exp: Experiment) -> int:
     return sum(len(registry.load(Path(r.preset), [*r.sets]).variants()) for r in exp.runs)
 
 
+def strategy_dirs(exp: Experiment, run: Run, seed: int | None) -> dict[str, tuple[Path, int]]:
+    """Each strategy of ``run``'s directory for ``seed`` under ``runs/`` and its rounds, by label."""
+    sys.path.insert(0, str(ROOT))
+    from launch import registry
+
+    cfg = registry.load(Path(run.preset), [a for a in exp.command(run, seed)[3::2] if "=" in a])
+    base = cfg.run_dir / ("" if seed is None else f"seed-{seed}")
+    return {label: (base / label, v.num_server_rounds) for label, v in cfg.variants()}
+
+
 def state(exp: Experiment, seed: int | None) -> str:
     """What ``--list`` says of one seed of ``exp``: ``archived``; ``running`` when a driver
     holds its lock, ``partial`` when it does not (the next driver resumes it), each with the
     rounds every strategy has recorded (``fedavg 30/30, fedcda 13/30``); ``to run``."""
-    sys.path.insert(0, str(ROOT))
-    from launch import registry
-
     stem = Path("runs") / exp.group / (exp.setting if seed is None else f"{exp.setting}/seed-{seed}")
     if archived(exp, seed) >= strategies_of(exp):
         return "archived"
     done, started = [], False
     for run in exp.runs:
-        sets = [a for a in exp.command(run, seed)[3::2] if "=" in a]
-        cfg = registry.load(Path(run.preset), sets)
-        for label, variant in cfg.variants():
-            rows = cfg.run_dir / ("" if seed is None else f"seed-{seed}") / label / "metrics.jsonl"
+        for label, (where, rounds) in strategy_dirs(exp, run, seed).items():
+            rows = where / "metrics.jsonl"
             if seed is not None and record(exp, run, seed, label).exists():
                 rows = record(exp, run, seed, label)  # archived (its run may be elsewhere)
             last = last_round(rows)
             started |= last > 0
-            done.append(f"{label} {last}/{variant.num_server_rounds}")
+            done.append(f"{label} {last}/{rounds}")
     held = False
     if (lock := stem.with_suffix(".lock")).exists():
         with lock.open() as f:
@@ -407,7 +415,8 @@ class Driver:
                 print(f"reproduce: {where}, attempt {attempt} ({time.strftime('%H:%M', time.gmtime())} UTC)",
                       flush=True)
                 ok = all(self.pretrain(*p) for p in exp.pretrain)
-                for args in pending(exp, seed) if ok else ():
+                todo = pending(exp, seed) if ok else []
+                for args in todo:
                     ok = self.call(args, log) == 0
                     self.report(exp.group)  # a finished strategy's record, archived at once
                     if not ok:
@@ -418,9 +427,30 @@ class Driver:
                 if exp.after:
                     self.report(exp.group)
                 if self.dry_run or archived(exp, seed) >= want:
+                    if todo and seed is not None and not branches(exp):
+                        self.gather(exp, seed, log)
                     return
             print(f"reproduce: {where} not archived", file=sys.stderr)
             self.failed += 1
+
+    def gather(self, exp: Experiment, seed: int, log: Path | None) -> None:
+        """Run each run of ``exp`` with several strategies whole once more for ``seed`` when
+        all of them finished on this machine: each resumes at its last round, nothing trains,
+        and the seed's directory gets its ``config.yaml``, ``results.md`` and plot with every
+        strategy (each strategy's own command leaves them with that strategy alone).  A
+        strategy finished elsewhere (only its record here) is not re-run for this: said."""
+        for run in exp.runs:
+            dirs = strategy_dirs(exp, run, seed)
+            away = [label for label, (d, _) in dirs.items() if not (d / "model.pt").exists()]
+            if len(dirs) < 2:
+                continue
+            if away and not self.dry_run:
+                print(f"reproduce: {exp.key} seed {seed}: {', '.join(away)} finished on another "
+                      f"machine (records in {DATA}); the seed's results.md lists the others only")
+                continue
+            if self.call(exp.command(run, seed), log):
+                print(f"reproduce: {exp.key} seed {seed}: gathering its strategies in one "
+                      f"results.md failed (log: {log}); their records are archived", file=sys.stderr)
 
 
 @contextlib.contextmanager

@@ -102,16 +102,21 @@ def test_the_driver_runs_only_the_missing_seed_and_archives_it(tmp_path: Path) -
     assert "fedelmy/domain seed 2: archived, skipped" in first.stdout
     calls = log.read_text().splitlines()
     labels = [lab for lab, _ in registry_variants(repo / "configs" / "fedelmy-domain.yaml")]
-    assert len(calls) == len(labels) == 4, calls  # one command a strategy of the preset
-    for k, call in enumerate(calls):
+    assert len(calls) == len(labels) + 1 == 5, calls  # one command a strategy of the preset,
+    for k, call in enumerate(calls[:4]):
         assert re.search(r" --set strategy=\S+ --set resume=true --set output-dir=runs/fedelmy "
                          rf"--set name=domain --seeds 1 archived={k}$", call), call
+    # then, all finished here, the whole command once (each resumes at its end) so that the
+    # seed's results.md lists every strategy
+    assert "strategy=" not in calls[4]
+    assert re.search(r" --set resume=true --set output-dir=runs/fedelmy --set name=domain --seeds 1 "
+                     r"archived=4$", calls[4]), calls[4]
     assert len(list(data.glob("fedelmy-domain-s1-*.jsonl"))) == 4  # the preset's 4 runs
-    assert (repo / "runs" / "fedelmy" / "domain" / "seed-1.log").read_text().count("=== ") == 4
+    assert (repo / "runs" / "fedelmy" / "domain" / "seed-1.log").read_text().count("=== ") == 5
     again = drive()
     assert again.returncode == 0, again.stderr[-2000:]
     assert "fedelmy/domain seed 1: archived, skipped" in again.stdout
-    assert len(log.read_text().splitlines()) == 4  # nothing ran the second time
+    assert len(log.read_text().splitlines()) == 5  # nothing ran the second time
 
     # a seed on a new machine (no runs/) with two strategies archived runs the other two
     shutil.rmtree(repo / "runs")
@@ -127,6 +132,9 @@ def test_the_driver_runs_only_the_missing_seed_and_archives_it(tmp_path: Path) -
         [spec for lab, spec in zip(labels, registry_specs(repo / "configs" / "fedelmy-domain.yaml"),
                                    strict=True) if lab not in kept], calls
     assert [c.rsplit("archived=", 1)[1] for c in calls] == ["2", "3"]  # each archived at once
+    # the two finished elsewhere are not run again to gather the seed's table: said instead
+    away = [lab for lab in labels if lab in kept]
+    assert f"fedelmy/domain seed 1: {', '.join(away)} finished on another machine" in third.stdout
     assert len(list(data.glob("fedelmy-domain-s1-*.jsonl"))) == 4
 
 
