@@ -12,12 +12,15 @@ rewritten in place: a checkpoint refers to files by name.  A model dropped from 
 cache loses its file at once unless one of the two kept checkpoints (latest and
 previous) refers to it; those files go once the next checkpoint is on disk
 (:meth:`ModelCache.collect`), so a run killed at any moment resumes exactly, and a
-strategy driven without checkpoints keeps exactly the files of its live models.
+strategy driven without checkpoints keeps exactly the files of its live models.  Each
+file's data bytes carry a CRC-32 in the cache's state, checked on restore: a file changed
+after it was written (a flipped bit included) is named, not read.
 """
 
 from __future__ import annotations
 
 import os
+import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +35,7 @@ Vec = NDArray[np.floating]
 
 
 class CacheFileError(ValueError):
-    """A model file of the disk store is missing, truncated or not an array file."""
+    """A model file of the disk store is missing, truncated, changed or not an array file."""
 
 
 @dataclass
@@ -43,6 +46,8 @@ class Entry:
     loss: float
     sq: float
     ints: Params = field(default_factory=dict)
+    #: CRC-32 of the disk store's data bytes (``None``: RAM store, or a checkpoint from before)
+    crc: int | None = None
 
 
 class ModelCache:
@@ -112,14 +117,17 @@ class ModelCache:
         q = self.entries.setdefault(client, deque())
         if any(e.round == rnd for e in q):
             raise ValueError(f"client {client} already has a model from round {rnd}")
+        crc = None
         if self.directory is None:
             self._ram[(client, rnd)] = vec if owned else np.array(vec, copy=True)
         else:
             path = self._path(client, rnd)
             tmp = path.with_suffix(".tmp.npy")
-            np.save(tmp, np.asarray(vec))
+            flat = np.ascontiguousarray(vec)
+            np.save(tmp, flat)
+            crc = zlib.crc32(flat.data)  # the bytes np.save wrote after its header
             os.replace(tmp, path)
-        entry = Entry(rnd, float(loss), float(sq), {k: v.copy() for k, v in ints.items()})
+        entry = Entry(rnd, float(loss), float(sq), {k: v.copy() for k, v in ints.items()}, crc)
         q.append(entry)
         while len(q) > self.capacity:
             old = q.popleft()
@@ -136,7 +144,8 @@ class ModelCache:
         state: dict[str, Any] = {
             "capacity": self.capacity,
             "entries": {
-                c: [(e.round, e.loss, e.sq, {k: v.copy() for k, v in e.ints.items()}) for e in q]
+                c: [(e.round, e.loss, e.sq, {k: v.copy() for k, v in e.ints.items()}, e.crc)
+                    for e in q]
                 for c, q in self.entries.items()
             },
         }
@@ -148,7 +157,8 @@ class ModelCache:
         """Restore :meth:`state_dict`; the disk store checks its files are there."""
         self.capacity = int(state["capacity"])
         self.entries = {
-            int(c): deque(Entry(int(r), float(f), float(s), dict(i)) for r, f, s, i in rows)
+            int(c): deque(Entry(int(r), float(f), float(s), dict(i), *crc)
+                          for r, f, s, i, *crc in rows)  # no CRC in a checkpoint from before
             for c, rows in state["entries"].items()
         }
         if self.directory is None:
@@ -164,8 +174,9 @@ class ModelCache:
 
     def check_files(self) -> list[str]:
         """Every entry's file: there, a readable ``.npy`` header, one 1-D shape and dtype
-        for all, and exactly as long as its header says (truncation shows here).  Returns
-        one line per unusable file (the data bytes themselves are not hashed)."""
+        for all, exactly as long as its header says (truncation shows here), and its data
+        bytes those written (their CRC-32: a bit flipped since shows here).  Returns one
+        line per unusable file."""
         if self.directory is None:
             return []
         bad: list[str] = []
@@ -180,6 +191,9 @@ class ModelCache:
                                 else np.lib.format.read_array_header_2_0)
                         shape, _, dtype = read(f)
                         need = f.tell() + int(np.prod(shape)) * dtype.itemsize
+                        crc = 0
+                        while e.crc is not None and (chunk := f.read(1 << 22)):
+                            crc = zlib.crc32(chunk, crc)
                 except FileNotFoundError:
                     bad.append(f"{path.name} is missing")
                     continue
@@ -190,6 +204,9 @@ class ModelCache:
                 if len(shape) != 1 or size != need:
                     bad.append(f"{path.name} holds {size} bytes where its header "
                                f"{shape} {dtype} needs {need}")
+                elif e.crc is not None and crc != e.crc:
+                    bad.append(f"{path.name} has changed since it was written (CRC-32 "
+                               f"{crc:08x}, written {e.crc:08x})")
                 seen.add((tuple(shape), dtype.str))
         if len(seen) > 1:
             bad.append(f"the files disagree on shape or dtype: {sorted(seen)}")

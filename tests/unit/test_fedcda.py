@@ -200,6 +200,38 @@ def test_disk_cache_names_missing_truncated_and_foreign_files_on_restore(tmp_pat
     assert any("disagree on shape or dtype" in b for b in c.check_files())
 
 
+def test_disk_cache_names_a_file_whose_data_changed_after_it_was_written(tmp_path) -> None:
+    from fedsys.model_cache import CacheFileError
+
+    c = ModelCache(2, tmp_path)
+    vec = np.linspace(-1, 1, 1000, dtype=np.float32)
+    c.add(3, 1, vec, 0.0, float(vec @ vec), {})
+    c.add(3, 2, vec[::-1], 0.0, float(vec @ vec), {})  # a view: written C-contiguous
+    state = c.state_dict()
+    assert c.check_files() == []
+    f = tmp_path / "c000003-r000001.npy"
+    raw = bytearray(f.read_bytes())
+    raw[-1000] ^= 0x01  # one bit of one weight, the file as long as before
+    f.write_bytes(bytes(raw))
+    bad = c.check_files()
+    assert len(bad) == 1 and bad[0].startswith("c000003-r000001.npy has changed since it was "
+                                               "written (CRC-32 "), bad
+    with pytest.raises(CacheFileError, match=r"r000001.npy has changed since it was written"):
+        ModelCache(2, tmp_path).load_state_dict(state)
+    raw[-1000] ^= 0x01  # the bit back: the file is the one written again
+    f.write_bytes(bytes(raw))
+    restored = ModelCache(2, tmp_path)
+    restored.load_state_dict(state)
+    assert np.array_equal(restored.vector(3, 2), vec[::-1])
+    # a checkpoint from before the CRC (4-tuples) still restores, its files unhashed
+    old = {**state, "entries": {k: [row[:4] for row in rows] for k, rows in state["entries"].items()}}
+    raw[-1000] ^= 0x01
+    f.write_bytes(bytes(raw))
+    before = ModelCache(2, tmp_path)
+    before.load_state_dict(old)
+    assert [e.crc for e in before.of(3)] == [None, None]
+
+
 def test_adaptive_batches_keeps_the_papers_b_and_bounds_every_search() -> None:
     ab = m.adaptive_batches
     assert ab(10, 3, 3, 4096) == 3  # the paper's setting is untouched
