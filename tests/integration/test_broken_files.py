@@ -68,7 +68,7 @@ def test_resume_falls_back_to_the_previous_checkpoint_or_says_it_cannot(tmp_path
     assert "Starting" not in err and "ray" not in err.lower()      # no engine started
 
 
-def test_a_truncated_fedcda_cache_file_stops_resume_before_any_engine(tmp_path):
+def test_a_changed_or_truncated_fedcda_cache_file_stops_resume_before_any_engine(tmp_path):
     sets = _sets(tmp_path, name="cda", strategy="fedcda", **{
         "num-server-rounds": 3, "fedcda.cache": "disk", "fedcda.warmup": 1,
         "fedcda.memory": 2})
@@ -78,7 +78,16 @@ def test_a_truncated_fedcda_cache_file_stops_resume_before_any_engine(tmp_path):
     files = sorted(cache.glob("c*-r*.npy"))
     assert files, "the disk cache holds the cached models"
     victim = files[-1]
-    victim.write_bytes(victim.read_bytes()[:-8])                    # truncated by 8 bytes
+    whole = victim.read_bytes()
+    flipped = bytearray(whole)
+    flipped[-5] ^= 0x10                                             # one bit, same length
+    victim.write_bytes(bytes(flipped))
+    res = _run(tmp_path, "resume", str(tmp_path / "cda"), "--set", "num-server-rounds=4")
+    err = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert f"{victim.name} has changed since it was written" in err and "cannot be resumed" in err
+    assert "Starting" not in err and "ray" not in err.lower()
+    victim.write_bytes(whole[:-8])                                  # truncated by 8 bytes
     res = _run(tmp_path, "resume", str(tmp_path / "cda"), "--set", "num-server-rounds=4")
     err = res.stdout + res.stderr
     assert res.returncode != 0
