@@ -116,6 +116,38 @@ def save(path: Path, state: Params, provenance: dict[str, Any]) -> Path:
     return path
 
 
+def read_state_dict(path: Path, what: str) -> tuple[Params, dict[str, Any]]:
+    """The weights in a model file: a ``fedsys pretrain`` file (and its provenance), or a
+    plain state dict saved by ``torch.save`` (a run's ``model.pt`` and saved models, a
+    torchvision ``.pth``).
+
+    A missing file, one that is truncated or corrupt (a bit flipped since it was written
+    included: the CRC-32 of each part of the archive) or one holding no state dict is a
+    :class:`ConfigError` starting with ``what`` and naming the file.
+    """
+    import torch
+
+    from fedsys.checkpoint import changed_part
+
+    if not path.is_file():
+        raise ConfigError(f"{what}: no file at {path}")
+    if part := changed_part(path):
+        raise ConfigError(f"{what}: {path} is corrupt (its part {part!r} fails the CRC-32 it "
+                          "was written with)")
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ConfigError(f"{what}: {path} is not a state dict saved by torch.save, or it is "
+                          f"truncated or corrupt ({type(exc).__name__})") from None
+    prov: dict[str, Any] = {}
+    if isinstance(blob, dict) and blob.get("format") == FORMAT:
+        prov = dict(blob.get("provenance", {}))
+        blob = blob["state_dict"]
+    if not isinstance(blob, dict) or not all(hasattr(v, "shape") for v in blob.values()):
+        raise ConfigError(f"{what}: {path} holds no state dict")
+    return {str(k): v.detach().cpu().numpy() for k, v in blob.items()}, prov
+
+
 def load_initial(path: Path, reference: Params, reinit: list[str]) -> tuple[Params, dict[str, Any]]:
     """The start of a run from a saved model: a ``fedsys pretrain`` file or a plain
     state dict (a torchvision ``.pth``), checked against the run's model.
@@ -124,23 +156,7 @@ def load_initial(path: Path, reference: Params, reinit: list[str]) -> tuple[Para
     (``init-reinit: fc`` for a new head).  A missing or unexpected entry or a shape
     mismatch is a :class:`ConfigError` naming them.
     """
-    import torch
-
-    if not path.is_file():
-        raise ConfigError(f"config key 'init-from': no file at {path}")
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ConfigError(f"config key 'init-from': {path} is not a state dict saved by "
-                          f"torch.save, or it is truncated or corrupt ({type(exc).__name__})"
-                          ) from None
-    prov: dict[str, Any] = {}
-    if isinstance(blob, dict) and blob.get("format") == FORMAT:
-        prov = dict(blob.get("provenance", {}))
-        blob = blob["state_dict"]
-    if not isinstance(blob, dict) or not all(hasattr(v, "shape") for v in blob.values()):
-        raise ConfigError(f"config key 'init-from': {path} holds no state dict")
-    given = {k: v.detach().cpu().numpy() for k, v in blob.items()}
+    given, prov = read_state_dict(path, "config key 'init-from'")
 
     def skip(k: str) -> bool:
         return any(k == r or k.startswith(r + ".") for r in reinit)
@@ -161,4 +177,4 @@ def load_initial(path: Path, reference: Params, reinit: list[str]) -> tuple[Para
 
 
 __all__ = ["FORMAT", "PretrainOptions", "head_name", "holdout_indices", "load_initial",
-           "parse_labels", "reinit_head", "save"]
+           "parse_labels", "read_state_dict", "reinit_head", "save"]

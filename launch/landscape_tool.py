@@ -23,7 +23,8 @@ from fedsys.landscape import (
     plane_grid,
     plane_point,
 )
-from fedsys.params import Params, flatten, from_torch, to_torch, unflatten
+from fedsys.params import Params, check_update, flatten, to_torch, unflatten
+from fedsys.pretrain import read_state_dict
 from launch import registry
 
 
@@ -83,12 +84,10 @@ def _models(args: argparse.Namespace) -> tuple[list[Params], list[str], cfgmod.R
                 f"need {want} saved rounds; missing {missing}, saved {sorted(by_round)[:5]}...")
         paths = [by_round[r] for r in rounds]
         out = run / label
-    for p in paths:
-        if not p.exists():
-            raise cfgmod.ConfigError(f"model file not found: {p}")
-    import torch  # here, not above: every `fedsys` command builds this tool's parser
-
-    models = [from_torch(torch.load(p, map_location="cpu")) for p in paths]
+    models = [read_state_dict(p, "fedsys landscape")[0] for p in paths]
+    for p, m in zip(paths[1:], models[1:], strict=True):
+        if why := check_update(m, models[0]):
+            raise cfgmod.ConfigError(f"fedsys landscape: {p} is not the same model as {paths[0]}: {why}")
     return models, [p.stem for p in paths], cfg, out
 
 
@@ -110,8 +109,12 @@ def cmd_landscape(args: argparse.Namespace) -> int:
     if args.test_subset:
         x, y = x[: args.test_subset], y[: args.test_subset]
     net = model(cfg, ds)
-    device = pick_device(cfg.device)
     like = models[0]
+    if why := check_update(like, {k: v.detach().cpu().numpy() for k, v in net.state_dict().items()}):
+        raise cfgmod.ConfigError(f"fedsys landscape: {', '.join(names)} do not fit the model "
+                                 f"{cfg.model!r} on {cfg.dataset} of the config ({why}); give "
+                                 "--config with the run's config.yaml")
+    device = pick_device(cfg.device)
 
     def loss_err(vec: np.ndarray) -> tuple[float, float]:
         net.load_state_dict(to_torch(unflatten(vec, like)))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import struct
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -157,6 +159,32 @@ def test_the_previous_checkpoint_is_kept_and_a_broken_latest_falls_back_to_it(tm
     ck.prev_path(path).write_bytes(b"\x00" * 64)                     # and the previous too
     with pytest.raises(ck.CheckpointError, match="cannot be resumed; start the run again"):
         ck.load_latest(path)
+
+
+def test_a_bit_flipped_in_a_checkpoint_is_corrupt_and_the_previous_one_is_used(tmp_path):
+    from fedsys import checkpoint as ck
+
+    path = tmp_path / "checkpoint.pt"
+    w = np.linspace(-1, 1, 4096, dtype=np.float32)
+    ck.save(path, {"round": 1, "params": {"w": w}})
+    ck.save(path, {"round": 2, "params": {"w": w + 1}})
+    with zipfile.ZipFile(path) as z:                                 # its largest part:
+        part = max(z.infolist(), key=lambda i: i.file_size)          # the pickled weights
+    raw = bytearray(path.read_bytes())
+    n, extra = struct.unpack("<HH", raw[part.header_offset + 26:part.header_offset + 30])
+    raw[part.header_offset + 30 + n + extra + part.file_size // 2] ^= 0x04  # one bit
+    path.write_bytes(bytes(raw))
+    try:  # torch.load alone reads other weights without a word, or fails on the pickle
+        alone = torch.load(path, weights_only=False)["params"]["w"]
+    except Exception:
+        alone = None
+    assert alone is None or not np.array_equal(alone, w + 1)
+    with pytest.raises(ck.CheckpointError, match=r"checkpoint\.pt is corrupt \(its part "
+                                                 r"'.+' fails the CRC-32 it was written with\)"):
+        ck.load(path)
+    got, used, note = ck.load_latest(path)
+    assert got["round"] == 1 and used == ck.prev_path(path) and "fails the CRC-32" in note
+    np.testing.assert_array_equal(got["params"]["w"], w)
 
 
 def test_a_checkpoint_of_another_format_is_refused_with_the_versions_named(tmp_path):

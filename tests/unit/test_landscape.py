@@ -3,6 +3,11 @@ three models at their stated coordinates; lines, grids, levels and the CLI's err
 
 from __future__ import annotations
 
+import io
+import struct
+import zipfile
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -98,3 +103,39 @@ def test_landscape_cli_refuses_models_that_span_no_plane(tmp_path, capsys) -> No
     torch.save({k: 3.0 * v for k, v in w.items()}, files[1])  # m0, m1, m2 on one line
     assert main(["landscape", "--models", *files, "--config", str(cfg)]) == 2
     assert "collinear" in capsys.readouterr().err
+
+
+def test_landscape_cli_names_a_broken_or_foreign_model_file(tmp_path, capsys) -> None:
+    """A truncated file, a bit flipped since it was written, models of different shapes,
+    and models that do not fit the config's model: one line each, no traceback."""
+    import torch
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("strategy: fedavg\ndataset: synthetic\nmodel: mlp\n")
+    files = [str(tmp_path / f"m{i}.pt") for i in range(3)]
+    gen = torch.Generator().manual_seed(0)
+    for f in files:
+        torch.save({"w": torch.randn(3, 2, generator=gen), "b": torch.randn(2, generator=gen)}, f)
+    whole = Path(files[1]).read_bytes()
+
+    def refused(expect: str) -> None:
+        assert main(["landscape", "--models", *files, "--config", str(cfg)]) == 2
+        err = capsys.readouterr().err
+        assert expect in err and "Traceback" not in err, err
+
+    Path(files[1]).write_bytes(whole[:100])
+    refused(f"fedsys landscape: {files[1]} is not a state dict saved by torch.save, or it is "
+            "truncated or corrupt")
+    with zipfile.ZipFile(io.BytesIO(whole)) as z:  # the weights of 'w': the part data/0
+        part = z.getinfo(next(n for n in z.namelist() if n.endswith("data/0")))
+    flipped = bytearray(whole)
+    n, extra = struct.unpack("<HH", whole[part.header_offset + 26:part.header_offset + 30])
+    flipped[part.header_offset + 30 + n + extra + 5] ^= 0x01  # one bit of one weight
+    Path(files[1]).write_bytes(bytes(flipped))
+    refused(f"fedsys landscape: {files[1]} is corrupt (its part ")
+    torch.save({"w": torch.ones(4, 2), "b": torch.ones(2)}, files[1])
+    refused(f"fedsys landscape: {files[1]} is not the same model as {files[0]}: array 'w' has "
+            "shape (4, 2), expected (3, 2)")
+    torch.save({"w": torch.ones(3, 2), "b": torch.ones(2)}, files[1])
+    refused("fedsys landscape: m0, m1, m2 do not fit the model 'mlp' on synthetic of the config "
+            "(missing arrays")
