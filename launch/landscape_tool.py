@@ -23,7 +23,7 @@ from fedsys.landscape import (
     plane_grid,
     plane_point,
 )
-from fedsys.params import Params, check_update, flatten, to_torch, unflatten
+from fedsys.params import Params, check_update, flatten, from_torch, to_torch, unflatten
 from fedsys.pretrain import read_state_dict
 from launch import registry
 
@@ -110,7 +110,7 @@ def cmd_landscape(args: argparse.Namespace) -> int:
         x, y = x[: args.test_subset], y[: args.test_subset]
     net = model(cfg, ds)
     like = models[0]
-    if why := check_update(like, {k: v.detach().cpu().numpy() for k, v in net.state_dict().items()}):
+    if why := check_update(like, from_torch(net.state_dict())):
         raise cfgmod.ConfigError(f"fedsys landscape: {', '.join(names)} do not fit the model "
                                  f"{cfg.model!r} on {cfg.dataset} of the config ({why}); give "
                                  "--config with the run's config.yaml")
