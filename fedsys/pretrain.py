@@ -22,7 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedsys.options import ConfigError, option
-from fedsys.params import Params
+from fedsys.params import Params, from_torch
 from fedsys.seeding import derive_seed
 
 HOLDOUT_SEED = 0x401D
@@ -145,7 +145,7 @@ def read_state_dict(path: Path, what: str) -> tuple[Params, dict[str, Any]]:
         blob = blob["state_dict"]
     if not isinstance(blob, dict) or not all(hasattr(v, "shape") for v in blob.values()):
         raise ConfigError(f"{what}: {path} holds no state dict")
-    return {str(k): v.detach().cpu().numpy() for k, v in blob.items()}, prov
+    return from_torch(blob), prov
 
 
 def load_initial(path: Path, reference: Params, reinit: list[str]) -> tuple[Params, dict[str, Any]]:
