@@ -13,8 +13,9 @@ cache loses its file at once unless one of the two kept checkpoints (latest and
 previous) refers to it; those files go once the next checkpoint is on disk
 (:meth:`ModelCache.collect`), so a run killed at any moment resumes exactly, and a
 strategy driven without checkpoints keeps exactly the files of its live models.  Each
-file's data bytes carry a CRC-32 in the cache's state, checked on restore: a file changed
-after it was written (a flipped bit included) is named, not read.
+file's data bytes carry a CRC-32 in the cache's state, checked on restore and on a file's
+first read in each pass (a FedCDA round): a file changed after it was written (a flipped bit
+included) is named, not read.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ class ModelCache:
         # files the latest and the previous checkpoint refer to (see collect)
         self._kept_before: set[str] = set()
         self._kept_prev: set[str] = set()
+        # disk files whose data bytes were checked against their CRC-32 since new_pass()
+        self._verified: set[str] = set()
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
 
@@ -100,11 +103,28 @@ class ModelCache:
         return self.directory / f"c{client:06d}-r{rnd:06d}.npy"
 
     def vector(self, client: int, rnd: int) -> Vec:
-        """The cached vector (a read-only memory map for the disk store)."""
+        """The cached vector (a read-only memory map for the disk store).
+
+        The disk store checks a file's data bytes against the CRC-32 they were written
+        with on the file's first read since :meth:`new_pass`: a file changed on disk
+        raises :class:`CacheFileError` naming it instead of entering the aggregate."""
         if self.directory is None:
             return self._ram[(client, rnd)]
-        arr: Vec = np.load(self._path(client, rnd), mmap_mode="r")
+        path = self._path(client, rnd)
+        arr: Vec = np.load(path, mmap_mode="r")
+        if path.name not in self._verified:
+            crc = self.entry(client, rnd).crc
+            if crc is not None and (now := zlib.crc32(arr.data)) != crc:
+                raise CacheFileError(
+                    f"the FedCDA disk cache file {path} has changed since it was written "
+                    f"(CRC-32 {now:08x}, written {crc:08x}); it is not read")
+            self._verified.add(path.name)
         return arr
+
+    def new_pass(self) -> None:
+        """Start a pass over the store (FedCDA: one round): every file it reads is checked
+        once more against its CRC-32, once."""
+        self._verified.clear()
 
     # ----------------------------------------------------------------- update
 

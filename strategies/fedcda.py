@@ -215,6 +215,7 @@ class FedCDAStrategy(FedsysStrategy):
         """Alg. 1 lines 8-10: cache the uploads, select per client (Eq. 8 or an
         ablation), average every seen client's selection; FedAvg during the warmup."""
         cache, layout = self._ensure(updates[0].params)
+        cache.new_pass()  # the disk store checks each file this round reads, once
         assert self.sel_sum is not None
         t0 = time.perf_counter()
         participants = [u.partition_id for u in updates]

@@ -232,6 +232,54 @@ def test_disk_cache_names_a_file_whose_data_changed_after_it_was_written(tmp_pat
     assert [e.crc for e in before.of(3)] == [None, None]
 
 
+def test_disk_cache_checks_a_file_on_its_first_read_in_a_pass(tmp_path) -> None:
+    from fedsys.model_cache import CacheFileError
+
+    c = ModelCache(2, tmp_path)
+    vec = np.linspace(-1, 1, 1000, dtype=np.float32)
+    c.add(3, 1, vec, 0.0, float(vec @ vec), {})
+    c.add(3, 2, 2 * vec, 0.0, float(4 * vec @ vec), {})
+    assert np.array_equal(c.vector(3, 2), 2 * vec)  # read once: checked, equal
+    for rnd in (1, 2):  # one bit of one weight in each, after the write, before a read
+        f = tmp_path / f"c000003-r{rnd:06d}.npy"
+        raw = bytearray(f.read_bytes())
+        raw[-1000] ^= 0x01
+        f.write_bytes(bytes(raw))
+    with pytest.raises(CacheFileError, match=r"c000003-r000001.npy has changed since it was "
+                                             r"written \(CRC-32 [0-9a-f]{8}, written "):
+        c.vector(3, 1)
+    with pytest.raises(CacheFileError):  # still refused: nothing wrong was let through
+        c.vector(3, 1)
+    # the file read before the change is not read whole again in this pass; the next checks it
+    assert not np.array_equal(c.vector(3, 2), 2 * vec)
+    c.new_pass()
+    with pytest.raises(CacheFileError, match=r"c000003-r000002.npy has changed"):
+        c.vector(3, 2)
+    # the RAM store has no files to check
+    r = ModelCache(2)
+    r.add(3, 1, vec, 0.0, float(vec @ vec), {})
+    assert np.array_equal(r.vector(3, 1), vec)
+
+
+def test_a_cache_file_changed_mid_run_stops_the_strategy_naming_it(tmp_path) -> None:
+    from fedsys.model_cache import CacheFileError
+
+    s = FedCDAStrategy.from_config(cfg(**{"fedcda.cache": "disk", "fedcda.warmup": 1,
+                                          "fedcda.cache-dir": str(tmp_path)}))
+    stream = update_stream(3, [0, 1, 2, 3, 4, 5], seed=5)
+    for r, ups in enumerate(stream[:2], 1):
+        s.aggregate(r, ups)
+    victim = sorted(tmp_path.glob("*.npy"))[0]
+    raw = bytearray(victim.read_bytes())
+    raw[-1] ^= 0x80
+    victim.write_bytes(bytes(raw))
+    client = int(victim.name[1:7])  # it read this file last round; this round checks it again
+    others = [p for p in range(6) if p != client][:2]
+    ups = [upd(p, RNG.normal(size=4) * 3) for p in sorted([client, *others])]
+    with pytest.raises(CacheFileError, match=f"{victim.name} has changed since it was written"):
+        s.aggregate(3, ups)
+
+
 def test_adaptive_batches_keeps_the_papers_b_and_bounds_every_search() -> None:
     ab = m.adaptive_batches
     assert ab(10, 3, 3, 4096) == 3  # the paper's setting is untouched
