@@ -106,12 +106,18 @@ class ModelCache:
         """The cached vector (a read-only memory map for the disk store).
 
         The disk store checks a file's data bytes against the CRC-32 they were written
-        with on the file's first read since :meth:`new_pass`: a file changed on disk
-        raises :class:`CacheFileError` naming it instead of entering the aggregate."""
+        with on the file's first read since :meth:`new_pass`: a file changed on disk,
+        gone or cut short raises :class:`CacheFileError` naming it instead of entering
+        the aggregate."""
         if self.directory is None:
             return self._ram[(client, rnd)]
         path = self._path(client, rnd)
-        arr: Vec = np.load(path, mmap_mode="r")
+        try:
+            arr: Vec = np.load(path, mmap_mode="r")
+        except FileNotFoundError:
+            raise CacheFileError(f"the FedCDA disk cache file {path} is missing") from None
+        except (OSError, ValueError) as exc:  # truncated, or not an array file
+            raise CacheFileError(f"the FedCDA disk cache file {path} cannot be read ({exc})") from None
         if path.name not in self._verified:
             crc = self.entry(client, rnd).crc
             if crc is not None and (now := zlib.crc32(arr.data)) != crc:

@@ -255,6 +255,13 @@ def test_disk_cache_checks_a_file_on_its_first_read_in_a_pass(tmp_path) -> None:
     c.new_pass()
     with pytest.raises(CacheFileError, match=r"c000003-r000002.npy has changed"):
         c.vector(3, 2)
+    # a file cut short or gone: named too, not a bare numpy or OS error
+    (tmp_path / "c000003-r000002.npy").write_bytes(raw[:-8])
+    with pytest.raises(CacheFileError, match=r"c000003-r000002.npy cannot be read \(.*"):
+        c.vector(3, 2)
+    (tmp_path / "c000003-r000002.npy").unlink()
+    with pytest.raises(CacheFileError, match=r"c000003-r000002.npy is missing"):
+        c.vector(3, 2)
     # the RAM store has no files to check
     r = ModelCache(2)
     r.add(3, 1, vec, 0.0, float(vec @ vec), {})
