@@ -39,6 +39,11 @@ class CacheFileError(ValueError):
     """A model file of the disk store is missing, truncated, changed or not an array file."""
 
 
+def _changed(path: Path, now: int, written: int) -> str:
+    """The line naming a cache file whose data bytes no longer have their CRC-32."""
+    return f"{path.name} has changed since it was written (CRC-32 {now:08x}, written {written:08x})"
+
+
 @dataclass
 class Entry:
     """One cached local model (its vector lives in the cache's store)."""
@@ -121,9 +126,8 @@ class ModelCache:
         if path.name not in self._verified:
             crc = self.entry(client, rnd).crc
             if crc is not None and (now := zlib.crc32(arr.data)) != crc:
-                raise CacheFileError(
-                    f"the FedCDA disk cache file {path} has changed since it was written "
-                    f"(CRC-32 {now:08x}, written {crc:08x}); it is not read")
+                raise CacheFileError(f"the FedCDA disk cache {self.directory}: "
+                                     f"{_changed(path, now, crc)}; it is not read")
             self._verified.add(path.name)
         return arr
 
@@ -231,8 +235,7 @@ class ModelCache:
                     bad.append(f"{path.name} holds {size} bytes where its header "
                                f"{shape} {dtype} needs {need}")
                 elif e.crc is not None and crc != e.crc:
-                    bad.append(f"{path.name} has changed since it was written (CRC-32 "
-                               f"{crc:08x}, written {e.crc:08x})")
+                    bad.append(_changed(path, crc, e.crc))
                 seen.add((tuple(shape), dtype.str))
         if len(seen) > 1:
             bad.append(f"the files disagree on shape or dtype: {sorted(seen)}")

@@ -200,6 +200,15 @@ def test_disk_cache_names_missing_truncated_and_foreign_files_on_restore(tmp_pat
     assert any("disagree on shape or dtype" in b for b in c.check_files())
 
 
+def flip_bit(path: Path, at: int, mask: int = 0x01) -> bytes:
+    """Flip ``mask`` in the byte at ``at`` of ``path`` (the file as long as before); returns
+    the new bytes."""
+    raw = bytearray(path.read_bytes())
+    raw[at] ^= mask
+    path.write_bytes(bytes(raw))
+    return bytes(raw)
+
+
 def test_disk_cache_names_a_file_whose_data_changed_after_it_was_written(tmp_path) -> None:
     from fedsys.model_cache import CacheFileError
 
@@ -210,23 +219,19 @@ def test_disk_cache_names_a_file_whose_data_changed_after_it_was_written(tmp_pat
     state = c.state_dict()
     assert c.check_files() == []
     f = tmp_path / "c000003-r000001.npy"
-    raw = bytearray(f.read_bytes())
-    raw[-1000] ^= 0x01  # one bit of one weight, the file as long as before
-    f.write_bytes(bytes(raw))
+    flip_bit(f, -1000)  # one bit of one weight, the file as long as before
     bad = c.check_files()
     assert len(bad) == 1 and bad[0].startswith("c000003-r000001.npy has changed since it was "
                                                "written (CRC-32 "), bad
     with pytest.raises(CacheFileError, match=r"r000001.npy has changed since it was written"):
         ModelCache(2, tmp_path).load_state_dict(state)
-    raw[-1000] ^= 0x01  # the bit back: the file is the one written again
-    f.write_bytes(bytes(raw))
+    flip_bit(f, -1000)  # the bit back: the file is the one written again
     restored = ModelCache(2, tmp_path)
     restored.load_state_dict(state)
     assert np.array_equal(restored.vector(3, 2), vec[::-1])
     # a checkpoint from before the CRC (4-tuples) still restores, its files unhashed
     old = {**state, "entries": {k: [row[:4] for row in rows] for k, rows in state["entries"].items()}}
-    raw[-1000] ^= 0x01
-    f.write_bytes(bytes(raw))
+    flip_bit(f, -1000)
     before = ModelCache(2, tmp_path)
     before.load_state_dict(old)
     assert [e.crc for e in before.of(3)] == [None, None]
@@ -241,10 +246,7 @@ def test_disk_cache_checks_a_file_on_its_first_read_in_a_pass(tmp_path) -> None:
     c.add(3, 2, 2 * vec, 0.0, float(4 * vec @ vec), {})
     assert np.array_equal(c.vector(3, 2), 2 * vec)  # read once: checked, equal
     for rnd in (1, 2):  # one bit of one weight in each, after the write, before a read
-        f = tmp_path / f"c000003-r{rnd:06d}.npy"
-        raw = bytearray(f.read_bytes())
-        raw[-1000] ^= 0x01
-        f.write_bytes(bytes(raw))
+        raw = flip_bit(tmp_path / f"c000003-r{rnd:06d}.npy", -1000)
     with pytest.raises(CacheFileError, match=r"c000003-r000001.npy has changed since it was "
                                              r"written \(CRC-32 [0-9a-f]{8}, written "):
         c.vector(3, 1)
@@ -277,9 +279,7 @@ def test_a_cache_file_changed_mid_run_stops_the_strategy_naming_it(tmp_path) -> 
     for r, ups in enumerate(stream[:2], 1):
         s.aggregate(r, ups)
     victim = sorted(tmp_path.glob("*.npy"))[0]
-    raw = bytearray(victim.read_bytes())
-    raw[-1] ^= 0x80
-    victim.write_bytes(bytes(raw))
+    flip_bit(victim, -1, 0x80)
     client = int(victim.name[1:7])  # it read this file last round; this round checks it again
     others = [p for p in range(6) if p != client][:2]
     ups = [upd(p, RNG.normal(size=4) * 3) for p in sorted([client, *others])]
