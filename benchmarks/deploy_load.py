@@ -110,7 +110,7 @@ def records(cfg: Any) -> list[dict[str, Any]]:
 
 def load_case(tmp: Path, n: int, rounds: int, nice: int, per_round: int = 0,
               model: str = "fmnist-cnn") -> dict[str, Any]:
-    dep = LocalDeployment(tmp / f"deploy-{n}", num_nodes=n, node_nice=nice)
+    dep = LocalDeployment(tmp / f"deploy-{n}", num_nodes=n, node_nice=nice, roots=str(tmp))
     t0 = time.monotonic()
     dep.up(wait=900)
     up_s = time.monotonic() - t0
@@ -173,7 +173,7 @@ def finish(proc: Any, timeout: float = 1800) -> int:
 def faults(tmp: Path, nice: int, n: int = 10, rounds: int = 7) -> list[str]:
     import torch
 
-    dep = LocalDeployment(tmp / "deploy-faults", num_nodes=n, node_nice=nice)
+    dep = LocalDeployment(tmp / "deploy-faults", num_nodes=n, node_nice=nice, roots=str(tmp))
     dep.up(wait=600)
     lines = []
     try:
@@ -213,8 +213,8 @@ def faults(tmp: Path, nice: int, n: int = 10, rounds: int = 7) -> list[str]:
         dep.start(SERVER_EXEC)
         dep.wait_online(n, 300)
         dep.flwr_run(ROOT, {**cut.to_dict(), "resume": True}, timeout=1800)
-        a = torch.load(ref.run_dir / "fedavg" / "model.pt")
-        b = torch.load(cut.run_dir / "fedavg" / "model.pt")
+        a = torch.load(ref.run_dir / "fedavg" / "model.pt", weights_only=True)
+        b = torch.load(cut.run_dir / "fedavg" / "model.pt", weights_only=True)
         same = all(torch.equal(a[k], b[k]) for k in a)
         rec_a, rec_b = records(ref), records(cut)
         same_acc = [r["accuracy"] for r in rec_a] == [r["accuracy"] for r in rec_b]

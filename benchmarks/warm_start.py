@@ -50,7 +50,7 @@ def arm(tmp: Path, warm: bool, nodes: int, rounds: int, tag: str) -> dict[str, f
     else:
         os.environ[superexec.ENV] = ""
     root = tmp / f"dep-{tag}"
-    dep = LocalDeployment(root=root, num_nodes=nodes)
+    dep = LocalDeployment(root=root, num_nodes=nodes, roots=str(tmp / "runs"))
     dep.up()
     try:
         cfg = {"name": tag, "output-dir": str(tmp / "runs"), "strategy": ",".join(STRATEGIES),
@@ -72,8 +72,8 @@ def arm(tmp: Path, warm: bool, nodes: int, rounds: int, tag: str) -> dict[str, f
 
 def same_models(runs: Path, a: str, b: str) -> bool:
     for s in STRATEGIES:
-        ma = torch.load(runs / a / s / "model.pt")
-        mb = torch.load(runs / b / s / "model.pt")
+        ma = torch.load(runs / a / s / "model.pt", weights_only=True)
+        mb = torch.load(runs / b / s / "model.pt", weights_only=True)
         if ma.keys() != mb.keys() or not all(torch.equal(ma[k], mb[k]) for k in ma):
             return False
     return True

@@ -66,9 +66,11 @@ class CoreOptions:
         "the numbers).")
     plugins: str = option(
         '', 'Modules imported before the run, comma-separated: each registers its own '
-        'strategies and trainers (one line each) without editing fedsys.')
+        'strategies and trainers (one line each) without editing fedsys.  In a deployment only '
+        'modules the operator allows in FEDSYS_PLUGINS.')
     output_dir: str = option(
-        'runs', 'Directory holding run directories (made absolute).')
+        'runs', 'Directory holding run directories (made absolute).  In a deployment it must '
+        "lie under the operator's FEDSYS_ROOTS.")
     strategy: str = option(
         'fedavg,fedprox', 'Strategy, or a comma-separated list run one after another on identical partitions and seeds.')
     seed: int = option(
@@ -104,7 +106,7 @@ class CoreOptions:
     keep_checkpoint: int = option(
         0, "Also keep the checkpoint of this round as <strategy>/checkpoint-rNNNN.pt, a branch point for 'branch-from' (0: none).", bounds='>= 0')
     branch_from: str = option(
-        '', "Start from a kept checkpoint (<run>/<strategy>/checkpoint-rNNNN.pt) of a run that is identical up to that round, instead of from round 0: the earlier rounds' metrics are copied, the rest is trained.  Only keys that have not acted yet may differ (ima.average and ima.lr-decay before IMA starts).")
+        '', "Start from a kept checkpoint (<run>/<strategy>/checkpoint-rNNNN.pt) of a run that is identical up to that round, instead of from round 0: the earlier rounds' metrics are copied, the rest is trained.  Only keys that have not acted yet may differ (ima.average and ima.lr-decay before IMA starts).  In a deployment it must lie under the operator's FEDSYS_ROOTS.")
     save_models: str = option(
         'none', "Keep models for 'fedsys landscape': 'global' (each round's global model) or 'all' (also every accepted client model) under <strategy>/models/.", choices=('none', 'global', 'all'))
     save_models_from: int = option(
@@ -116,7 +118,9 @@ class CoreOptions:
     dataset: str = option(
         'fashion-mnist', 'Dataset.', choices=DATASETS)
     data_dir: str = option(
-        '', 'Data root searched first (empty: $FEDSYS_DATA, system).')
+        '', 'Data root searched first (empty: $FEDSYS_DATA, system).  In a deployment it must '
+        "lie under the operator's FEDSYS_ROOTS or $FEDSYS_DATA; a site's node-config "
+        'data-dir replaces it there.')
     num_clients: int = option(
         20, 'Partitions (simulated clients).', bounds='> 0')
     partition: str = option(
@@ -147,7 +151,8 @@ class CoreOptions:
         'bn', 'ResNet-18 normalisation.', choices=('bn', 'gn'))
     init_from: str = option(
         '', 'Start from a saved model: a `fedsys pretrain` file or a plain state dict (a '
-        'torchvision .pth); empty: the seeded random model.')
+        'torchvision .pth); empty: the seeded random model.  In a deployment it must lie under '
+        "the operator's FEDSYS_ROOTS or $FEDSYS_DATA.")
     init_reinit: str = option(
         '', 'With init-from: entries kept freshly initialised, comma-separated name prefixes '
         '(fc for a new head, conv1 for a small-image stem).')

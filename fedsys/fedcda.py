@@ -32,8 +32,9 @@ models are close.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -101,6 +102,24 @@ class Layout:
             d_obj=d_obj,
             dim=dim,
             storage=str(np.dtype(storage)),
+        )
+
+    def to_state(self) -> dict[str, Any]:
+        """The layout as plain values, for a checkpoint (which holds no fedsys objects:
+        :mod:`fedsys.checkpoint`)."""
+        return asdict(self)
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> Layout:
+        """The layout :meth:`to_state` wrote."""
+        return cls(
+            float_keys=tuple(str(k) for k in state["float_keys"]),
+            int_keys=tuple(str(k) for k in state["int_keys"]),
+            shapes=tuple(tuple(int(n) for n in s) for s in state["shapes"]),
+            dtypes=tuple(str(d) for d in state["dtypes"]),
+            d_obj=int(state["d_obj"]),
+            dim=int(state["dim"]),
+            storage=str(state["storage"]),
         )
 
     def pack(self, params: Params) -> tuple[NDArray[np.floating], Params]:

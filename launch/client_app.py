@@ -5,11 +5,18 @@ and, in deployment, ``data-dir``), trains with the trainer the instruction names
 (typed settings and the trainer's options from the instruction, the run config
 filling in), keeps the trainer's state in ``context.state`` across rounds, and
 replies as :mod:`fedsys.protocol` says.
+
+Before it reads data or imports a plugin it admits the run config under the site
+operator's policy (:mod:`fedsys.confine`: ``FEDSYS_ROOTS``, ``FEDSYS_PLUGINS``, the node
+config's ``data-dir`` allowed), except where :func:`launch.simulation.simulate` runs it
+(:class:`UnconfinedClientApp`).
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
+import os
 from typing import Any
 
 import torch
@@ -18,7 +25,7 @@ from flwr.clientapp import ClientApp
 
 from clients import LocalConfig, TrainJob, trainer_class
 from clients.base import local_config, run_trainer, trainer_options
-from fedsys import attacks, trainer_state
+from fedsys import attacks, confine, trainer_state
 from fedsys import protocol as proto
 from fedsys.config import ConfigError, RunConfig
 from fedsys.data import Dataset
@@ -31,10 +38,57 @@ from launch.registry import from_run_config
 
 app = ClientApp()
 
+#: True while :class:`UnconfinedClientApp` handles a message (fedsys's own simulation):
+#: set in this process by the object :func:`launch.simulation.simulate` built, never by a
+#: config.
+_UNCONFINED: contextvars.ContextVar[bool] = contextvars.ContextVar("fedsys_unconfined",
+                                                                   default=False)
+
+
+class UnconfinedClientApp(ClientApp):
+    """``inner`` (a ClientApp) as fedsys's own simulation runs it: the fedsys handlers
+    admit the run config without the operator's policy (:mod:`fedsys.confine`).
+
+    :func:`launch.simulation.simulate` builds one in process and hands it to Flower's
+    simulation engine, which pickles it to its Ray actors; there is no module-level
+    instance, so a deployment (which loads ``launch.client_app:app``) cannot get one.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        token = _UNCONFINED.set(True)
+        try:
+            return self.inner(message, context)
+        finally:
+            _UNCONFINED.reset(token)
+
 
 @functools.lru_cache(maxsize=4)
 def _config(items: tuple[tuple[str, Any], ...]) -> RunConfig:
     return from_run_config(dict(items))
+
+
+def _admitted(run_config: dict[str, Any], node_data_dir: str | None) -> RunConfig:
+    """The config of ``run_config`` (the node's ``data-dir`` already in it), admitted
+    under this site's policy unless fedsys's own simulation runs this app.
+
+    Raises
+    ------
+    ConfigError
+        A key the policy refuses, named (the node's ``data-dir`` is allowed).
+    """
+    def build(rc: Any) -> RunConfig:
+        return _config(tuple(sorted(rc.items())))
+
+    if _UNCONFINED.get():
+        return build(run_config)
+    policy = confine.policy_from_env(os.environ)
+    if node_data_dir is not None:
+        policy = policy.reading(node_data_dir)
+    return confine.admit(run_config, policy, build, confine.CLIENT_KEYS)
 
 
 def _partition_id(context: Context) -> int:
@@ -48,8 +102,9 @@ def _partition_id(context: Context) -> int:
 
 def _node(context: Context) -> tuple[RunConfig, Dataset, int, int, torch.Tensor, torch.Tensor]:
     nc = context.node_config
-    overrides = {"data-dir": str(nc["data-dir"])} if "data-dir" in nc else {}
-    cfg = _config(tuple(sorted({**context.run_config, **overrides}.items())))
+    node_dir = str(nc["data-dir"]) if "data-dir" in nc else None
+    overrides = {"data-dir": node_dir} if node_dir is not None else {}
+    cfg = _admitted({**context.run_config, **overrides}, node_dir)
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     pid = _partition_id(context)

@@ -73,7 +73,10 @@ def plain_when_redirected() -> None:
 
 def hand_over(command: str, entry: Callable[[], None]) -> None:
     """Run a Flower command's entry point (``flower-superlink``, ``flower-supernode``)
-    as ``command``, its output plain where it is redirected (a deployment's log file)."""
+    as ``command``, its output plain where it is redirected (a deployment's log file),
+    under umask 077: what a Flower component and the apps it starts write (the SuperLink's
+    database, logs, checkpoints and results) is its own user's alone, in the images too."""
+    os.umask(0o077)
     plain_when_redirected()
     sys.argv[0] = command
     entry()

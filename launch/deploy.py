@@ -41,13 +41,14 @@ from pathlib import Path
 from typing import Any
 
 from fedsys.config import ConfigError, toml_text
+from launch.proxy import ProxyTLS, nginx_conf, write_conf
 from launch.simulation import FLWR_ENV
 
 HOST = "127.0.0.1"
 CONNECTION = "fedsys-local"
 STATE_FILE = "deploy.json"
 SCRIPTS = Path(__file__).resolve().parents[1] / "deploy"
-SUPERLINK, SERVER_EXEC = "superlink", "superexec-server"
+SUPERLINK, PROXY, SERVER_EXEC = "superlink", "proxy", "superexec-server"
 
 
 class DeployError(ConfigError):
@@ -137,6 +138,17 @@ def _bin(name: str) -> str:
     return str(here) if here.exists() else (shutil.which(name) or name)
 
 
+def nginx_bin() -> str:
+    """The ``nginx`` the proxy runs (Debian's ``nginx-light`` is enough); one line when
+    there is none."""
+    found = shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if Path(p).exists()), None)
+    if found is None:
+        raise DeployError("nginx is not installed: the sites' port is an nginx reverse proxy "
+                          "that forwards Flower's Fleet API only (apt-get install nginx-light)")
+    return found
+
+
 def node_name(i: int) -> str:
     """Name of SuperNode ``i`` (also its key file and its ``--name`` at registration)."""
     return f"supernode-{i}"
@@ -174,10 +186,21 @@ class LocalDeployment:
     auth : bool
         SuperNode authentication (registered keys only) and a SuperExec secret.
     port : int
-        The SuperLink's port (Fleet, Control and Runtime APIs); 0 picks a free one.
+        The sites' port: the reverse proxy (:mod:`launch.proxy`) that forwards Flower's
+        Fleet API, and nothing else, to the SuperLink; 0 picks a free one.
+    link_port : int
+        The SuperLink's own port on loopback (Fleet, Control and Runtime APIs): the
+        operator's ``flwr`` CLI and the server's SuperExec use it; 0 picks a free one.
     gpus : str
         Comma-separated CUDA device ids dealt round robin to the client SuperExecs
         (``CUDA_VISIBLE_DEVICES``); empty leaves the environment as it is.
+    roots : str
+        ``FEDSYS_ROOTS`` of the server's SuperExec (directories joined by ``:``): where a
+        submitted run config's paths may lie on the server (:mod:`fedsys.confine`; empty:
+        the app's own default, ``<its working directory>/runs``).
+    plugins : str
+        ``FEDSYS_PLUGINS`` of every SuperExec: the modules a run's ``plugins`` may name
+        (empty: none).
     node_nice : int
         Scheduling niceness of the SuperNodes and their SuperExecs, and so of the
         ClientApps they start (default 0: normal priority; 19 for tens of nodes on a
@@ -199,7 +222,10 @@ class LocalDeployment:
     tls: bool = False
     auth: bool = False
     port: int = 0
+    link_port: int = 0
     gpus: str = ""
+    roots: str = ""
+    plugins: str = ""
     node_nice: int = 0
     node_ports: list[int] = field(default_factory=list)
     components: dict[str, Component] = field(default_factory=dict)
@@ -209,13 +235,21 @@ class LocalDeployment:
         self.root = Path(self.root).resolve()
         if self.port == 0:
             self.port = free_port()
+        if self.link_port == 0:
+            self.link_port = free_port()
 
     # ------------------------------------------------------------------ paths
 
     @property
     def address(self) -> str:
-        """``host:port`` of the SuperLink."""
+        """``host:port`` the sites reach: the proxy, which forwards the Fleet API only."""
         return f"{HOST}:{self.port}"
+
+    @property
+    def control_address(self) -> str:
+        """``127.0.0.1:port`` of the SuperLink itself (Control and Runtime APIs): the
+        operator's ``flwr`` CLI and the server's SuperExec."""
+        return f"{HOST}:{self.link_port}"
 
     @property
     def cli_home(self) -> Path:
@@ -231,15 +265,29 @@ class LocalDeployment:
         """Private key of SuperNode ``i`` (its ``.pub`` is registered)."""
         return self.root / "keys" / node_name(i)
 
+    def site_secret(self, i: int) -> Path:
+        """The secret between SuperNode ``i``'s Runtime API and its SuperExec (made by
+        ``deploy/node-keys.sh`` beside the key; it stays on that site)."""
+        return self.root / "keys" / f"{node_name(i)}.secret"
+
+    @property
+    def secret_file(self) -> Path:
+        """The secret between the SuperLink's Runtime API and the server's SuperExec."""
+        return self.root / "certs" / "superexec.secret"
+
     def log_file(self, name: str) -> Path:
         """Output of one component."""
         return self.root / "logs" / f"{name}.log"
 
     @property
     def env(self) -> dict[str, str]:
-        """Environment of every Flower process (telemetry and runtime installs off)."""
+        """Environment of every Flower process (telemetry and runtime installs off); the
+        caller's confinement policy is not inherited: each component gets the one of
+        this deployment (:meth:`command`)."""
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-        return {**os.environ, **FLWR_ENV, "PATH": path}
+        inherited = {k: v for k, v in os.environ.items()
+                     if k not in ("FEDSYS_ROOTS", "FEDSYS_PLUGINS")}
+        return {**inherited, **FLWR_ENV, "PATH": path}
 
     # ------------------------------------------------------------------ state
 
@@ -247,12 +295,16 @@ class LocalDeployment:
         """Write ``deploy.json`` so later invocations find this deployment."""
         state = {
             "num_nodes": self.num_nodes, "data_dir": self.data_dir, "tls": self.tls,
-            "auth": self.auth, "port": self.port, "gpus": self.gpus, "node_nice": self.node_nice,
+            "auth": self.auth, "port": self.port, "link_port": self.link_port,
+            "gpus": self.gpus, "roots": self.roots, "plugins": self.plugins,
+            "node_nice": self.node_nice,
             "node_ports": self.node_ports,
             "components": {k: asdict(c) for k, c in self.components.items()},
         }
         tmp = self.root / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(state, indent=1))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(state, indent=1))
         tmp.replace(self.root / STATE_FILE)
 
     @classmethod
@@ -263,7 +315,9 @@ class LocalDeployment:
             raise DeployError(f"no deployment in {root} (start one with 'fedsys deploy up')")
         s = json.loads(path.read_text())
         dep = cls(Path(root), num_nodes=s["num_nodes"], data_dir=s["data_dir"], tls=s["tls"],
-                  auth=s["auth"], port=s["port"], gpus=s.get("gpus", ""),
+                  auth=s["auth"], port=s["port"], link_port=s.get("link_port", 0),
+                  gpus=s.get("gpus", ""), roots=s.get("roots", ""),
+                  plugins=s.get("plugins", ""),
                   node_nice=s.get("node_nice", 0),
                   node_ports=list(s["node_ports"]))
         dep.components = {k: Component(**c) for k, c in s["components"].items()}
@@ -274,31 +328,41 @@ class LocalDeployment:
     def names(self) -> list[str]:
         """Component names in start order."""
         nodes = [n for i in range(self.num_nodes) for n in (node_name(i), node_exec_name(i))]
-        return [SUPERLINK, SERVER_EXEC, *nodes]
+        return [SUPERLINK, PROXY, SERVER_EXEC, *nodes]
 
     def _client_tls(self, flag: str) -> list[str]:
         return [flag, str(self.ca_cert)] if self.tls else ["--insecure"]
 
     def command(self, name: str) -> tuple[list[str], dict[str, str]]:
         """Command line and extra environment of one component."""
-        secret = ["--superexec-auth-secret-file", str(self.root / "secret")] if self.auth else []
+        secret = ["--superexec-auth-secret-file", str(self.secret_file)] if self.auth else []
         if name == SUPERLINK:
             certs = self.root / "certs"
             tls = (["--ssl-ca-certfile", str(self.ca_cert), "--ssl-certfile",
                     str(certs / "server.pem"), "--ssl-keyfile", str(certs / "server.key")]
                    if self.tls else ["--insecure"])
             auth = ["--enable-supernode-auth", *secret] if self.auth else []
-            # Flower's flower-superlink with a longer SQLite busy timeout (launch/superlink.py)
+            # Flower's flower-superlink with a longer SQLite busy timeout (launch/superlink.py),
+            # on loopback only: the sites reach it through the proxy
             return [sys.executable, "-m", "launch.superlink", *tls, *auth, "--isolation", "process",
                     "--database", str(self.root / "superlink.db"),
                     "--disable-runtime-dependency-installation",
-                    "--host", HOST, "--port", str(self.port)], {}
+                    "--host", HOST, "--port", str(self.link_port)], {}
+        if name == PROXY:
+            work = self.root / "proxy"
+            return [nginx_bin(), "-e", "stderr", "-p", str(work), "-c", str(work / "nginx.conf"),
+                    "-g", "daemon off;"], {}
+        policy = {"FEDSYS_PLUGINS": self.plugins} if self.plugins else {}
         if name == SERVER_EXEC:
-            # Flower's flower-superexec, its app processes forked warm (launch/superexec.py)
+            # Flower's flower-superexec, its app processes forked warm (launch/superexec.py);
+            # the operator's confinement of submitted run configs (fedsys.confine)
+            if self.roots:
+                policy["FEDSYS_ROOTS"] = self.roots
             return [sys.executable, "-m", "launch.superexec", *self._client_tls("--root-certificates"),
-                    *secret, "--runtime-api-address", self.address], {}
+                    *secret, "--runtime-api-address", self.control_address], policy
         kind, _, idx = name.rpartition("-")
         i = int(idx)
+        site_secret = ["--superexec-auth-secret-file", str(self.site_secret(i))]
         if kind == "supernode":
             cfg = f"partition-id={i} num-partitions={self.num_nodes}"
             if self.data_dir:
@@ -308,39 +372,63 @@ class LocalDeployment:
             return [sys.executable, "-m", "launch.supernode",
                     *self._client_tls("--root-certificates"), *auth,
                     "--superlink", self.address, "--isolation", "process",
-                    "--host", HOST, "--port", str(self.node_ports[i]),
+                    "--host", HOST, "--port", str(self.node_ports[i]), *site_secret,
                     "--node-config", cfg], {}
-        env = {}
+        env = dict(policy)
         if self.gpus:
             ids = [g.strip() for g in self.gpus.split(",") if g.strip()]
             env["CUDA_VISIBLE_DEVICES"] = ids[i % len(ids)]
-        return [sys.executable, "-m", "launch.superexec", "--insecure",
+        return [sys.executable, "-m", "launch.superexec", "--insecure", *site_secret,
                 "--runtime-api-address", f"{HOST}:{self.node_ports[i]}"], env
+
+    def write_proxy_conf(self) -> Path:
+        """Render the proxy's ``nginx.conf`` (:func:`launch.proxy.nginx_conf`) under
+        ``proxy/``: the sites' port forwards the Fleet API to the SuperLink's loopback port."""
+        work = self.root / "proxy"
+        for sub in ("", "body", "proxy", "fastcgi", "uwsgi", "scgi"):
+            (work / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+        certs = self.root / "certs"
+        tls = (ProxyTLS(str(certs / "server.pem"), str(certs / "server.key"), str(self.ca_cert))
+               if self.tls else None)
+        return write_conf(work / "nginx.conf", nginx_conf(
+            self.address, self.control_address, str(work), tls,
+            access_log=str(self.log_file("proxy-access"))))
 
     # ------------------------------------------------------------------ processes
 
     def start(self, name: str) -> Component:
-        """Start one component; a running instance of it is killed first (restart)."""
+        """Start one component; a running instance of it is killed first (restart).
+
+        Every process runs under umask 077: the SuperLink's database, the logs and
+        whatever an app process writes are the deployment owner's alone."""
         self.kill(name)
+        if name == PROXY:
+            self.write_proxy_conf()
         args, extra = self.command(name)
-        if name not in (SUPERLINK, SERVER_EXEC) and self.node_nice:
+        if name not in (SUPERLINK, PROXY, SERVER_EXEC) and self.node_nice:
             args = [shutil.which("nice") or "nice", "-n", str(self.node_nice), *args]
         home = self.root / "home" / name
-        home.mkdir(parents=True, exist_ok=True)
+        home.parent.mkdir(mode=0o700, exist_ok=True)
+        home.mkdir(mode=0o700, exist_ok=True)
         log = self.log_file(name)
-        log.parent.mkdir(parents=True, exist_ok=True)
+        log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         env = {**self.env, **extra, "FLWR_HOME": str(home)}
-        with log.open("ab") as out:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "ab") as out:
             p = subprocess.Popen(args, cwd=home, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
-        if name not in (SUPERLINK, SERVER_EXEC) and self.node_nice:
+                                 stdin=subprocess.DEVNULL, start_new_session=True, umask=0o077)
+        if name not in (SUPERLINK, PROXY, SERVER_EXEC) and self.node_nice:
             _session_nice(p.pid, self.node_nice)
         self.procs[name] = p
         comp = Component(args, p.pid, _start_time(p.pid), extra)
         self.components[name] = comp
         self.save()
-        if name == SUPERLINK:  # a restart too: nothing can talk to it before it listens
-            wait_port(self.port)
+        if name in (SUPERLINK, PROXY):  # a restart too: nothing can talk to it before it listens
+            try:
+                wait_port(self.link_port if name == SUPERLINK else self.port)
+            except TimeoutError:
+                self.refuse_dead()
+                raise
         return comp
 
     def is_running(self, name: str) -> bool:
@@ -371,15 +459,25 @@ class LocalDeployment:
             time.sleep(0.1)
 
     def down(self) -> int:
-        """Stop every process and its descendants (SIGTERM, then SIGKILL after 15 s).
+        """Stop every process and its descendants, the sites first (SIGTERM, then SIGKILL
+        after 15 s): a SuperNode stopped while the SuperLink still runs signs off, so a
+        new ``up`` can bring the same node keys online at once.
 
         Returns the number of processes that were stopped.
         """
-        pids = self.all_pids()
-        _signal_all(pids, signal.SIGTERM)
-        self._reap(pids, 15.0)
-        _signal_all([p for p in pids if _alive(p)], signal.SIGKILL)
-        self._reap(pids, 10.0)
+        sites = [n for n in self.components if n not in (SUPERLINK, PROXY, SERVER_EXEC)]
+        stopped = 0
+        for group in (sites, [n for n in self.components if n not in sites]):
+            pids = sorted({d for n in group if self.is_running(n)
+                           for d in descendants(self.components[n].pid)})
+            _signal_all(pids, signal.SIGTERM)
+            self._reap(pids, 15.0)
+            _signal_all([p for p in pids if _alive(p)], signal.SIGKILL)
+            self._reap(pids, 10.0)
+            left = [p for p in pids if _alive(p)]
+            if left:
+                raise DeployError(f"processes {left} survived SIGKILL")
+            stopped += len(pids)
         for p in self.procs.values():
             p.poll()
         self.procs.clear()
@@ -387,10 +485,7 @@ class LocalDeployment:
             c.pid = c.start_time = 0
         if self.components:
             self.save()
-        left = [p for p in pids if _alive(p)]
-        if left:
-            raise DeployError(f"processes {left} survived SIGKILL")
-        return len(pids)
+        return stopped
 
     # ------------------------------------------------------------------ set-up
 
@@ -405,10 +500,11 @@ class LocalDeployment:
             raise DeployError(f"{name} failed:\n{proc.stdout}{proc.stderr}".strip())
 
     def write_connection(self) -> None:
-        """Write the CLI's ``config.toml`` with the connection ``fedsys-local``."""
-        self.cli_home.mkdir(parents=True, exist_ok=True)
+        """Write the CLI's ``config.toml`` with the connection ``fedsys-local``: the
+        SuperLink's loopback port, where the Control API is (the sites' port has none)."""
+        self.cli_home.mkdir(mode=0o700, parents=True, exist_ok=True)
         (self.cli_home / "config.toml").write_text(
-            connection_toml(self.address, self.ca_cert if self.tls else None))
+            connection_toml(self.control_address, self.ca_cert if self.tls else None))
 
     def refuse_if_running(self) -> None:
         """Raise :class:`DeployError` if a deployment in ``root`` still runs."""
@@ -418,24 +514,28 @@ class LocalDeployment:
                               "'fedsys deploy down' stops it")
 
     def up(self, wait: float = 120.0) -> None:
-        """Start everything, register node keys (``auth``), wait until all nodes are online."""
+        """Start everything, make each site's key and Runtime API secret (and register
+        the keys with ``auth``), wait until all nodes are online."""
+        nginx_bin()  # before anything starts: one line when there is no proxy to run
         self.refuse_if_running()
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.root.chmod(0o700)
         self.node_ports = [free_port() for _ in range(self.num_nodes)]
         self.components = {}
         self.save()
-        if self.tls:
-            self._script("make-certs.sh", "-d", str(self.root / "certs"))
-        if self.auth:
-            secret = self.root / "secret"
-            if not secret.exists():
-                secret.touch(mode=0o600)
-                secret.write_bytes(os.urandom(32).hex().encode())
+        if self.tls:  # the CA's key goes where no component reads: ca/, not certs/
+            self._script("make-certs.sh", "-d", str(self.root / "certs"),
+                         "-k", str(self.root / "ca"))
+        if self.auth and not self.secret_file.exists():
+            self.secret_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(os.urandom(32).hex())
         self.write_connection()
         self.start(SUPERLINK)
-        if self.auth:
-            self._script("node-keys.sh", "-d", str(self.root / "keys"), "-r", CONNECTION,
-                         *[node_name(i) for i in range(self.num_nodes)])
+        sites = [node_name(i) for i in range(self.num_nodes)]
+        self._script("node-keys.sh", "-d", str(self.root / "keys"),
+                     *(["-r", CONNECTION] if self.auth else []), *sites)
         for name in self.names()[1:]:
             self.start(name)
         self.wait_online(self.num_nodes, wait)
@@ -504,7 +604,9 @@ class LocalDeployment:
         app_dir = staged_app(app_dir, self.cli_home)
         rc_file = self.cli_home / f"run-config-{time.time_ns()}.toml"
         rc_file.write_text(run_config_toml(run_config))
-        out = log.open("w") if log is not None else None
+        rc_file.chmod(0o600)
+        out = (os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")
+               if log is not None else None)
         try:
             return subprocess.Popen(
                 [_bin("flwr"), "run", str(app_dir), CONNECTION, "--stream",

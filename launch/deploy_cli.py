@@ -11,6 +11,7 @@ SuperLink instead, e.g. the docker-compose one.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -74,8 +75,21 @@ def add_parser(sub: Any) -> None:
     up.add_argument("--auth", action="store_true",
                     help="only registered SuperNode keys (DIR/keys) may connect; "
                     "SuperExec secret")
-    up.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one)")
+    up.add_argument("--port", type=int, default=0,
+                    help="the sites' port: a reverse proxy that forwards Flower's Fleet API "
+                    "and nothing else (default: a free one)")
+    up.add_argument("--link-port", type=int, default=0,
+                    help="the SuperLink's own port, on loopback only: Control and Runtime "
+                    "APIs, for the operator's flwr CLI and the server's SuperExec "
+                    "(default: a free one)")
     up.add_argument("--data-dir", default="", help="data-dir in every SuperNode's node config")
+    up.add_argument("--roots", metavar="DIR[:DIR...]", default=None,
+                    help="where a submitted run config's paths (output-dir, branch-from, "
+                    "init-from, fedcda.cache-dir, ...) may lie on the server: FEDSYS_ROOTS of "
+                    "the server's SuperExec (default: $FEDSYS_ROOTS, else ./runs)")
+    up.add_argument("--plugins", metavar="MODULES", default="",
+                    help="modules a submitted run's 'plugins' may name, comma-separated: "
+                    "FEDSYS_PLUGINS of every SuperExec (default: none)")
     up.add_argument("--gpus", default="",
                     help="CUDA device ids dealt round robin to the SuperNodes, e.g. 0,1")
     up.add_argument("--node-nice", type=_niceness, default=0, metavar="N",
@@ -95,7 +109,9 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config key (repeatable); see 'fedsys keys'")
     r.add_argument("--superlink", metavar="HOST:PORT",
-                   help="submit to this SuperLink instead of the one in --dir")
+                   help="submit to this SuperLink's Control API instead of the one in --dir "
+                   "(its loopback port on the server host, or an SSH tunnel to it: the "
+                   "sites' port does not forward the Control API)")
     tls = r.add_mutually_exclusive_group()
     tls.add_argument("--root-certificates", metavar="CA",
                      help="CA certificate of --superlink (HTTPS)")
@@ -116,18 +132,33 @@ def add_parser(sub: Any) -> None:
     dn.set_defaults(fn=cmd_down)
 
 
+def _roots(given: str | None) -> str:
+    """``--roots`` as absolute directories (default ``$FEDSYS_ROOTS``, else ``./runs``):
+    ``fedsys deploy run`` sends paths resolved where it is called, so a relative root
+    would mean another place to the server's SuperExec."""
+    text = os.environ.get("FEDSYS_ROOTS") or "runs" if given is None else given
+    parts = [p for p in text.split(os.pathsep) if p.strip()]
+    if not parts:
+        raise DeployError("--roots: name at least one directory")
+    return os.pathsep.join(str(Path(p).expanduser().resolve()) for p in parts)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     """``fedsys deploy up``."""
     if args.nodes < 1:
         raise DeployError("--nodes must be at least 1")
     dep = LocalDeployment(Path(args.dir), num_nodes=args.nodes, data_dir=args.data_dir,
-                          tls=args.tls, auth=args.auth, port=args.port, gpus=args.gpus,
+                          tls=args.tls, auth=args.auth, port=args.port,
+                          link_port=args.link_port, gpus=args.gpus,
+                          roots=_roots(args.roots), plugins=args.plugins,
                           node_nice=args.node_nice)
     dep.refuse_if_running()
     t0 = time.monotonic()
     mode = ", ".join(m for m, on in (("TLS", args.tls), ("node auth", args.auth)) if on)
-    print(f"fedsys deploy: SuperLink on {dep.address} ({mode or 'insecure'}), "
-          f"{args.nodes} SuperNodes, state in {dep.root}", flush=True)
+    print(f"fedsys deploy: sites' port {dep.address} (the Fleet API only; the SuperLink on "
+          f"loopback {dep.control_address}) ({mode or 'insecure'}), {args.nodes} SuperNodes, "
+          f"state in {dep.root}; runs may write under {dep.roots}"
+          f"{f', plugins {dep.plugins}' if dep.plugins else ''}", flush=True)
     try:
         dep.up(wait=args.wait)
     except BaseException:
@@ -189,13 +220,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     app = Path(args.app).resolve()
     if not (app / "pyproject.toml").exists():
         raise DeployError(f"{app} is not a Flower app directory (no pyproject.toml); use --app")
+    sent = cfg.to_dict()
+    if not args.superlink:  # this machine's server: the run directory this command reports
+        sent["output-dir"] = str(Path(cfg.output_dir).expanduser().resolve())
     (dep.cli_home / "last-run-config.toml").parent.mkdir(parents=True, exist_ok=True)
-    (dep.cli_home / "last-run-config.toml").write_text(run_config_toml(cfg.to_dict()))
+    (dep.cli_home / "last-run-config.toml").write_text(run_config_toml(sent))
     t0 = time.monotonic()
     where = args.superlink or dep.address
     print(f"fedsys deploy: submitting {cfg.strategies} to {where} -> {cfg.run_dir}", flush=True)
     try:
-        dep.flwr_run(app, cfg.to_dict(), timeout=args.timeout, echo=True)
+        dep.flwr_run(app, sent, timeout=args.timeout, echo=True)
     except RunNotStartedError as exc:
         print(f"error: {str(exc).splitlines()[0]}: nothing ran (see above)", file=sys.stderr)
         return 1

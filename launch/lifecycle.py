@@ -21,7 +21,7 @@ from strategies.base import FedsysStrategy
 
 #: Keys that never change the numbers of a run (where and how it is stored).
 BRANCH_FREE = frozenset({"name", "about", "output-dir", "resume", "branch-from", "keep-checkpoint",
-                         "checkpoint-every", "save-models", "save-models-from"})
+                         "checkpoint-every", "save-models", "save-models-from", "engine"})
 
 
 def kept_checkpoint(out: Path, rnd: int) -> Path:
@@ -52,8 +52,9 @@ def branch_point(cfg: RunConfig, strategy: FedsysStrategy) -> dict[str, Any]:
     Raises
     ------
     ConfigError
-        The file is missing or unreadable, the two runs differ before its round, the
-        round is not before the last, or the strategy cannot branch.
+        The file is missing or unreadable, holds more than a checkpoint does (refused
+        unread: :class:`fedsys.checkpoint.UnsafeCheckpointError`), the two runs differ
+        before its round, the round is not before the last, or the strategy cannot branch.
     """
     path = Path(cfg.branch_from).expanduser()
     if not path.is_file():
@@ -62,6 +63,8 @@ def branch_point(cfg: RunConfig, strategy: FedsysStrategy) -> dict[str, Any]:
     try:
         ckpt = checkpoint.load(path)
         parent, rnd = dict(ckpt["config"]), int(ckpt["round"])
+    except checkpoint.UnsafeCheckpointError as exc:  # it names the file and what it holds
+        raise ConfigError(f"config key 'branch-from': {exc}") from None
     except Exception as exc:
         raise ConfigError(f"config key 'branch-from': {path} is not a fedsys checkpoint "
                           f"({type(exc).__name__}: {exc})") from exc

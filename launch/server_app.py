@@ -4,6 +4,9 @@ runner: strategies one after another, with checkpoints.
 The runner builds each strategy from the run config (:func:`launch.registry.make_strategy`)
 and calls its Flower ``start`` with ``num_rounds``, ``timeout`` (``round-timeout``), the
 local-training keys as ``train_config`` and the central evaluation as ``evaluate_fn``.
+Before anything reads a path or imports a plugin, the run config is admitted under the
+operator's policy (:mod:`fedsys.confine`: ``FEDSYS_ROOTS``, ``FEDSYS_PLUGINS``), except
+under fedsys's own simulation (:func:`make_app`).
 
 Run directory layout (``<output-dir>/<name>/``)::
 
@@ -17,9 +20,10 @@ Run directory layout (``<output-dir>/<name>/``)::
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +32,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
-from fedsys import checkpoint, metrics
+from fedsys import checkpoint, confine, metrics
 from fedsys import protocol as proto
 from fedsys.attacks import attackers
-from fedsys.config import RunConfig
+from fedsys.config import ConfigError, RunConfig
 from fedsys.params import to_torch
 from fedsys.seeding import derive_seed
 from fedsys.task import (
@@ -293,10 +297,39 @@ def _run_experiment(grid: Grid, cfg: RunConfig, log_table: bool
     return results
 
 
-app = ServerApp()
+def run_config(context: Context, confined: bool = True) -> RunConfig:
+    """The run's config from Flower's ``context``: admitted under the operator's policy
+    (:mod:`fedsys.confine`, from this process's environment) when ``confined``.
+
+    Raises
+    ------
+    ConfigError
+        A key the policy refuses (named, one line), logged before it fails the run.
+    """
+    if not confined:
+        return from_run_config(context.run_config)
+    try:
+        return confine.admit(context.run_config, confine.policy_from_env(os.environ),
+                             from_run_config, confine.PATH_KEYS)
+    except ConfigError as exc:
+        log(ERROR, "fedsys: run refused: %s", exc)
+        raise
 
 
-@app.main()
-def main(grid: Grid, context: Context) -> None:
-    """Read the run config from Flower and run the experiment."""
-    run_experiment(grid, from_run_config(context.run_config), log_table=LOG_TABLE)
+def make_app(confined: bool = True) -> ServerApp:
+    """A fedsys ServerApp: read the run config (:func:`run_config`) and run the experiment.
+
+    :data:`app`, the one Flower loads (``launch.server_app:app``), is confined;
+    :func:`launch.simulation.simulate` builds an unconfined one for itself in process,
+    an object no run config can name.
+    """
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        run_experiment(grid, run_config(context, confined), log_table=LOG_TABLE)
+
+    return server
+
+
+app = make_app()

@@ -170,6 +170,11 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
     ``client_app`` replaces the fedsys ClientApp (tests use it to inject faults).  The
     ServerApp does not log the results table (``launch.server_app.LOG_TABLE``): the
     caller prints it, so a run shows one.
+
+    The user is the operator here: both apps run unconfined (:mod:`fedsys.confine`), as
+    objects built here, in this process (:func:`launch.server_app.make_app`,
+    :class:`launch.client_app.UnconfinedClientApp`, which reaches the Ray actors pickled);
+    nothing a config or Flower loads by name can be one of them.
     """
     os.environ.update({k: os.environ.get(k, v) for k, v in FLWR_ENV.items()})
     # Ray's notice that a later Ray will stop hiding GPUs from actors that asked for none:
@@ -181,8 +186,8 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
     from flwr.supercore.telemetry import EventType
 
     from launch import server_app as server_module
+    from launch.client_app import UnconfinedClientApp
     from launch.client_app import app as fedsys_client_app
-    from launch.server_app import app as server_app
 
     # more actors than simulated nodes never train at once
     init_args = ray_init_args(os.environ, cfg.num_clients * cfg.client_num_cpus)
@@ -203,8 +208,8 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
             _run_simulation(
                 num_supernodes=cfg.num_clients,
                 exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
-                client_app=client_app or fedsys_client_app,  # type: ignore[arg-type]
-                server_app=server_app,
+                client_app=UnconfinedClientApp(client_app or fedsys_client_app),
+                server_app=server_module.make_app(confined=False),
                 backend_config=backend,  # type: ignore[arg-type]
                 app_dir=str(app_dir),
                 server_app_context=context,

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Docker proof: build both fedsys images from a local base image, bring the
-# docker-compose stack up (host networking, 127.0.0.1 only, TLS and SuperNode
-# authentication on), run two rounds of FedAvg on Fashion-MNIST, check the recorded
-# accuracy, tear everything down.  Prints build times, image sizes and the run time.
+# Docker proof: build the three fedsys images from a local base image, bring the
+# docker-compose stack up (a bridge network per site, only the proxy's sites' port
+# published on 127.0.0.1, TLS, SuperNode authentication and SuperExec secrets on), check
+# the threat model's network rows from the host (the sites' port answers the Fleet API
+# only), run two rounds of FedAvg on Fashion-MNIST, check the recorded accuracy, tear
+# everything down.  Prints build times, image sizes and the run time.
 #
 #   scripts/docker_proof.sh            # exit 0: proven; 77: no Docker engine here
 #   scripts/docker_proof.sh --build-only   # the base image and both images, no stack
@@ -11,7 +13,7 @@
 #   BASE            base image for both images (default fedsys-base:bookworm; made
 #                   with debootstrap when missing and debootstrap is installed)
 #   FMNIST_DIR      Fashion-MNIST IDX files (default /usr/share/datasets/fashion-mnist)
-#   SUPERLINK_PORT  SuperLink port on 127.0.0.1 (default 9093); nodes use 9094, 9095
+#   SUPERLINK_PORT  the sites' port on 127.0.0.1 (default 9093); nothing else is published
 #   MIN_ACCURACY    accuracy the run must reach (default 0.5)
 #   KEEP_IMAGES=0   also remove the two images afterwards
 set -euo pipefail
@@ -53,7 +55,7 @@ elif dc=$(command -v docker-compose); then
 else
   echo "error: neither 'docker compose' nor docker-compose is installed" >&2; exit 2
 fi
-for p in "$PORT" 9094 9095; do
+for p in "$PORT"; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
     echo "error: port $p on 127.0.0.1 is in use" >&2; exit 2
   fi
@@ -89,7 +91,7 @@ fi
 
 # ---------------------------------------------------------------- images
 declare -A BUILD_S
-for target in server client; do
+for target in proxy server client; do
   echo "== building fedsys-$target from $BASE"
   t0=$(now)
   docker build --network host -f deploy/Dockerfile --target "$target" \
@@ -104,14 +106,16 @@ if [ "$BUILD_ONLY" = 1 ]; then echo "IMAGES OK"; exit 0; fi
 # ---------------------------------------------------------------- certificates, keys
 WORK=$(mktemp -d /var/tmp/fedsys-proof.XXXXXX)
 mkdir -p "$WORK/deploy"
-deploy/make-certs.sh -d "$WORK/deploy/certs" >/dev/null
+deploy/make-certs.sh -d "$WORK/deploy/certs" -k "$WORK/deploy/ca" DNS:superlink >/dev/null
+[ ! -e "$WORK/deploy/certs/ca.key" ] || { echo "error: ca.key beside the mounted certificates" >&2; exit 1; }
+mkdir -p "$WORK/deploy/proxy"
+cp deploy/proxy/nginx.conf "$WORK/deploy/proxy/nginx.conf"
 deploy/node-keys.sh -d "$WORK/deploy/keys" supernode-0 supernode-1
-sed "s/127.0.0.1:9093/127.0.0.1:$PORT/" deploy/flwr-config.toml > "$WORK/deploy/flwr-config.toml"
+cp deploy/flwr-config.toml "$WORK/deploy/flwr-config.toml"
 chown -R 49999 "$WORK/deploy/certs" "$WORK/deploy/keys"
 cat > "$WORK/.env" <<EOF
 SUPERLINK_PORT=$PORT
-SUPERLINK_ADDRESS=127.0.0.1:$PORT
-SUPERLINK_BIND=127.0.0.1
+SITES_BIND=127.0.0.1
 SERVER_DATA=$FMNIST_DIR
 SITE0_DATA=$FMNIST_DIR
 SITE1_DATA=$FMNIST_DIR
@@ -123,7 +127,7 @@ cleanup() {
   echo "== tearing down"
   compose --profile cpu --profile cli down -v --remove-orphans >/dev/null 2>&1 || true
   if [ "${KEEP_IMAGES:-1}" = "0" ]; then
-    docker image rm fedsys-server:latest fedsys-client:latest >/dev/null 2>&1 || true
+    docker image rm fedsys-proxy:latest fedsys-server:latest fedsys-client:latest >/dev/null 2>&1 || true
   fi
   rm -rf "$WORK"
   left=$(docker ps -q --filter "label=com.docker.compose.project=$PROJECT")
@@ -145,10 +149,35 @@ done
 [ "$online" = "2" ] || { compose logs --tail 40; echo "error: SuperNodes not online" >&2; exit 1; }
 UP_S=$(secs "$t0" "$(now)")
 echo "stack up, 2 SuperNodes online: $UP_S s"
+published=()
 for c in $(compose ps -q); do
   mode=$(docker inspect -f '{{.HostConfig.NetworkMode}}' "$c")
-  [ "$mode" = "host" ] || { echo "error: container $c uses network $mode" >&2; exit 1; }
+  [ "$mode" != "host" ] || { echo "error: container $c uses the host's network" >&2; exit 1; }
+  ports=$(docker inspect -f '{{range $p, $b := .HostConfig.PortBindings}}{{range $b}}{{.HostIp}}:{{.HostPort}}->{{$p}} {{end}}{{end}}' "$c")
+  [ -z "$ports" ] || published+=($ports)
 done
+[ "${published[*]}" = "127.0.0.1:$PORT->9093/tcp" ] \
+  || { echo "error: published ports are '${published[*]}', not the sites' port alone" >&2; exit 1; }
+echo "no host networking; published: ${published[*]}"
+# threat model, "anyone on the network", from the host through the published port: the
+# Control and Runtime APIs, /docs and /openapi.json are nginx's 404; the Fleet API reaches
+# the SuperLink (415: it answers a JSON body itself)
+python3 -I - "$PORT" "$WORK/deploy/certs/ca.crt" <<'EOF'
+import http.client, ssl, sys
+ctx = ssl.create_default_context(cafile=sys.argv[2])
+def status(path):
+    c = http.client.HTTPSConnection("127.0.0.1", int(sys.argv[1]), context=ctx, timeout=30)
+    c.request("POST", path, body=b"{}", headers={"content-type": "application/json"})
+    r = c.getresponse()
+    return r.status, r.getheader("server", "")
+for path in ("/v1/control/register-node", "/v1/control/list-nodes", "/v1/control/start-run",
+             "/v1/runtime/acquire-task", "/docs", "/openapi.json", "/health",
+             "/v1/fleet/../control/list-nodes", "/v1/fleet/%2e%2e/control/list-nodes"):
+    got = status(path)
+    assert got == (404, "nginx"), (path, got)
+assert status("/v1/fleet/pull-messages")[0] == 415, status("/v1/fleet/pull-messages")
+print("sites' port: Control, Runtime, /docs, /openapi.json refused (404); Fleet API forwarded")
+EOF
 
 echo "== docker-compose run --rm run deploy/fmnist-smoke.yaml"
 t0=$(now)
@@ -164,6 +193,7 @@ acc = recs[-1]["accuracy"]
 assert acc >= float(sys.argv[2]) > recs[0]["accuracy"], (acc, recs[0]["accuracy"])
 print(f"recorded accuracy: round 0 {recs[0]['accuracy']:.4f}, round 2 {acc:.4f}")
 EOF
-grep -q "Uvicorn running on https://" <(compose logs superlink) && echo "SuperLink served HTTPS"
+grep -q "Uvicorn running on https://127.0.0.1:9091" <(compose logs superlink) \
+  && echo "SuperLink served HTTPS on its namespace's loopback only"
 echo "PROOF OK: build server ${BUILD_S[server]} s ($(size fedsys-server:latest)), client" \
   "${BUILD_S[client]} s ($(size fedsys-client:latest)), stack up $UP_S s, 2-round run $RUN_S s"

@@ -52,7 +52,8 @@ def compare_models(a: Path, b: Path) -> list[str]:
     """Differences between two saved state dicts (``model.pt``): keys, shapes, values."""
     import torch
 
-    ma, mb = torch.load(a, map_location="cpu"), torch.load(b, map_location="cpu")
+    ma = torch.load(a, map_location="cpu", weights_only=True)
+    mb = torch.load(b, map_location="cpu", weights_only=True)
     if ma.keys() != mb.keys():
         return [f"keys differ: {sorted(set(ma) ^ set(mb))}"]
     return [f"'{k}' differs" for k in ma

@@ -64,7 +64,8 @@ class FedCDAOptions:
         choices=("ram", "disk"))
     cache_dir: str = option(
         "", "FedCDA: directory of the disk cache (empty: <run>/<strategy>/fedcda-cache under "
-        "fedsys run, else a temporary directory removed with the strategy).")
+        "fedsys run, else a temporary directory removed with the strategy).  In a deployment it "
+        "must lie under the operator's FEDSYS_ROOTS.")
 
 
 class FedCDAStrategy(FedsysStrategy):
@@ -380,7 +381,7 @@ class FedCDAStrategy(FedsysStrategy):
         """Base state plus the cache, the selections and their running sum."""
         state = super().state_dict()
         state["fedcda"] = {
-            "layout": self.layout,
+            "layout": None if self.layout is None else self.layout.to_state(),
             "order": self.order,
             "selected": dict(self.selected),
             "sel_sum": None if self.sel_sum is None else self.sel_sum.copy(),
@@ -394,7 +395,8 @@ class FedCDAStrategy(FedsysStrategy):
         """Restore :meth:`state_dict` output (a disk cache is reopened under the work directory)."""
         super().load_state_dict(state)
         s = state["fedcda"]
-        self.layout = s["layout"]
+        self.layout = (s["layout"] if s["layout"] is None or isinstance(s["layout"], Layout)
+                       else Layout.from_state(s["layout"]))  # a Layout: a format-1 checkpoint
         self.order = tuple(s["order"])
         self.selected = {int(k): int(v) for k, v in s["selected"].items()}
         self.sel_sum = None if s["sel_sum"] is None else np.array(s["sel_sum"], dtype=np.float64)

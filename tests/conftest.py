@@ -224,7 +224,9 @@ class FlwrLocal:
         self.home = home
         self.home.mkdir()
         environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        self.env = {**environ, **FLWR_ENV, "FLWR_HOME": str(home),
+        # the apps Flower's local SuperLink runs are confined (fedsys.confine): let them
+        # write under the test's directory, where the tests put output-dir
+        self.env = {**environ, **FLWR_ENV, "FLWR_HOME": str(home), "FEDSYS_ROOTS": str(home.parent),
                     "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
                     "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
                     "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}

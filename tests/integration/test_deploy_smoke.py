@@ -41,7 +41,8 @@ def plain(tmp_path_factory: pytest.TempPathFactory,
     """``fedsys deploy up --nodes 2`` (insecure), and ``down`` after the module: nothing of
     it left running."""
     root = tmp_path_factory.mktemp("plain") / "deploy"
-    up = module_fedsys_cli.run("deploy", "up", "--nodes", str(NODES), "--dir", str(root))
+    up = module_fedsys_cli.run("deploy", "up", "--nodes", str(NODES), "--dir", str(root),
+                               "--roots", str(tmp_path_factory.getbasetemp()))
     pids: list[int] = []
     try:
         assert up.returncode == 0, up.stdout + up.stderr
@@ -103,3 +104,4 @@ def test_deploy_run_to_an_unreachable_superlink_says_nothing_ran(tmp_path: Path,
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
     assert "before a run started" in res.stderr and "nothing ran" in res.stderr, res.stderr
     assert "resume" not in res.stderr and "results:" not in res.stdout
+

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,10 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import numpy as np
 import pytest
 import torch
 import yaml
+from flwr.proto.runtime_pb2 import AcquireTaskRequest
 
 from fedsys import checkpoint, metrics
 from fedsys.chain import chain_order
@@ -105,7 +108,9 @@ def run_config(out: Path, name: str, **extra: object) -> dict[str, object]:
 def tls_dep(tmp_path_factory: pytest.TempPathFactory,
         module_fedsys_cli: FedsysCLI) -> Iterator[LocalDeployment]:
     root = tmp_path_factory.mktemp("tls") / "deploy"
-    up = module_fedsys_cli.run("deploy", "up", "--nodes", str(NODES), "--tls", "--auth", "--dir", str(root))
+    up = module_fedsys_cli.run("deploy", "up", "--nodes", str(NODES), "--tls", "--auth",
+                               "--dir", str(root),
+                               "--roots", str(tmp_path_factory.getbasetemp()))
     pids: list[int] = []
     try:
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
@@ -306,11 +311,148 @@ def test_unregistered_key_and_missing_ca_are_refused(dep: LocalDeployment,
     home = tmp_path / "cli-no-ca"
     home.mkdir()
     (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "x"\n\n[superlink.x]\naddress = "{dep.address}"\n')
+        f'[superlink]\ndefault = "x"\n\n[superlink.x]\naddress = "{dep.control_address}"\n')
     cli = subprocess.run([_bin("flwr"), "ls", "x"], cwd=home, capture_output=True, text=True,
                          env={**dep.env, "FLWR_HOME": str(home)}, timeout=120, check=False)
     assert cli.returncode != 0 or "CERTIFICATE_VERIFY_FAILED" in cli.stdout + cli.stderr
     assert {n["node-id"] for n in dep.nodes()} == before
+
+
+def _flwr_as(home: Path, dep: LocalDeployment, address: str, *args: str,
+             ca: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The ``flwr`` CLI of someone who holds only ``address`` and, optionally, the CA."""
+    home.mkdir(parents=True, exist_ok=True)
+    link = f'root-certificates = "{ca}"' if ca else "insecure = true"
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "x"\n\n[superlink.x]\naddress = "{address}"\n{link}\n')
+    return subprocess.run([_bin("flwr"), *args], cwd=home, capture_output=True, text=True,
+                          env={**dep.env, "FLWR_HOME": str(home)}, timeout=120, check=False)
+
+
+def test_anyone_on_the_network_reaches_the_fleet_api_only(dep: LocalDeployment,
+                                                         tmp_path: Path) -> None:
+    """docs/deployment.md, threat model, "anyone on the network": with what every site
+    holds (the sites' address and ``ca.crt``) the Control API cannot be reached, so no
+    key can be registered and no app run; nothing but ``POST /v1/fleet/...`` reaches
+    the SuperLink (each of these succeeded on the SuperLink's own port before the proxy)."""
+    nodes, runs = {n["node-id"] for n in dep.nodes()}, {r["run-id"] for r in dep.runs()}
+    key = tmp_path / "rogue"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f", str(key)],
+                   check=True)
+    reg = _flwr_as(tmp_path / "cli", dep, dep.address, "supernode", "register",
+                   f"{key}.pub", "x", ca=dep.ca_cert)
+    said = reg.stdout + reg.stderr
+    assert "registered successfully" not in said and "404 Not Found" in said, said
+    ls = _flwr_as(tmp_path / "cli", dep, dep.address, "ls", "x", ca=dep.ca_cert)
+    said = ls.stdout + ls.stderr
+    assert "404 Not Found" in said and "list-runs" in said, said
+    app = tmp_path / "app"  # an app of the attacker's own
+    shutil.copytree(ROOT / "tests" / "integration" / "flower_template", app)
+    run = _flwr_as(tmp_path / "cli", dep, dep.address, "run", str(app), "x", ca=dep.ca_cert)
+    said = run.stdout + run.stderr
+    assert started_run(said) is None and "404 Not Found" in said, said
+    # the rogue key's SuperNode stays refused: it could not be registered
+    p = _start_node(dep, tmp_path / "rogue-node", key, ["--root-certificates", str(dep.ca_cert)])
+    assert _wait_exit(p) not in (0, None)
+    assert {n["node-id"] for n in dep.nodes()} == nodes
+    assert {r["run-id"] for r in dep.runs()} == runs
+    # by hand, certificate checks off: every other path, however spelt, is nginx's 404
+    with httpx.Client(verify=False, timeout=30) as http:
+        base = f"https://{dep.address}"
+        for path in ("/v1/control/list-nodes", "/v1/control/start-run", "/v1/runtime/get-nodes",
+                     "/v1/runtime/acquire-task", "/docs", "/openapi.json", "/health",
+                     "/v1/fleet/../control/list-nodes", "/v1/fleet/%2e%2e/control/list-nodes",
+                     "/v1/fleet/..%2fcontrol/list-nodes", "/v1//fleet/pull-messages",
+                     "/v1/fleet/pull-messages?x=1", "/V1/CONTROL/list-nodes"):
+            for method in ("GET", "POST"):
+                r = http.request(method, base + path, content=b"{}",
+                                 extensions={"target": path.encode()})
+                allowed = (404,) if method == "POST" else (403, 404)  # 403: POST only
+                assert r.status_code in allowed and r.headers.get("server") == "nginx", \
+                    (method, path, r.status_code, r.headers)
+        # the Fleet API is forwarded (415: the SuperLink itself answers a JSON body), POST only
+        r = http.post(base + "/v1/fleet/pull-messages", content=b"{}")
+        assert r.status_code == 415, r.status_code
+        assert http.get(base + "/v1/fleet/pull-messages").status_code == 403
+    # and the SuperLink's own port is on loopback only
+    superlink = dep.components[SUPERLINK].args
+    assert superlink[superlink.index("--host") + 1] == "127.0.0.1"
+
+
+def _acquire_task(address: str) -> int:
+    """The status of a Runtime API ``acquire-task`` without SuperExec credentials."""
+    body = AcquireTaskRequest().SerializeToString()
+    with httpx.Client(verify=False, timeout=30) as http:
+        scheme = "http" if address.startswith("plain:") else "https"
+        return http.post(f"{scheme}://{address.removeprefix('plain:')}/v1/runtime/acquire-task",
+                         content=body, headers={"content-type": "application/protobuf"}
+                         ).status_code
+
+
+def test_a_local_user_without_the_secret_cannot_take_a_task(dep: LocalDeployment) -> None:
+    """Threat model, "a site's local user" (and the server's): the Runtime APIs, on
+    loopback, hand out tasks only to requests signed with that machine's SuperExec secret
+    (before: a SuperNode's Runtime API ran ``--insecure`` with no secret and answered 200)."""
+    for i in range(NODES):
+        assert _acquire_task(f"plain:127.0.0.1:{dep.node_ports[i]}") == 401
+        assert dep.site_secret(i).stat().st_mode & 0o077 == 0
+    assert _acquire_task(dep.control_address) == 401
+
+
+def test_secrets_apart_and_files_private(dep: LocalDeployment) -> None:
+    """Threat model, "secrets": the CA's key is where no component reads it; every secret,
+    the SuperLink's database and the logs are the deployment owner's alone."""
+    assert not (dep.root / "certs" / "ca.key").exists() and (dep.root / "ca" / "ca.key").exists()
+    for comp in dep.components.values():
+        assert not any("ca.key" in a or "/ca/" in a for a in comp.args), comp.args
+    private = [dep.root / "ca" / "ca.key", dep.root / "certs" / "server.key", dep.secret_file,
+               dep.root / "superlink.db", *(dep.root / "logs").iterdir(),
+               *(dep.key_file(i) for i in range(NODES))]
+    for path in private:
+        assert path.stat().st_mode & 0o077 == 0, (path, oct(path.stat().st_mode))
+    assert dep.root.stat().st_mode & 0o077 == 0
+    # one SuperExec secret on the server (make-certs.sh's), one per site
+    assert not (dep.root / "secret").exists()
+
+
+class _Payload:
+    """Pickles as "call ``os.system`` with this command" (what a crafted checkpoint holds)."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return os.system, (self.command,)
+
+
+def _refused_run(dep: LocalDeployment, cfg: dict[str, object]) -> str:
+    """Submit ``cfg``; it must fail, nothing of it trained; its log."""
+    with pytest.raises(RuntimeError, match="finished:failed") as failed:
+        dep.flwr_run(ROOT, cfg, timeout=300)
+    return str(failed.value)
+
+
+def test_a_crafted_checkpoint_or_an_outside_path_is_refused_in_a_deployment(
+        dep: LocalDeployment, tmp_path: Path) -> None:
+    """Threat model, "the operator": a submitted run config cannot make the ServerApp run
+    code from a file (``branch-from`` a crafted checkpoint: before, ``os.system`` ran on
+    the server), write outside the roots the server's operator set (``fedsys deploy up
+    --roots``), or import a module not allowed there; each is refused naming the key or
+    the file, and the deployment goes on (the runs after this one complete)."""
+    marker = tmp_path / "pwned"
+    crafted = tmp_path / "runs" / "parent" / "fedavg" / "checkpoint-r0001.pt"
+    crafted.parent.mkdir(parents=True)
+    torch.save({"round": 1, "config": {}, "x": _Payload(f"touch {marker}")}, crafted)
+    base = run_config(tmp_path / "runs", "crafted", strategy="fedavg")
+    log = _refused_run(dep, {**base, "branch-from": str(crafted)})
+    assert "config key 'branch-from'" in log and str(crafted) in log, log[-2000:]
+    assert not marker.exists()
+    outside = Path("/var/tmp") / f"fedsys-outside-{os.getpid()}"
+    log = _refused_run(dep, {**base, "name": "outside", "output-dir": str(outside)})
+    assert "config key 'output-dir'" in log and str(outside) in log, log[-2000:]
+    assert not outside.exists()
+    log = _refused_run(dep, {**base, "name": "plugin", "plugins": "os"})
+    assert "config key 'plugins'" in log, log[-2000:]
 
 
 def test_serverapp_killed_and_restarted_resumes_to_the_same_weights(
@@ -504,3 +646,21 @@ def _assert_failed_slot_kept(ckpt_path: Path) -> None:
     unchanged = [all(np.array_equal(m[k], init[k]) for k in init) for m in slots]
     # all slots start as copies of the initial model; only the failed one is untouched
     assert sum(unchanged) == 1, unchanged
+
+
+def test_up_right_after_down_brings_the_same_sites_online(dep: LocalDeployment,
+                                                          module_fedsys_cli: FedsysCLI) -> None:
+    """``down`` stops the sites first, so each SuperNode signs off while the SuperLink still
+    runs, and an ``up`` at once brings the same registered keys online with the same node
+    ids (before: the SuperLink still held them online and refused the new SuperNodes for
+    about a minute).  Last in the module: the fixture stops what this starts."""
+    ids = sorted(n["node-id"] for n in _heal(dep))  # every site up, as an operator's would be
+    d = str(dep.root)
+    down = module_fedsys_cli.run("deploy", "down", "--dir", d)
+    assert down.returncode == 0, down.stdout + down.stderr
+    up = module_fedsys_cli.run("deploy", "up", "--nodes", str(NODES), "--tls", "--auth",
+                               "--dir", d, "--wait", "50", "--roots", dep.roots)
+    assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
+    again = LocalDeployment.load(dep.root)
+    assert sorted(n["node-id"] for n in again.nodes() if n["status"] == "online") == ids
+

@@ -15,8 +15,10 @@ import pytest
 from launch import cli
 from launch.deploy import (
     CONNECTION,
+    PROXY,
     SCRIPTS,
     SERVER_EXEC,
+    STATE_FILE,
     SUPERLINK,
     Component,
     DeployError,
@@ -42,7 +44,8 @@ def test_run_config_toml_is_what_flower_reads() -> None:
 
 def test_secure_commands_carry_tls_and_auth(tmp_path: Path) -> None:
     dep = LocalDeployment(tmp_path, num_nodes=2, tls=True, auth=True, port=9999,
-                          node_ports=[1001, 1002], data_dir="/data/site", gpus="3,5")
+                          link_port=9998, node_ports=[1001, 1002], data_dir="/data/site",
+                          gpus="3,5")
     link, _ = dep.command(SUPERLINK)
     assert "--insecure" not in link
     for flag in ("--ssl-certfile", "--ssl-keyfile", "--ssl-ca-certfile",
@@ -50,38 +53,53 @@ def test_secure_commands_carry_tls_and_auth(tmp_path: Path) -> None:
         assert flag in link
     assert link[link.index("--isolation") + 1] == "process"
     assert link[link.index("--host") + 1] == "127.0.0.1"
+    assert link[link.index("--port") + 1] == "9998"  # the SuperLink: loopback, behind the proxy
+    proxy, _ = dep.command(PROXY)
+    assert proxy[proxy.index("-c") + 1] == str(tmp_path / "proxy" / "nginx.conf")
     sx, _ = dep.command(SERVER_EXEC)
     assert sx[sx.index("--root-certificates") + 1] == str(dep.ca_cert)
-    assert sx[sx.index("--runtime-api-address") + 1] == "127.0.0.1:9999"
+    assert sx[sx.index("--runtime-api-address") + 1] == "127.0.0.1:9998"
+    assert sx[sx.index("--superexec-auth-secret-file") + 1] == str(dep.secret_file)
     node, _ = dep.command(node_name(1))
     assert node[node.index("--auth-supernode-private-key") + 1] == str(dep.key_file(1))
+    assert node[node.index("--superlink") + 1] == "127.0.0.1:9999"  # the sites' port
+    assert node[node.index("--superexec-auth-secret-file") + 1] == str(dep.site_secret(1))
     assert node[node.index("--node-config") + 1] == (
         'partition-id=1 num-partitions=2 data-dir="/data/site"')
     assert node[node.index("--port") + 1] == "1002"
     ex, env = dep.command(node_exec_name(1))
     assert ex[ex.index("--runtime-api-address") + 1] == "127.0.0.1:1002"
+    assert ex[ex.index("--superexec-auth-secret-file") + 1] == str(dep.site_secret(1))
     assert env == {"CUDA_VISIBLE_DEVICES": "5"}
     assert dep.command(node_exec_name(0))[1] == {"CUDA_VISIBLE_DEVICES": "3"}
 
 
 def test_insecure_commands(tmp_path: Path) -> None:
     dep = LocalDeployment(tmp_path, num_nodes=1, node_ports=[1001])
-    for name in dep.names():
+    assert dep.names() == [SUPERLINK, PROXY, SERVER_EXEC, node_name(0), node_exec_name(0)]
+    for name in (SUPERLINK, SERVER_EXEC, node_name(0), node_exec_name(0)):
         args, env = dep.command(name)
         assert "--insecure" in args and env == {}
-        assert not any(a.startswith("--ssl") or "auth" in a for a in args)
-    assert dep.names() == [SUPERLINK, SERVER_EXEC, node_name(0), node_exec_name(0)]
+        assert not any(a.startswith("--ssl") or "supernode-auth" in a or "private-key" in a
+                       for a in args)
+    # a site's Runtime API and its SuperExec share a secret with or without --auth
+    for name in (node_name(0), node_exec_name(0)):
+        args, _ = dep.command(name)
+        assert args[args.index("--superexec-auth-secret-file") + 1] == str(dep.site_secret(0))
+    assert "--superexec-auth-secret-file" not in dep.command(SUPERLINK)[0]
 
 
 def test_state_round_trip_and_pid_identity(tmp_path: Path) -> None:
-    dep = LocalDeployment(tmp_path, num_nodes=1, tls=True, port=1234, node_ports=[4321],
-                          node_nice=7)
+    dep = LocalDeployment(tmp_path, num_nodes=1, tls=True, port=1234, link_port=1235,
+                          node_ports=[4321], node_nice=7)
     me = os.getpid()
     dep.components = {SUPERLINK: Component(["x"], me, _start_time(me)),
                       SERVER_EXEC: Component(["y"], me, _start_time(me) + 1)}
     dep.save()
     back = LocalDeployment.load(tmp_path)
-    assert (back.port, back.tls, back.node_ports, back.node_nice) == (1234, True, [4321], 7)
+    assert (back.port, back.link_port, back.tls, back.node_ports, back.node_nice) == (
+        1234, 1235, True, [4321], 7)
+    assert (tmp_path / STATE_FILE).stat().st_mode & 0o077 == 0
     assert back.is_running(SUPERLINK)
     assert not back.is_running(SERVER_EXEC)  # same PID, other start time: a reused PID
     assert not back.is_running(node_name(0))
@@ -126,8 +144,9 @@ def test_node_nice_outside_0_to_19_is_refused(bad: str, capsys: pytest.CaptureFi
                     reason="needs openssl and ssh-keygen")
 def test_certificate_and_key_scripts(tmp_path: Path) -> None:
     certs, keys = tmp_path / "certs", tmp_path / "keys"
-    subprocess.run(["bash", str(SCRIPTS / "make-certs.sh"), "-d", str(certs),
-                    "DNS:fl.example.org", "IP:203.0.113.7"], check=True, capture_output=True)
+    made = subprocess.run(["bash", str(SCRIPTS / "make-certs.sh"), "-d", str(certs),
+                           "DNS:fl.example.org", "IP:203.0.113.7"], check=True,
+                          capture_output=True, text=True, env={**os.environ}, umask=0)
     text = subprocess.run(["openssl", "x509", "-in", str(certs / "server.pem"), "-noout",
                            "-text"], check=True, capture_output=True, text=True).stdout
     for san in ("DNS:localhost", "IP Address:127.0.0.1", "DNS:fl.example.org",
@@ -135,16 +154,49 @@ def test_certificate_and_key_scripts(tmp_path: Path) -> None:
         assert san in text
     subprocess.run(["openssl", "verify", "-CAfile", str(certs / "ca.crt"),
                     str(certs / "server.pem")], check=True, capture_output=True)
-    assert (certs / "superexec.secret").stat().st_mode & 0o077 == 0
-    assert (certs / "server.key").stat().st_mode & 0o077 == 0
+    # the CA's key is not beside what the SuperLink mounts: DIR/../ca by default
+    assert not (certs / "ca.key").exists() and (tmp_path / "ca" / "ca.key").exists()
+    assert "keep it offline" in made.stdout
+    for path in (certs / "superexec.secret", certs / "server.key", tmp_path / "ca" / "ca.key",
+                 certs, tmp_path / "ca"):  # directories too, under the caller's umask 0
+        assert path.stat().st_mode & 0o077 == 0, (path, oct(path.stat().st_mode))
+    # the CA outlives the server certificate (CA_DAYS 3650, CERT_DAYS 365)
+    def days(pem: Path) -> float:
+        end = subprocess.run(["openssl", "x509", "-in", str(pem), "-noout", "-enddate"],
+                             check=True, capture_output=True, text=True).stdout
+        stamp = end.strip().split("=", 1)[1]
+        return (time.mktime(time.strptime(stamp, "%b %d %H:%M:%S %Y %Z")) - time.time()) / 86400
+    assert 3640 < days(certs / "ca.crt") and 360 < days(certs / "server.pem") < 370
     before = (certs / "server.pem").read_bytes()
     subprocess.run(["bash", str(SCRIPTS / "make-certs.sh"), "-d", str(certs)], check=True,
                    capture_output=True)
     assert (certs / "server.pem").read_bytes() == before  # kept without -f
+    # kept, but not covering a SAN asked for now: refused, naming it (it said OK before)
+    other = subprocess.run(["bash", str(SCRIPTS / "make-certs.sh"), "-d", str(certs),
+                            "DNS:superlink"], capture_output=True, text=True)
+    assert other.returncode == 1 and "does not cover DNS:superlink" in other.stderr
+    assert (certs / "server.pem").read_bytes() == before
+    # a certificate about to expire is not kept silently either
+    short = tmp_path / "short"
+    subprocess.run(["bash", str(SCRIPTS / "make-certs.sh"), "-d", str(short)], check=True,
+                   capture_output=True, env={**os.environ, "CERT_DAYS": "5"})
+    again = subprocess.run(["bash", str(SCRIPTS / "make-certs.sh"), "-d", str(short)],
+                           capture_output=True, text=True)
+    assert again.returncode == 1 and "expires within 30 days" in again.stderr
     subprocess.run(["bash", str(SCRIPTS / "node-keys.sh"), "-d", str(keys), "site-a", "site-b"],
                    check=True, capture_output=True)
     assert (keys / "site-a.pub").read_text().startswith("ecdsa-sha2-nistp384 ")
-    assert (keys / "site-b").stat().st_mode & 0o077 == 0
+    for private in (keys / "site-b", keys / "site-a.secret", keys / "site-b.secret"):
+        assert private.stat().st_mode & 0o077 == 0
+    assert len((keys / "site-a.secret").read_text().strip()) == 64
+    assert (keys / "site-a.secret").read_text() != (keys / "site-b.secret").read_text()
+    # the operator's registration holds the .pub alone: nothing is made beside it
+    pubs = tmp_path / "pubs"
+    pubs.mkdir()
+    shutil.copy(keys / "site-a.pub", pubs)
+    subprocess.run(["bash", str(SCRIPTS / "node-keys.sh"), "-d", str(pubs), "site-a"],
+                   check=True, capture_output=True)
+    assert sorted(p.name for p in pubs.iterdir()) == ["site-a.pub"]
     bad = subprocess.run(["bash", str(SCRIPTS / "node-keys.sh"), "-d", str(keys), "a b"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "bad SuperNode name" in bad.stderr
