@@ -190,9 +190,10 @@ class CoreOptions:
         'or more), else of the updates accepted before (a chain\'s earlier hops), is refused '
         'with the numbers (0: no such bound).', bounds='>= 0')
     max_weight_share: float = option(
-        0.5, 'With three replies or more, no reply\'s claimed num-examples may give it more '
-        'than this share of an example-weighted mean: a larger claim is cut to it and logged '
-        '(0 or 1: no cap).', bounds='[0, 1]')
+        0.5, 'No reply\'s claimed num-examples may give it more than this share of an '
+        'example-weighted mean, from two replies on: the largest claims are cut to one level '
+        'at which each has this share after every cut, and logged (below 1/n for n replies: '
+        'equal weights; 0 or 1: no cap).', bounds='[0, 1]')
     fraction_evaluate: float = option(
         0.0, 'Fraction of nodes asked for federated evaluation each round.', bounds='[0, 1]')
     eval_batch_size: int = option(

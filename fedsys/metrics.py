@@ -150,11 +150,34 @@ COLUMNS_NOTE = (
     "clients than they asked.")
 
 
-def results_page(title: str, about: str, table: str) -> str:
+def results_page(title: str, about: str, table: str, notes: Sequence[str] = ()) -> str:
     """A run's ``results.md``: title, what the run is for, the table, what its columns
-    mean, the figure."""
-    parts = [f"# {title}", about.strip(), table, COLUMNS_NOTE, "![test accuracy](accuracy.png)"]
+    mean, ``notes`` (:func:`privacy_notes`), the figure."""
+    parts = [f"# {title}", about.strip(), table, COLUMNS_NOTE, *notes,
+             "![test accuracy](accuracy.png)"]
     return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def privacy_notes(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+    """What a results page says of its differentially private runs (those whose records
+    hold ``dp-epsilon``): what the epsilon covers and what the records release outside
+    it, and, for a run whose noise came from its seed (``dp-reproducible-noise`` 1), that
+    its epsilon does not hold against whoever has read the seed (issue 65)."""
+    from fedsys.dp import OUTSIDE_EPSILON
+
+    private = [n for n, recs in runs.items() if any("dp-epsilon" in r for r in recs)]
+    if not private:
+        return []
+    seeded = [n for n in private if any(r.get("dp-reproducible-noise") == 1.0 for r in runs[n])]
+    notes = [f"Differential privacy ({', '.join(private)}): dp-epsilon covers the released "
+             f"models only; these numbers of the records come from the clients' raw replies and "
+             f"are released outside it: {', '.join(OUTSIDE_EPSILON)}."]
+    if seeded:
+        notes.append(f"Reproducible noise ({', '.join(seeded)}): dp.reproducible-noise drew the "
+                     f"noise and the clients' sample from the run's seed, which its config and "
+                     f"checkpoints hold; the epsilon does not hold against anyone who has read "
+                     f"the seed.")
+    return notes
 
 
 def summary_cells(s: Mapping[str, float]) -> list[str]:

@@ -93,8 +93,9 @@ def mean(models: Sequence[Params], weights: Sequence[float] | None = None) -> Pa
     :math:`\sum_k \frac{n_k}{n} w_k` (FedAvg, McMahan et al. 2017, Alg. 1).
 
     **Integer buffers** (BatchNorm's ``num_batches_tracked``) cannot be averaged; the
-    one rule for them, everywhere in fedsys, is the element-wise maximum over the
-    models (the most batches any of them tracked).  With BatchNorm's default
+    rule for them in every fedsys mean is the element-wise maximum over the models (the
+    most batches any of them tracked); the robust rules of :mod:`fedsys.robust` apply
+    their own rule to them instead, rounded, so that one attacker cannot set them.  With BatchNorm's default
     momentum the count does not enter the forward pass.
 
     Parameters

@@ -7,6 +7,7 @@ example counts are bounded (:func:`weight_refusals`) and its silent nodes named
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -246,21 +247,79 @@ def norm_refusals(norms: Mapping[int, float], earlier: Sequence[float],
     return out
 
 
-def capped_claims(claims: Mapping[int, float], max_share: float) -> dict[int, float]:
-    """Claimed weights that would give one reply more than ``max_share`` of an
-    example-weighted mean, cut to that share: ``{node: its weight after the cut}``.
+def history_norms(norms: Mapping[int, float], accepted: Collection[int],
+                  earlier: Sequence[float], max_ratio: float) -> list[float]:
+    """The update norms a round adds to ``earlier``, the history that
+    :func:`norm_refusals` measures rounds of one or two replies (and a chain's hops)
+    against: the norms of the ``accepted`` replies that were measured against a yardstick
+    (the median of two or more others in the round, or of ``earlier``; positive, with the
+    bound on), in ``norms``' order.
 
-    With three or more replies a claim is at most ``max_share / (1 - max_share)`` times
-    the sum of the *other* claims (leave-one-out), which is a share of ``max_share``
-    when the others keep theirs.  A cut leaves the reply in (an honest large client
-    keeps a say) but no claim, true or not, can make one reply most of the mean.
-    ``max_share`` 0 or 1 (or above): no cap.
+    A round in which no accepted reply met one (a first round of one or two replies, a
+    chain's first hop, the bound off) adds only its smallest accepted norm: an unmeasured
+    norm cannot raise the yardstick of the rounds after it (issue 65 item E: a first round
+    of norms 1 and 1000 made the next round of one or two replies accept up to 20 x 500.5,
+    9000 among them).  An attacker there can only make the yardstick smaller, so its error is a
+    refusal logged with the numbers, not a silent acceptance; the next round of three or
+    more replies, bounded by each other, refills the history.
     """
-    if not 0 < max_share < 1 or len(claims) < 3:
+    import statistics
+
+    def measured(node: int) -> bool:
+        others = [v for k, v in norms.items() if k != node]
+        base = others if len(others) >= 2 else list(earlier)
+        return max_ratio > 0 and bool(base) and statistics.median(base) > 0
+
+    kept = [(node, n) for node, n in norms.items() if node in accepted]
+    bounded = [n for node, n in kept if measured(node)]
+    return bounded if bounded or not kept else [min(n for _, n in kept)]
+
+
+def share_cap_level(claims: Sequence[float], max_share: float) -> float:
+    r"""The level :math:`t` to cut claims to so that none is more than ``max_share`` of
+    their sum: water-filling, every claim above :math:`t` counted as :math:`t`
+    (``inf``: none is above the cap).
+
+    With the claims :math:`c_1 \ge \dots \ge c_n`, :math:`s` = ``max_share`` and the
+    :math:`k` largest cut, :math:`t = s R_k / (1 - k s)` with :math:`R_k = \sum_{j>k}
+    c_j`, for the smallest :math:`k` with :math:`t \ge c_{k+1}`: every cut claim then has
+    exactly the share :math:`s`, the others less, and the cut claims stay the largest.
+    The share of a cut claim, :math:`t / (k t + R_k)`, grows with :math:`t`, so a level
+    rounded down (whole examples) keeps it at most :math:`s`.  Below :math:`s = 1/n` no
+    weighting can hold the cap (the largest share is at least :math:`1/n`): equal
+    weights, every claim cut to the smallest, are the best there is.
+    """
+    desc = sorted(claims, reverse=True)
+    n = len(desc)
+    if not desc or desc[0] <= max_share * sum(desc):
+        return math.inf
+    if max_share * n <= 1:
+        return desc[-1]
+    rest = sum(desc)
+    for k in range(1, n):
+        rest -= desc[k - 1]
+        t = max_share * rest / (1 - k * max_share)
+        if t >= desc[k]:
+            return t
+    return desc[-1]  # not reached: max_share > 1/n has a level with k < n
+
+
+def capped_claims(claims: Mapping[int, float], max_share: float) -> dict[int, float]:
+    """Claimed weights that would give a reply more than ``max_share`` of an
+    example-weighted mean, cut: ``{node: its weight after the cut}``.
+
+    The largest claims are cut to one level (:func:`share_cap_level`, water-filling) at
+    which each has exactly ``max_share`` of the sum after every cut, so no reply has more,
+    for any cap in (0, 1) and from two replies on (12,000 against 600 at 0.5: 600 each).
+    A cap below ``1 / n`` cannot hold for ``n`` replies: they are counted equally (every
+    claim above the smallest cut to it).  A cut leaves the reply in (an honest large
+    client keeps a say) but no claim, true or not, makes one reply more of the mean than
+    the cap.  ``max_share`` 0 or 1 (or above): no cap; one reply is the whole mean.
+    """
+    if not 0 < max_share < 1 or len(claims) < 2:
         return {}
-    bound = max_share / (1 - max_share)
-    total = sum(claims.values())
-    return {node: bound * (total - n) for node, n in claims.items() if n > bound * (total - n)}
+    level = share_cap_level(list(claims.values()), max_share)
+    return {node: level for node, n in claims.items() if n > level}
 
 
 def missing_nodes(sent: Mapping[str, Message], replies: Iterable[Message]) -> list[int]:
@@ -269,5 +328,5 @@ def missing_nodes(sent: Mapping[str, Message], replies: Iterable[Message]) -> li
     return [m.metadata.dst_node_id for i, m in sent.items() if i not in answered]
 
 
-__all__ = ["ClientUpdate", "Rejection", "capped_claims", "lacks", "missing_nodes", "norm_refusals",
-           "parse_train_reply", "weight_refusals"]
+__all__ = ["ClientUpdate", "Rejection", "capped_claims", "history_norms", "lacks", "missing_nodes",
+           "norm_refusals", "parse_train_reply", "share_cap_level", "weight_refusals"]

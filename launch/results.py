@@ -80,9 +80,12 @@ def write_seeded(run_dir: Path, title: str) -> dict[str, dict[int, list[dict[str
     """``results.md`` and ``accuracy.png`` of a run over seeds (across its seeds)."""
     runs = load_seeded(run_dir)
     text = metrics.seeds_results_table(runs)
+    notes = metrics.privacy_notes({n: [r for recs in per.values() for r in recs]
+                                   for n, per in runs.items()})
     (run_dir / "results.md").write_text(
         f"# {title}\n\nMean ± std across seeds {sorted(seed_dirs(run_dir))}; last-10 std is "
         f"each run's oscillation over its last 10 rounds, averaged over seeds; refused "
-        f"replies are summed over the seeds' runs.\n\n{text}\n")
+        f"replies are summed over the seeds' runs.\n\n{text}\n"
+        + "".join(f"\n{n}\n" for n in notes))
     metrics.plot_seed_curves(runs, run_dir / "accuracy.png", title)
     return runs

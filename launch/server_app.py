@@ -288,7 +288,8 @@ def _run_experiment(grid: Grid, cfg: RunConfig, log_table: bool
     metrics.write_csv(run_dir / "metrics.csv", allrecs)
     metrics.plot_curves(results, run_dir / "accuracy.png", cfg.name)
     table = metrics.results_table(results)
-    (run_dir / "results.md").write_text(metrics.results_page(cfg.name, cfg.about, table))
+    (run_dir / "results.md").write_text(metrics.results_page(cfg.name, cfg.about, table,
+                                                             metrics.privacy_notes(results)))
     if log_table:
         for line in table.splitlines():
             log(INFO, "%s", line)

@@ -456,7 +456,8 @@ PAGES["robustness"] = Page(
     points=("final",),
     settings={"none": "no attackers",
               **{f"{k}-{n}": f"{t}, {n} of 10" for n in (1, 3) for k, t in ATTACKS.items()},
-              "dp": "differential privacy (FedAvg, server-side clipping, no attackers)"},
+              "dp": "differential privacy (FedAvg, server-side clipping, noise from the seed: "
+                    "dp.reproducible-noise, no attackers)"},
     names={**ROBUST_NAMES, **{f"dp-z{z}": f"FedAvg + DP, z = {z}" for z in DP_NOISE}},
     matrix=("none", *(f"{k}-{n}" for n in (1, 3) for k in ATTACKS)),
     finals={"dp-epsilon": "epsilon (delta 1e-5)", "dp-clipped": "share of updates clipped"},

@@ -105,9 +105,10 @@ class FedsysStrategy(Wrapping, RoundEngine):
         more), else of the last updates accepted before (a chain's earlier hops), is
         refused with the numbers (:func:`fedsys.validation.norm_refusals`; 0: no bound).
     max_weight_share : float, default 0.5
-        With three replies or more, a claimed ``num-examples`` that would give one reply
-        more than this share of an example-weighted mean is cut to it and logged
-        (:func:`fedsys.validation.capped_claims`; 0 or 1: no cap).
+        From two replies on, the claimed ``num-examples`` that would give a reply more
+        than this share of an example-weighted mean are cut to one level at which each
+        has this share after every cut (water-filling; below ``1/n`` for n replies, equal
+        weights) and logged (:func:`fedsys.validation.capped_claims`; 0 or 1: no cap).
     transport_retries : int, default 1
         Times a round sends its instruction again to a node whose reply was lost on
         the way (an error reply with Flower's code 3, 4 or 5), within the round.

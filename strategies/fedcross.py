@@ -101,7 +101,8 @@ class FedCrossStrategy(FedsysStrategy):
     K is ``clients_per_round``; a strategy built with ``fraction_train`` instead fixes
     K at the number of nodes sampled in its first round.  With a wrapper (IMA) the
     changed slots pass through :meth:`finish` after mixing; if a wrapper replaces one,
-    the global model is the mean of the K slots.
+    the global model is the mean of the K slots, or, with a robust rule, that rule over
+    the K slots as the wrappers left them (in any wrapper order: issue 65 item A).
 
     Parameters
     ----------
@@ -264,8 +265,6 @@ class FedCrossStrategy(FedsysStrategy):
             weights[np.ix_(ok, ok)] = a
             glob = maths.cross_aggregate(self.slots, by_slot, a)
             self.last_updated_slots = ok
-        if self.replaces_mean:  # a robust rule over the K slots: the global model
-            glob = self.average(server_round, self.slots)
         self._metrics(phase, a, sub, g, weights, ok, time.perf_counter() - t0)
         if self.wrappers:
             done = self.finish(server_round, {i: self.slots[i] for i in self.last_updated_slots})
@@ -274,6 +273,8 @@ class FedCrossStrategy(FedsysStrategy):
                 self.slots[i] = done[i]
             if replaced:  # the base's own global model unless a slot was replaced
                 glob = mean(self.slots)
+        if self.replaces_mean:  # a robust rule over the K slots as every wrapper left them
+            glob = self.average(server_round, self.slots)
         return glob
 
     def _metrics(self, phase: str, a: maths.F64, sub: maths.F64, g: maths.Gram,

@@ -10,6 +10,7 @@ share (:meth:`NodeDirectory.share`): the second strategy asks no node again.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -67,6 +68,10 @@ class NodeDirectory:
         Logs a message once per key (the strategy's ``tell_once``).
     known : Known
         What the nodes declared (a run's strategies share one: :meth:`share`).
+    secret_draws : bool
+        Draw each round's training sample from the operating system's entropy instead of
+        the seed (set by the DP wrapper, :mod:`strategies.dp`: amplification by sampling
+        holds only while the sample is secret, and the seed is in the run's config).
     """
 
     seed: int = 0
@@ -78,6 +83,7 @@ class NodeDirectory:
     num_partitions: int | None = None
     tell: Callable[..., None] = field(default=lambda *a: None, repr=False)
     known: Known = field(default_factory=Known)
+    secret_draws: bool = False
 
     def share(self, known: Known) -> None:
         """Keep what the nodes declare in ``known`` from now on (a run's strategies share
@@ -158,7 +164,8 @@ class NodeDirectory:
 
         ``k=None`` takes Flower's rule: ``max(int(fraction_train * connected),
         min_train_nodes)`` once ``min_available_nodes`` are connected.  The draw is over
-        the nodes' sorted keys with ``default_rng(seed, round, tag)``.
+        the nodes' sorted keys with ``default_rng(seed, round, tag)`` (with
+        :attr:`secret_draws`, a training sample from 128 bits of the OS's entropy).
         """
         if k is None:
             connected = len(self.wait(grid, self.min_available_nodes, label))
@@ -169,7 +176,9 @@ class NodeDirectory:
         pids = sorted(by_pid)
         if len(pids) < k:
             log(WARNING, "round %d: %d nodes known, %d wanted", server_round, len(pids), k)
-        rng = np.random.default_rng(derive_seed(self.seed, server_round, tag))
+        secret = self.secret_draws and tag == SAMPLE_TAG
+        rng = np.random.default_rng(secrets.randbits(128) if secret
+                                    else derive_seed(self.seed, server_round, tag))
         # draw positions, not values: node ids (the keys of nodes that declare no
         # partition-id) do not fit numpy's int64; the same draw as choosing from ``pids``
         picks = rng.choice(len(pids), size=min(k, len(pids)), replace=False)

@@ -61,6 +61,12 @@ class ReplyPolicy:
     arrays_key : str
         The name the strategy sends its model under (Flower's ``arrayrecord_key``), read
         first in a reply (:func:`fedsys.protocol.model_key`).
+    private : bool
+        Under differential privacy (set by the DP wrapper, :mod:`strategies.dp`): no bound
+        compares one client's reply with another's, so that no client's update decides
+        another's inclusion (``max-update-ratio``, the median rule of
+        ``max-examples-ratio`` and ``max-weight-share`` are off; clipping bounds every
+        update and every update counts 1), and no update norm is kept in :attr:`earlier`.
     """
 
     method: str
@@ -73,6 +79,7 @@ class ReplyPolicy:
     tell: Tell
     earlier: list[float] = field(default_factory=list)
     arrays_key: str = proto.ARRAYS
+    private: bool = False
 
     def read_keys(self) -> set[str]:
         """The reply metrics the strategy reads: a reply whose value for one of them is not
@@ -96,16 +103,25 @@ class ReplyPolicy:
                       ) -> tuple[list[ClientUpdate], list[Rejection]]:
         """Refuse the updates far longer than the others' and cut the claims that would
         take most of a weighted mean (:func:`fedsys.validation.norm_refusals`,
-        :func:`fedsys.validation.capped_claims`); remember the accepted norms."""
+        :func:`fedsys.validation.capped_claims`); remember the accepted norms.  Under
+        :attr:`private`, none of this (the DP wrapper clips every update instead)."""
+        if self.private:
+            return ok, []
         norms = {u.node_id: distance(u.params, ref) for u in ok
                  if (ref := ex.payloads.get(u.node_id)) is not None}
         far = validation.norm_refusals(norms, self.earlier[-EARLIER:], self.max_update_ratio)
         bad = [Rejection(u.node_id, u.partition_id, far[u.node_id]) for u in ok if u.node_id in far]
         ok = [u for u in ok if u.node_id not in far]
-        self.earlier.extend(norms[u.node_id] for u in ok if u.node_id in norms)
+        self.earlier.extend(validation.history_norms(  # only measured norms (issue 65 E)
+            norms, {u.node_id for u in ok}, self.earlier[-EARLIER:], self.max_update_ratio))
         del self.earlier[:-EARLIER]
         cut = validation.capped_claims({u.node_id: float(u.num_examples) for u in ok},
                                        self.max_weight_share)
+        if cut and self.max_weight_share * len(ok) < 1:
+            self.tell("share-below-1/n", WARNING, "[%s] max-weight-share %g is below 1/%d: no "
+                      "weighting of a round of %d replies holds it; such a round counts every "
+                      "reply as its smallest claim (equal weights, the closest there is)", label,
+                      self.max_weight_share, len(ok), len(ok))
         for u in ok:
             if u.node_id in cut:
                 log(WARNING, "[%s] client %d (node %d) claims num-examples %d, more than "
@@ -156,7 +172,8 @@ class ReplyPolicy:
             (ok if isinstance(res, ClientUpdate) else bad).append(res)  # type: ignore[arg-type]
             seen.add(res.node_id)
         refused = validation.weight_refusals({u.node_id: float(u.num_examples) for u in ok},
-                                             known.num_examples, self.max_examples_ratio)
+                                             known.num_examples,
+                                             0.0 if self.private else self.max_examples_ratio)
         bad += [Rejection(u.node_id, u.partition_id, refused[u.node_id]) for u in ok
                 if u.node_id in refused]
         ok = [u for u in ok if u.node_id not in refused]

@@ -1,4 +1,4 @@
-"""Robust aggregation composed with any fedsys strategy (issue 42 item 2): the
+r"""Robust aggregation composed with any fedsys strategy (issue 42 item 2): the
 coordinate-wise median, the trimmed mean and multi-Krum in place of a strategy's mean of
 the round's models.  The maths is in :mod:`fedsys.robust`.
 
@@ -22,7 +22,19 @@ per method:
   the wrapper refuses them at start (it would be inert), and the update bounds of
   ``max-update-ratio`` are their defence.
 
-The rules read no example counts: a claimed weight buys no influence.  In a Flower app::
+The rules read no example counts: a claimed weight buys no influence.
+
+A rule that cannot hold over the models it is given is never applied silently (issue 65
+item C; :mod:`fedsys.robust` says when each holds): multi-Krum over :math:`n \le 2f + 2`
+models, and a trimmed mean that trims :math:`\lfloor\beta n\rfloor = 0` values (the plain
+mean), are refused at start when every round is certain to have so few (the method's most
+models a round, :func:`most_models`: ``clients-per-round``), and otherwise replaced in that
+round by the coordinate-wise median, which holds while fewer than half attack, with a WARNING
+naming the numbers (``robust-fallback`` 1).  A ``robust.krum-keep`` above :math:`n - f`
+averages at least one of f attackers: refused at start likewise, else cut to :math:`n - f`
+that round with a WARNING.
+
+In a Flower app::
 
     strategy = FedAvgStrategy(fraction_train=0.5).wrap(Robust(rule="multi-krum", krum_f=1))
 
@@ -33,7 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
 from flwr.supercore import log
@@ -45,6 +57,10 @@ from strategies.wrapper import StrategyWrapper, Wrapped
 
 #: Strategies that relay one model along a chain and take no mean.
 CHAINS = ("fedseq", "fedelmy")
+#: Methods whose replaced mean sees at most ``clients-per-round`` models (the round's
+#: replies; FedCross its K slots).  The others' may see every partition: FedCDA's mean of
+#: every seen client's selected model, one-shot FedAvg's and parallel FedELMY's of all clients.
+PER_ROUND = ("fedavg", "fedprox", "fedadam", "fedyogi", "fedcross")
 
 
 @dataclass(frozen=True)
@@ -57,11 +73,45 @@ class RobustOptions:
                        "(coordinate-wise), trimmed-mean, or multi-krum.",
                        choices=("median", "trimmed-mean", "multi-krum"))
     trim: float = option(0.1, "robust: the trimmed mean's beta, the fraction of the values "
-                         "dropped at each end of every coordinate.", bounds="[0, 0.5)")
-    krum_f: int = option(1, "robust: multi-Krum's f, the attackers it is built to withstand.",
-                         bounds=">= 0")
+                         "dropped at each end of every coordinate (floor(beta x n) of n: one that "
+                         "drops none is refused at start, or replaced by the median that round).",
+                         bounds="[0, 0.5)")
+    krum_f: int = option(1, "robust: multi-Krum's f, the attackers it is built to withstand "
+                         "(it needs more than 2f + 2 models: fewer are refused at start, or the "
+                         "median stands in that round).", bounds=">= 0")
     krum_keep: int = option(0, "robust: multi-Krum's m, the models averaged (0: n - f; 1: "
-                            "Krum).", bounds=">= 0")
+                            "Krum; at most n - f).", bounds=">= 0")
+
+
+def most_models(strategy: Wrapped) -> int | None:
+    """The most models the replaced mean of ``strategy`` can see in one round, where the
+    configuration fixes it: ``clients-per-round`` for :data:`PER_ROUND` methods, else the
+    number of partitions (``None``: not known before the run)."""
+    per_round = getattr(strategy, "clients_per_round", None) if strategy.name in PER_ROUND else None
+    most = per_round or getattr(strategy, "num_partitions", None)
+    return int(most) if most else None
+
+
+def cannot_hold(o: RobustOptions, n: int) -> str | None:
+    r"""Why ``o``'s rule cannot hold over ``n`` models (``None``: it can): multi-Krum needs
+    :math:`n > 2f + 2` (Blanchard et al. 2017, Prop. 1); a trimmed mean that trims
+    :math:`\lfloor\beta n\rfloor = 0` values is the plain mean (Yin et al. 2018, Def. 2)."""
+    if o.rule == "trimmed-mean" and robust.trimmed_count(n, o.trim) == 0:
+        return (f"robust.trim={o.trim:g} trims floor({o.trim:g} x {n}) = 0 values at each end "
+                f"of {n} models (the plain mean)")
+    if o.rule == "multi-krum" and not robust.krum_holds(n, o.krum_f):
+        return (f"multi-Krum with robust.krum-f={o.krum_f} needs more than 2f + 2 = "
+                f"{2 * o.krum_f + 2} models (Blanchard et al. 2017, Prop. 1), not {n}")
+    return None
+
+
+def keeps_too_many(o: RobustOptions, n: int) -> str | None:
+    """Why ``robust.krum-keep`` is too large for ``n`` models (``None``: it is not): more
+    than :math:`n - f` averages at least one of f attackers."""
+    if o.rule == "multi-krum" and o.krum_keep > n - o.krum_f:
+        return (f"robust.krum-keep={o.krum_keep} averages more than n - f = {n - o.krum_f} of "
+                f"{n} models (f = {o.krum_f}): at least one of f attackers would be kept")
+    return None
 
 
 class Robust(StrategyWrapper):
@@ -81,33 +131,63 @@ class Robust(StrategyWrapper):
         self.options: RobustOptions = parse_group(RobustOptions, self.name, options)
         self.kept = 0.0
         self.offered = 0.0
+        self.fallback = 0.0
+        self.label = self.name
+
+    def on_start(self, strategy: Wrapped, num_rounds: int) -> None:
+        """Name the strategy in the round's warnings."""
+        self.label = strategy.label
 
     def inert_options(self, strategy: Wrapped, num_rounds: int) -> list[str]:
-        """A chain takes no mean: the rule would never act."""
+        """A chain takes no mean: the rule would never act.  A rule that cannot hold in
+        any round (:func:`cannot_hold`, :func:`keeps_too_many` over :func:`most_models`)."""
         if strategy.name in CHAINS:
             return [f"robust on {strategy.name}: a chain relays one model from client to "
                     f"client and takes no mean for robust.rule={self.options.rule} to replace "
                     f"(max-update-ratio bounds each hop)"]
-        return []
+        n = most_models(strategy)
+        if n is None:
+            return []
+        whose = "clients-per-round" if strategy.name in PER_ROUND else "num-clients"
+        return [f"robust on {strategy.name}: {why}, and no round has more than {n} ({whose})"
+                for why in (cannot_hold(self.options, n), keeps_too_many(self.options, n))
+                if why is not None]
 
     def combine(self, server_round: int, models: Sequence[Params],
                 weights: Sequence[float] | None) -> Params | None:
-        """The rule over ``models`` (``weights`` are not read)."""
-        o = self.options
-        self.offered, self.kept = float(len(models)), float(len(models))
+        """The rule over ``models`` (``weights`` are not read); where it cannot hold over
+        so few (:func:`cannot_hold`), the coordinate-wise median, with a WARNING."""
+        o, n = self.options, len(models)
+        self.offered, self.kept, self.fallback = float(n), float(n), 0.0
+        why = cannot_hold(o, n)
+        if why is not None:
+            self.fallback = 1.0
+            f = o.krum_f if o.rule == "multi-krum" else None
+            beyond = (f" (with f = {f} of {n} models no rule holds: the median needs fewer than "
+                      f"half)" if f is not None and 2 * f >= n else "")
+            log(WARNING, "[%s] round %d: %s: the coordinate-wise median instead, which holds "
+                "while fewer than half of the models are an attacker's%s", self.label,
+                server_round, why, beyond)
+            return robust.coordinate_median(models)
         if o.rule == "median":
             return robust.coordinate_median(models)
         if o.rule == "trimmed-mean":
             return robust.trimmed_mean(models, o.trim)
-        keep = o.krum_keep or max(len(models) - o.krum_f, 1)
-        out, kept = robust.multi_krum(models, o.krum_f, min(keep, len(models)))
+        keep = o.krum_keep or n - o.krum_f
+        if (too := keeps_too_many(o, n)) is not None:
+            log(WARNING, "[%s] round %d: %s: it keeps n - f = %d instead", self.label,
+                server_round, too, n - o.krum_f)
+            keep = n - o.krum_f
+        out, kept = robust.multi_krum(models, o.krum_f, keep)
         self.kept = float(len(kept))
         return out
 
     def round_metrics(self) -> dict[str, float]:
-        """``robust-models`` (the models the rule saw) and ``robust-kept`` (those
-        multi-Krum averaged; all of them for the median and the trimmed mean)."""
-        return {"robust-models": self.offered, "robust-kept": self.kept}
+        """``robust-models`` (the models the rule saw), ``robust-kept`` (those multi-Krum
+        averaged; all of them for the median and the trimmed mean) and ``robust-fallback``
+        (1: the rule could not hold and the median stood in)."""
+        return {"robust-models": self.offered, "robust-kept": self.kept,
+                "robust-fallback": self.fallback}
 
     def summary(self) -> None:
         """Log the rule."""
@@ -117,4 +197,5 @@ class Robust(StrategyWrapper):
         log(INFO, "[robust] %s in place of the mean%s", o.rule, detail)
 
 
-__all__ = ["CHAINS", "Robust", "RobustOptions"]
+__all__ = ["CHAINS", "PER_ROUND", "Robust", "RobustOptions", "cannot_hold", "keeps_too_many",
+           "most_models"]

@@ -5,13 +5,15 @@ replies built as a ClientApp builds them (``Message(content, reply_to=instructio
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedsys import protocol
 from fedsys.params import distance, mean
-from fedsys.validation import capped_claims, norm_refusals
+from fedsys.validation import capped_claims, history_norms, norm_refusals, share_cap_level
 from strategies.fedavg import FedAvgStrategy
 from tests.unit.test_base_strategy import NODES, cfg, configured, model, reply
 
@@ -37,12 +39,104 @@ def test_capped_claims_golden() -> None:
     assert capped_claims({1: 20.0, 2: 1.0, 3: 1.0}, 0.5) == {1: 2.0}
     assert capped_claims({1: 20.0, 2: 1.0, 3: 1.0}, 0.8) == {1: pytest.approx(8.0)}
     assert capped_claims({1: 1.0, 2: 1.0, 3: 1.9}, 0.5) == {}           # 0.49 of the mean
-    assert capped_claims({1: 20.0, 2: 1.0}, 0.5) == {}                  # two: no cap
+    # two: capped too (issue 65 E; this line read "two: no cap", 20 / 21 of the mean)
+    assert capped_claims({1: 20.0, 2: 1.0}, 0.5) == {1: 1.0}
     assert capped_claims({1: 20.0, 2: 1.0, 3: 1.0}, 0) == {}            # cap off
     assert capped_claims({1: 20.0, 2: 1.0, 3: 1.0}, 1) == {}
     n = {1: 20.0, 2: 1.0, 3: 1.0}
     cut = {**n, **capped_claims(n, 0.5)}
     assert cut[1] / sum(cut.values()) == pytest.approx(0.5)
+
+
+def shares(claims: dict[int, float], cap: float) -> dict[int, float]:
+    """Each reply's share of the weighted mean after the cut, counted in whole examples
+    as :meth:`strategies.replies.ReplyPolicy.bound_updates` counts it."""
+    cut = {**claims, **{k: math.floor(v) for k, v in capped_claims(claims, cap).items()}}
+    return {k: v / sum(cut.values()) for k, v in cut.items()}
+
+
+@pytest.mark.parametrize(("claims", "cap", "before"), [
+    ((100, 100, 1, 1, 1), 0.3, 0.484),     # cut against the others' uncut claims: 44.1 each
+    ((50, 50, 1, 1), 0.4, 0.486),
+    ((12_000, 600), 0.5, 0.952),           # two replies: no cap
+])
+def test_the_weight_cap_holds_after_every_cut(claims, cap, before) -> None:
+    """Issue 65 E: each cut was computed against the others' uncut claims, so two large
+    claims both cut ended above the cap (``before``: the largest share at cea6e3e)."""
+    got = shares(dict(enumerate(map(float, claims))), cap)
+    assert max(got.values()) <= cap + 1e-12 and max(got.values()) < before - 0.05
+    assert share_cap_level([100, 100, 1, 1, 1], 0.3) == pytest.approx(2.25)   # 2.25 / 7.5
+    assert share_cap_level([50, 50, 1, 1], 0.4) == pytest.approx(4.0)          # 4 / 10
+
+
+def test_a_cap_below_one_over_n_counts_every_reply_equally() -> None:
+    # no weighting of 3 replies gives each at most 0.2: equal weights, the best there is
+    assert capped_claims({1: 5.0, 2: 4.0, 3: 3.0}, 0.2) == {1: 3.0, 2: 3.0}
+    assert capped_claims({1: 3.0, 2: 3.0, 3: 3.0}, 0.2) == {}
+    assert capped_claims({1: 9.0}, 0.5) == {}                          # one reply: all of it
+
+
+def test_the_weight_cap_property_over_random_claims_and_caps() -> None:
+    """For any cap s in (0, 1) and any claims: after the cut (in whole examples) no reply
+    has more than max(s, 1/n) of the sum; only claims above the level are cut, all to it,
+    and they stay the largest; a cap below 1/n leaves equal weights; where the cap is
+    feasible a cut claim has the share s exactly before the rounding."""
+    rng = np.random.default_rng(65)
+    for _ in range(3000):
+        n = int(rng.integers(1, 13))
+        claims = {i: float(c) for i, c in enumerate(rng.integers(1, 10**rng.integers(1, 6), n))}
+        if rng.random() < 0.3:                                            # ties
+            claims = {i: float(claims[int(rng.integers(0, n))]) for i in range(n)}
+        cap = float(rng.uniform(0.01, 0.99)) if rng.random() < 0.9 else float(rng.choice([1 / n, 0.5]))
+        cut = capped_claims(claims, cap)
+        got = shares(claims, cap)
+        assert max(got.values()) <= max(cap, 1 / n) + 1e-9, (claims, cap, cut)
+        assert all(claims[k] > v for k, v in cut.items())                 # only cuts
+        assert len(set(cut.values())) <= 1                                # to one level
+        if cut:
+            level = next(iter(cut.values()))
+            assert all(v <= level for k, v in claims.items() if k not in cut)
+            raw = {**claims, **cut}
+            if cap * n > 1:
+                assert max(raw.values()) / sum(raw.values()) == pytest.approx(cap)
+            else:
+                assert len(set(raw.values())) == 1                        # equal weights
+        elif cap * n > 1:
+            assert max(claims.values()) <= cap * sum(claims.values()) + 1e-9
+        else:                                                             # already equal
+            assert len(set(claims.values())) == 1
+
+
+def test_a_round_without_a_yardstick_seeds_the_history_with_its_smallest_norm() -> None:
+    """Issue 65 E: a first round of two replies (norms 1 and 1000) met no yardstick, yet
+    both entered the history: round 2 then accepted 9000 (median 500.5, 18 x)."""
+    assert history_norms({1: 1.0, 2: 1000.0}, {1, 2}, [], 20) == [1.0]
+    assert norm_refusals({3: 9000.0}, [1.0], 20).keys() == {3}
+    assert norm_refusals({3: 9000.0}, [1.0, 1000.0], 20) == {}          # what the old seed let in
+    # measured norms enter, in order: three replies each against the two others ...
+    assert history_norms({1: 1.0, 2: 2.0, 3: 100.0}, {1, 2}, [], 20) == [1.0, 2.0]
+    # ... or one or two against the history
+    assert history_norms({7: 3.0, 8: 40.0}, {7, 8}, [2.0], 20) == [3.0, 40.0]
+    assert history_norms({7: 3.0}, {7}, [], 20) == [3.0]               # a chain's first hop
+    assert history_norms({7: 3.0}, set(), [], 20) == []
+    assert history_norms({1: 0.0, 2: 0.0, 3: 5.0}, {1, 2, 3}, [], 20) == [0.0, 0.0]  # 3: a 0 yardstick
+
+
+def test_a_first_round_of_two_replies_does_not_open_the_bound_for_the_next(reply_grid) -> None:
+    """The same through FedAvg's reply path: norms 1 and 1000 (x c) in round 1; in round 2
+    9000 beside an honest 1, each against the history: refused now, accepted before."""
+    s = FedAvgStrategy.from_config(cfg(**{"clients-per-round": 2}))
+    grid = reply_grid(NODES)
+    s.params = model(1.0)
+    m1, m2 = configured(s, grid, 1)
+    _, metrics = s.aggregate_train(1, [hostile(m1, model(1.001), 10), hostile(m2, model(2.0), 10)])
+    assert metrics is not None and metrics["clients-ok"] == 2
+    seed = distance(model(1.001), model(1.0))
+    s.params = model(1.0)
+    m3, m4 = configured(s, grid, 2)
+    _, metrics = s.aggregate_train(2, [hostile(m3, model(10.0), 10), hostile(m4, model(1.001), 10)])
+    assert metrics is not None and metrics["clients-rejected"] == 1 and metrics["clients-ok"] == 1
+    assert s.replies.earlier == [pytest.approx(seed), pytest.approx(seed)]
 
 
 def hostile(msg: Message, params: dict[str, np.ndarray], num_examples: float) -> Message:
@@ -64,7 +158,10 @@ def test_a_model_times_100_is_refused_with_the_numbers_and_the_round_goes_on(rep
     assert metrics is not None and metrics["clients-ok"] == 2 and metrics["clients-rejected"] == 1
     assert "update norm" in caplog.text and "max-update-ratio 20" in caplog.text
     pids = [NODES[m.metadata.dst_node_id] for m in msgs[1:]]
-    want = mean([model(1.0 + 0.1 * i) for i in (1, 2)], [10 * (p + 1) for p in pids])
+    # the two replies left claim 10 (p + 1) each: at max-weight-share 0.5 the larger is
+    # counted as the smaller (issue 65 E: a round of two is capped too; before, 20:30 here)
+    low = min(10 * (p + 1) for p in pids)
+    want = mean([model(1.0 + 0.1 * i) for i in (1, 2)], [low, low])
     got = protocol.from_record(arrays)
     assert all(np.array_equal(got[k], want[k]) for k in want)
 
@@ -152,7 +249,12 @@ def test_the_finite_attacks_under_every_round_based_strategy(strategy, attack, r
     assert arrays is not None and metrics is not None
     got = protocol.from_record(arrays)
     assert all(np.isfinite(v).all() for v in got.values() if np.issubdtype(v.dtype, np.floating))
-    if attack == "scaled":
+    if attack == "scaled" and strategy == "dp":
+        # issue 65: under DP no bound compares clients (one client's update must not decide
+        # another's inclusion); the x100 update is clipped to dp.clipping-norm instead, so
+        # it weighs as one clipped update in the sum (until issue 65 it was refused here)
+        assert metrics["clients-ok"] == 3 and metrics["dp-clipped"] > 0, strategy
+    elif attack == "scaled":
         assert metrics["clients-rejected"] == 1 and "update norm" in caplog.text, strategy
     else:
         assert metrics["clients-ok"] == 3 and metrics["clients-rejected"] == 0, strategy
