@@ -200,6 +200,15 @@ class CoreOptions:
         256, 'Batch size of evaluation.', bounds='> 0')
     device: str = option(
         'auto', 'Torch device for clients and server.', choices=('auto', 'cpu', 'cuda'))
+    engine: str = option(
+        'flower', "How 'fedsys run' simulates: 'flower' runs the ClientApps in Flower's "
+        'simulation engine (Ray actors behind an in-process SuperLink; clients train in '
+        'parallel, as client-num-cpus and client-num-gpus allow); \'inprocess\' calls each '
+        "ClientApp in this process, one message at a time, through fedsys's own Grid (no Ray, "
+        'no SuperLink: far less cost per message, the same numbers; every message is answered '
+        'when it is sent, so round-timeout refuses no reply, and the clients use this '
+        "process's devices).  flwr run and a deployment ignore it.",
+        choices=('flower', 'inprocess'))
     client_num_cpus: float = option(
         1.0, 'CPUs per simulated client.', bounds='> 0')
     client_num_gpus: float = option(
@@ -390,7 +399,7 @@ SHARED_KEYS = frozenset({
     "clients-per-round",
     "resume", "dataset", "data-dir", "num-clients", "partition", "dirichlet-alpha",
     "dirichlet-min-size", "shards-per-client", "samples-per-client", "test-subset", "model", "model-norm",
-    "device", "client-num-cpus", "client-num-gpus", "torch-threads",
+    "device", "engine", "client-num-cpus", "client-num-gpus", "torch-threads",
     "pretrain.holdout", "pretrain.split", "pretrain.labels",
 })
 #: Groups whose every key is shared like SHARED_KEYS: a robustness experiment's attackers

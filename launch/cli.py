@@ -59,8 +59,9 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
         # it logged, a branch's parent: found here, before any engine starts
         if note := lifecycle.check(vcfg, cfg.run_dir / label, strategy):
             print(f"fedsys: {label}: {note}", flush=True)
-    # last: what is wrong with the config itself is said first
-    if problem := ray_address_problem(os.environ):
+    # last: what is wrong with the config itself is said first (the in-process engine
+    # starts no Ray)
+    if cfg.engine != "inprocess" and (problem := ray_address_problem(os.environ)):
         raise cfgmod.ConfigError(problem)
 
 

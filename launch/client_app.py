@@ -50,8 +50,10 @@ class UnconfinedClientApp(ClientApp):
     admit the run config without the operator's policy (:mod:`fedsys.confine`).
 
     :func:`launch.simulation.simulate` builds one in process and hands it to Flower's
-    simulation engine, which pickles it to its Ray actors; there is no module-level
-    instance, so a deployment (which loads ``launch.client_app:app``) cannot get one.
+    simulation engine, which pickles it to its Ray actors (``engine: inprocess``:
+    :func:`launch.inprocess.simulate_inprocess` calls it in process); there is no
+    module-level instance, so a deployment (which loads ``launch.client_app:app``) cannot
+    get one.
     """
 
     def __init__(self, inner: Any) -> None:

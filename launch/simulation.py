@@ -165,7 +165,7 @@ def prompt_dispatch() -> Iterator[bool]:
 
 
 def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = None) -> None:
-    """Run ``cfg`` with ``num-clients`` simulated SuperNodes (Ray backend).
+    """Run ``cfg`` with ``num-clients`` simulated SuperNodes (Ray backend, ``engine: flower``).
 
     ``client_app`` replaces the fedsys ClientApp (tests use it to inject faults).  The
     ServerApp does not log the results table (``launch.server_app.LOG_TABLE``): the
@@ -175,7 +175,15 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
     objects built here, in this process (:func:`launch.server_app.make_app`,
     :class:`launch.client_app.UnconfinedClientApp`, which reaches the Ray actors pickled);
     nothing a config or Flower loads by name can be one of them.
+
+    With ``engine: inprocess`` the run goes to fedsys's own engine instead
+    (:func:`launch.inprocess.simulate_inprocess`: every ClientApp called in this process).
     """
+    if cfg.engine == "inprocess":
+        from launch.inprocess import simulate_inprocess
+
+        simulate_inprocess(cfg, verbose=verbose, client_app=client_app)
+        return
     os.environ.update({k: os.environ.get(k, v) for k, v in FLWR_ENV.items()})
     # Ray's notice that a later Ray will stop hiding GPUs from actors that asked for none:
     # fedsys relies on today's behaviour (client-num-gpus 0 means the clients see no GPU)

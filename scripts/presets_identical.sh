@@ -20,6 +20,9 @@
 # copied from PRETRAINED (default: this repository's runs/lss; `fedsys pretrain
 # configs/lss-fmnist.yaml` writes one).  FEDSYS: the fedsys command (default: this
 # repository's .venv).  About 60 minutes per half with both halves side by side here.
+# ENGINE: the simulation engine of every run (the config key 'engine': flower or inprocess;
+# default: the config's), so that one checkout run twice compares the engines; PRESETS: the
+# presets to run, by name, space-separated (default: all).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 checkout=$(cd "${1:?usage: scripts/presets_identical.sh CHECKOUT OUT}" && pwd)
@@ -35,7 +38,9 @@ for f in pretrained.pt pretrained-labels.pt; do
 done
 small=(--set samples-per-client=300 --set test-subset=1000)
 failed=0
+engine=(); [ -n "${ENGINE:-}" ] && engine=(--set "engine=$ENGINE")
 for c in configs/*.yaml; do n=$(basename "$c" .yaml)
+  [ -n "${PRESETS:-}" ] && [[ " $PRESETS " != *" $n "* ]] && continue
   grep -q "finished: results" "$out-logs/$n.log" 2>/dev/null && continue
   case $n in
     default) extra=() ;;
@@ -49,7 +54,7 @@ for c in configs/*.yaml; do n=$(basename "$c" .yaml)
   esac
   echo "== $n ${extra[*]} $(date +%T)"
   rm -rf "${out:?}/$n"
-  "$fedsys" run "$c" "${extra[@]}" --set "name=$n" --set "output-dir=$out" > "$out-logs/$n.log" 2>&1 \
+  "$fedsys" run "$c" "${extra[@]}" "${engine[@]}" --set "name=$n" --set "output-dir=$out" > "$out-logs/$n.log" 2>&1 \
     || { echo "FAILED $n (see $out-logs/$n.log)"; failed=1; }
 done
 echo "== done $(date +%T)"

@@ -57,9 +57,11 @@ def _interrupt_at(proc: subprocess.Popen[bytes], ckpt: Path, rnd: int,
     return proc.returncode, (out + err).decode(errors="replace")
 
 
-def test_ctrl_c_stops_resume_and_resume_finishes_the_run(tmp_path, fedsys_cli):
+@pytest.mark.parametrize("engine", ["flower", "inprocess"])
+def test_ctrl_c_stops_resume_and_resume_finishes_the_run(tmp_path, fedsys_cli, engine):
     ckpt = tmp_path / "run" / "fedavg" / "checkpoint.pt"
-    fedsys_cli.finish(fedsys_cli.start("run", *_sets(tmp_path, **{"num-server-rounds": 1})))
+    fedsys_cli.finish(fedsys_cli.start("run", *_sets(tmp_path, **{"num-server-rounds": 1,
+                                                                   "engine": engine})))
     proc = fedsys_cli.start("resume", str(tmp_path / "run"), "--set", "num-server-rounds=500")
     rc, out = _interrupt_at(proc, ckpt, 3)
     assert rc == 130, out[-3000:]
@@ -71,12 +73,14 @@ def test_ctrl_c_stops_resume_and_resume_finishes_the_run(tmp_path, fedsys_cli):
     assert _round(ckpt) == held + 1 and (tmp_path / "run" / "fedavg" / "model.pt").exists()
 
 
-def test_sigterm_stops_run_and_resume_finishes_it(tmp_path, fedsys_cli):
+@pytest.mark.parametrize("engine", ["flower", "inprocess"])
+def test_sigterm_stops_run_and_resume_finishes_it(tmp_path, fedsys_cli, engine):
     """SIGTERM to the command alone (Ray's workers do not get it): exit 143 saying how to
     continue, no stack dump from Ray's failure handler, a whole checkpoint, and ``fedsys
-    resume`` finishes the run."""
+    resume`` finishes the run (on either engine)."""
     ckpt = tmp_path / "run" / "fedavg" / "checkpoint.pt"
-    proc = fedsys_cli.start("run", *_sets(tmp_path, **{"num-server-rounds": 500}))
+    proc = fedsys_cli.start("run", *_sets(tmp_path, **{"num-server-rounds": 500,
+                                                         "engine": engine}))
     rc, out = _interrupt_at(proc, ckpt, 2, signal.SIGTERM)
     assert rc == 143, out[-3000:]
     assert "terminated (SIGTERM); 'fedsys resume <run dir>' continues" in out

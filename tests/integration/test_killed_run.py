@@ -1,7 +1,7 @@
 """A run killed mid-way (SIGKILL of its whole process group: driver and Ray workers) and
 ``fedsys resume``d ends bit-identical to the same run uninterrupted, in Flower's real
-simulation engine (synthetic data).  Its own module so that it runs beside
-test_simulation.py (the two runs take minutes).
+simulation engine and in fedsys's in-process engine (``engine: inprocess``; synthetic data).
+Its own module so that it runs beside test_simulation.py (the two runs take minutes).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def _fedsys(*args: str, **kw: object) -> subprocess.Popen[bytes]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)  # type: ignore[call-overload]
 
 
+@pytest.mark.parametrize("engine", ["flower", "inprocess"])
 @pytest.mark.parametrize(("strategy", "label"), [
     ("fedavg", "fedavg"),
     # IMA over FedCDA with its cache on disk: the IMA window, FedCDA's cache, selections
@@ -34,14 +35,15 @@ def _fedsys(*args: str, **kw: object) -> subprocess.Popen[bytes]:
     ("ima[ima.base=fedcda;ima.start-round=3;ima.window=2;fedcda.warmup=2;fedcda.cache=disk]",
      "ima-base-fedcda-start-round-3-window-2-warmup-2-cache-disk"),
 ])
-def test_killed_run_resumes_to_identical_weights(tmp_path, strategy, label):
+def test_killed_run_resumes_to_identical_weights(tmp_path, strategy, label, engine):
     # the reference runs in the suite's shared Ray cluster (the same numbers as in a run's
     # own: test_a_run_in_the_shared_ray_cluster_equals_one_in_its_own); for FedAvg the
     # victim and its resume run as a user runs them, the kill taking the run's own cluster too
+    # (the in-process engine starts no Ray: its kill takes the one process)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" or label != "fedavg"}
     sets = [f"--set={k}={v}" for k, v in {**BASE, "output-dir": tmp_path, "strategy": strategy,
                                            "num-server-rounds": 6, "local-epochs": 15,
-                                           "clients-per-round": 2}.items()]
+                                           "clients-per-round": 2, "engine": engine}.items()]
     ref = _fedsys("run", *sets, "--set=name=ref")
     assert ref.wait(timeout=300) == 0, ref.stderr.read().decode()[-2000:]
 
