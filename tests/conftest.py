@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -17,6 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+# CPython 3.11.0-3.11.7 can fail two concurrent ``ast.parse`` calls (gh-106905), which
+# Flower's simulation makes when it loads apps by reference: see ast_guard/sitecustomize.py
+AST_GUARD = Path(__file__).parent / "ast_guard"
+_spec = importlib.util.spec_from_file_location("fedsys_tests_ast_guard", AST_GUARD / "sitecustomize.py")
+assert _spec is not None and _spec.loader is not None
+_spec.loader.exec_module(importlib.util.module_from_spec(_spec))
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
@@ -229,6 +237,9 @@ class FlwrLocal:
         self.env = {**environ, **FLWR_ENV, "FLWR_HOME": str(home), "FEDSYS_ROOTS": str(home.parent),
                     "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
                     "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+                    # the simulations it starts load both apps by reference, in two threads
+                    "PYTHONPATH": os.pathsep.join(
+                        p for p in (str(AST_GUARD), environ.get("PYTHONPATH", "")) if p),
                     "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
     def start_superlink(self, timeout: float = 180.0) -> None:
