@@ -119,11 +119,29 @@ class NoOptions:
     """A trainer without options of its own."""
 
 
+@dataclass(frozen=True)
+class BatchSpec:
+    """What a trainer's job is, where it can be trained together with others
+    (:func:`clients.batched.train_together`): :func:`sgd_loop` on cross-entropy plus
+    ``(mu / 2) * ||w - w_received||^2`` over every parameter (FedProx's Eq. 2; ``mu = 0``:
+    plain SGD), with the job's :class:`LocalConfig`."""
+
+    mu: float = 0.0
+
+
 class Trainer(ABC):
     """Base class of fedsys trainers (see the module docstring)."""
 
     name: ClassVar[str] = "base"
     Options: ClassVar[type] = NoOptions
+
+    def batch_spec(self, job: TrainJob) -> BatchSpec | None:
+        """The objective :meth:`train` minimises on ``job``, where it is one that
+        :func:`clients.batched.train_together` trains with other clients' jobs in one
+        batched computation; None (the default): this job trains alone.  A trainer that
+        returns one promises that :meth:`train` is :func:`sgd_loop` with that objective."""
+        del job
+        return None
 
     @classmethod
     def prefix(cls) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from clients.base import Trainer, TrainJob, TrainResult, sgd_loop
+from clients.base import BatchSpec, Trainer, TrainJob, TrainResult, sgd_loop
 from fedsys.options import option
 
 if TYPE_CHECKING:
@@ -44,3 +44,7 @@ class FedProxTrainer(Trainer):
         anchor = [p.detach().clone().to(cfg.device) for p in job.net.parameters()]
         return sgd_loop(job.net, job.x, job.y, job.normalise, cfg,
                         penalty=lambda m: proximal_term(m, anchor, mu))
+
+    def batch_spec(self, job: TrainJob) -> BatchSpec:
+        """Eq. 2 trains together with others (:mod:`clients.batched`), ``mu`` each's own."""
+        return BatchSpec(mu=float(job.options.mu))

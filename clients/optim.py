@@ -63,12 +63,27 @@ class Optimiser:
             else:
                 self._adam(live, params, grads)
 
+    def step_rows(self, rows: int, grads: list[torch.Tensor]) -> None:
+        """One update of the first ``rows`` rows of every parameter with ``grads`` (one per
+        parameter, ``rows`` long): the step of :meth:`step` on stacked parameters, a client
+        a row (:mod:`clients.batched`), where the rows after ``rows`` have finished (their
+        parameters and state stay as they are; rows only ever finish from the end)."""
+        import torch
+
+        live = list(range(len(self.params)))
+        params = [p[:rows] for p in self.params]
+        with torch.no_grad():
+            if self.kind == "sgd":
+                self._sgd(live, params, grads, rows)
+            else:
+                self._adam(live, params, grads, rows)
+
     def _sgd(self, live: list[int], params: list[torch.Tensor],
-             grads: list[torch.Tensor]) -> None:
+             grads: list[torch.Tensor], rows: int | None = None) -> None:
         from torch.optim.sgd import sgd
 
         bufs: list[torch.Tensor | None] = (
-            [self.state[i][0] if i in self.state else None for i in live]
+            [_rows(self.state[i][0], rows) if i in self.state else None for i in live]
             if self.momentum != 0 else [])
         sgd(params, grads, bufs, has_sparse_grad=any(g.is_sparse for g in grads),
             foreach=None, fused=None, grad_scale=None, found_inf=None,
@@ -79,20 +94,29 @@ class Optimiser:
                 self.state[i] = [b]
 
     def _adam(self, live: list[int], params: list[torch.Tensor],
-              grads: list[torch.Tensor]) -> None:
+              grads: list[torch.Tensor], rows: int | None = None) -> None:
         import torch
         from torch.optim.adam import adam
 
-        for i, p in zip(live, params, strict=True):
+        for i in live:
             if i not in self.state:  # as Adam._init_group (not fused, not capturable)
+                p = self.params[i]
                 dtype = torch.float64 if torch.get_default_dtype() == torch.float64 \
                     else torch.float32
                 self.state[i] = [torch.tensor(0.0, dtype=dtype, device="cpu"),
                                  torch.zeros_like(p, memory_format=torch.preserve_format),
                                  torch.zeros_like(p, memory_format=torch.preserve_format)]
-        steps, avgs, sqs = ([self.state[i][k] for i in live] for k in range(3))
+        # the step count is one for every row: the rows still training have all taken
+        # the same number of steps
+        steps = [self.state[i][0] for i in live]
+        avgs, sqs = ([_rows(self.state[i][k], rows) for i in live] for k in (1, 2))
         adam(params, grads, avgs, sqs, [], steps, foreach=None, capturable=False,
              differentiable=False, fused=None, grad_scale=None, found_inf=None,
              has_complex=any(torch.is_complex(p) for p in params),
              decoupled_weight_decay=False, amsgrad=False, beta1=0.9, beta2=0.999,
              lr=self.lr, weight_decay=self.weight_decay, eps=1e-8, maximize=False)
+
+
+def _rows(t: torch.Tensor, rows: int | None) -> torch.Tensor:
+    """``t`` itself, or its first ``rows`` rows (a view)."""
+    return t if rows is None else t[:rows]

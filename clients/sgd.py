@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from clients.base import Trainer, TrainJob, TrainResult, sgd_loop
+from clients.base import BatchSpec, Trainer, TrainJob, TrainResult, sgd_loop
 
 
 class SGDTrainer(Trainer):
@@ -13,3 +13,8 @@ class SGDTrainer(Trainer):
     def train(self, job: TrainJob) -> TrainResult:
         """Alg. 1's ClientUpdate on the node's data."""
         return sgd_loop(job.net, job.x, job.y, job.normalise, job.config)
+
+    def batch_spec(self, job: TrainJob) -> BatchSpec:
+        """Plain SGD trains together with others (:mod:`clients.batched`)."""
+        del job
+        return BatchSpec()

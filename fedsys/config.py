@@ -204,11 +204,18 @@ class CoreOptions:
         'flower', "How 'fedsys run' simulates: 'flower' runs the ClientApps in Flower's "
         'simulation engine (Ray actors behind an in-process SuperLink; clients train in '
         'parallel, as client-num-cpus and client-num-gpus allow); \'inprocess\' calls each '
-        "ClientApp in this process, one message at a time, through fedsys's own Grid (no Ray, "
-        'no SuperLink: far less cost per message, the same numbers; every message is answered '
-        'when it is sent, so round-timeout refuses no reply, and the clients use this '
-        "process's devices).  flwr run and a deployment ignore it.",
+        "ClientApp in this process through fedsys's own Grid (no Ray, no SuperLink: far less "
+        'cost per message, for many small clients; a round\'s clients trained together as '
+        'batch-clients says; every message is answered when it is sent, so round-timeout '
+        "refuses no reply, and the clients use this process's devices).  flwr run and a "
+        'deployment ignore it.',
         choices=('flower', 'inprocess'))
+    batch_clients: bool = option(
+        True, "With engine 'inprocess': train a round's clients together where their "
+        'trainers (sgd, fedprox) and local settings agree and the model has no batch norm '
+        'or dropout, their models stacked into one batched computation (clients/batched.py; '
+        'the same numbers to float rounding, not to the bit); false: one client at a time, '
+        "bit-identical to engine 'flower'.  Other trainers always train one at a time.")
     client_num_cpus: float = option(
         1.0, 'CPUs per simulated client.', bounds='> 0')
     client_num_gpus: float = option(
@@ -399,7 +406,7 @@ SHARED_KEYS = frozenset({
     "clients-per-round",
     "resume", "dataset", "data-dir", "num-clients", "partition", "dirichlet-alpha",
     "dirichlet-min-size", "shards-per-client", "samples-per-client", "test-subset", "model", "model-norm",
-    "device", "engine", "client-num-cpus", "client-num-gpus", "torch-threads",
+    "device", "engine", "batch-clients", "client-num-cpus", "client-num-gpus", "torch-threads",
     "pretrain.holdout", "pretrain.split", "pretrain.labels",
 })
 #: Groups whose every key is shared like SHARED_KEYS: a robustness experiment's attackers

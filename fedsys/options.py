@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import re
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -94,8 +95,10 @@ def option(default: Scalar, help: str, *, choices: Iterable[str] | None = None,
     return dataclasses.field(default=default, metadata=meta)
 
 
+@functools.lru_cache(maxsize=512)
 def declared(prefix: str, options_cls: type) -> tuple[Option, ...]:
-    """The :class:`Option` rows of an options dataclass, keys ``<prefix>.<field>``.
+    """The :class:`Option` rows of an options dataclass, keys ``<prefix>.<field>``
+    (read once per class and prefix: every ClientApp message parses its options).
 
     An empty ``prefix`` gives bare keys (the run's core keys).
     """
@@ -212,7 +215,8 @@ def parse_group(options_cls: type, prefix: str, values: Mapping[str, Any]) -> An
 
 def group_values(options: Any, prefix: str) -> dict[str, Scalar]:
     """``{full key: value}`` of an options dataclass instance."""
-    return {o.key: getattr(options, o.field) for o in declared(prefix, type(options))}
+    cls: type = type(options)
+    return {o.key: getattr(options, o.field) for o in declared(prefix, cls)}
 
 
 __all__ = ["REGISTERED_STRATEGIES", "SWITCH_WORDS", "ConfigError", "Option", "Scalar",

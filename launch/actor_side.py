@@ -103,16 +103,24 @@ class ClientSide:
 
     def __init__(self, threads: int) -> None:
         self.state = ProcessState.fresh(threads)
+        self.inside = False
 
     @contextlib.contextmanager
     def entered(self) -> Iterator[None]:
-        """The clients' state in place (and gradients on, as in a fresh process)."""
+        """The clients' state in place (and gradients on, as in a fresh process); within
+        an :meth:`entered` already, nothing more (the clients' state is in place)."""
+        if self.inside:
+            with torch.enable_grad():
+                yield
+            return
         server = ProcessState.capture()
         self.state.apply()
+        self.inside = True
         try:
             with torch.enable_grad():
                 yield
         finally:
+            self.inside = False
             self.state = ProcessState.capture()
             server.apply()
 

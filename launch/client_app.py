@@ -17,13 +17,14 @@ from __future__ import annotations
 import contextvars
 import functools
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
-from clients import LocalConfig, TrainJob, trainer_class
+from clients import LocalConfig, Trainer, TrainJob, TrainResult, trainer_class
 from clients.base import local_config, run_trainer, trainer_options
 from fedsys import attacks, confine, trainer_state
 from fedsys import protocol as proto
@@ -139,6 +140,27 @@ def _load(cfg: RunConfig, ds: Dataset, msg: Message) -> torch.nn.Module:
     return net.train()
 
 
+def _received(call: TrainCall, net: torch.nn.Module,
+              decoded: dict[int, tuple[Any, torch.Tensor]] | None = None) -> dict[str, torch.Tensor]:
+    """The weights ``call``'s instruction carries, as :func:`_load` would load them into
+    ``net`` (every key, each shape, the model's dtypes; where they do not match, the error
+    :func:`_load` raises).  ``decoded`` keeps each array's tensor by its bytes object, so
+    that the instructions of a round that share the server's record decode it once (the
+    tensors are read, never written)."""
+    decoded = {} if decoded is None else decoded
+    got = {}
+    for k, arr in proto.model_record(call.msg.content).items():
+        hit = decoded.get(id(arr.data))
+        if hit is None or hit[0] is not arr.data:
+            hit = decoded[id(arr.data)] = (arr.data, torch.from_numpy(arr.numpy()))
+        got[k] = hit[1]
+    ref = net.state_dict()
+    if got.keys() != ref.keys() or any(got[k].shape != ref[k].shape for k in ref):
+        net = _load(call.cfg, call.ds, call.msg)  # raises, naming what differs
+        return {k: v.detach().clone() for k, v in net.state_dict().items()}
+    return {k: got[k].to(ref[k].dtype) for k in ref}
+
+
 def _weights(net: torch.nn.Module) -> ArrayRecord:
     """``net``'s weights as a record (copied to the CPU; the model stays on its device)."""
     return ArrayRecord({k: v.detach().cpu() for k, v in net.state_dict().items()})
@@ -163,10 +185,31 @@ def _attack(cfg: RunConfig, pid: int, nparts: int, rnd: int) -> attacks.AttackOp
     return options if hostile else None
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    """Local training on this node's partition (as a robustness experiment's attacker
-    where the ``attack.*`` keys name this partition: :mod:`fedsys.attacks`)."""
+@dataclass
+class TrainCall:
+    """One train instruction as the ClientApp has read it, up to the training itself:
+    :func:`train` is :func:`train_call`, :func:`clients.base.run_trainer` on ``job``, then
+    :func:`train_reply`; the in-process engine trains the jobs of many calls together in
+    between (:class:`BatchTraining`)."""
+
+    msg: Message
+    cfg: RunConfig
+    ds: Dataset
+    pid: int
+    nparts: int
+    rnd: int
+    settings: dict[str, Any]
+    attack: attacks.AttackOptions | None
+    trainer: Trainer
+    scope: str
+    job: TrainJob
+
+
+def train_call(msg: Message, context: Context, load: bool = True) -> TrainCall:
+    """Read ``msg`` on this node: its data (flipped labels for a label-flip attacker), the
+    trainer and its options, the model holding the instruction's weights (``job.net``, the
+    process's model: the next call overwrites it; with ``load`` false the model as the last
+    call left it) and the node's state."""
     cfg, ds, pid, nparts, x, y = _node(context)
     s = proto.settings(msg.content)
     rnd = int(s.get(proto.SERVER_ROUND, 0))
@@ -180,27 +223,111 @@ def train(msg: Message, context: Context) -> Message:
     except ConfigError as exc:
         raise ValueError(f"trainer {name!r}: {exc}") from None
     scope = f"{s.get(proto.STATE_SCOPE, '')}/{name}"
-    net = _load(cfg, ds, msg)
+    net = (_load(cfg, ds, msg) if load else
+           _built(cfg.model, ds.input_shape, ds.num_classes, cfg.seed, cfg.model_norm))
     job = TrainJob(net, x, y, ds.normalise, run_local_config(cfg, s, derive_seed(cfg.seed, rnd, pid)),
                    options, trainer_state.state_from_records(context.state, scope),
                    proto.extra_models(msg.content), rnd, pid, cfg.seed)
-    res = run_trainer(trainer(), job)
-    trainer_state.state_to_records(res.state, context.state, scope)
-    weights = _weights(net)
+    return TrainCall(msg, cfg, ds, pid, nparts, rnd, s, attack, trainer(), scope, job)
+
+
+def train_reply(call: TrainCall, res: TrainResult, weights: ArrayRecord, context: Context) -> Message:
+    """The reply to ``call`` whose training reported ``res`` and ended at ``weights``: the
+    trainer's state kept in ``context``, the update clipped for client-side DP, an
+    attacker's reply in place of the honest one."""
+    msg, s = call.msg, call.settings
+    trainer_state.state_to_records(res.state, context.state, call.scope)
     if proto.DP_CLIPPING_NORM in s:  # client-side DP: the update clipped before it leaves
         sent = proto.from_record(proto.model_record(msg.content))
         clipped, _ = clip_update(proto.from_record(weights), sent, float(s[proto.DP_CLIPPING_NORM]))
         weights = proto.to_record(clipped)
     num_examples = res.num_examples
-    if attack is not None:
-        weights, num_examples = _attacked(attack, cfg, ds, msg, weights, num_examples,
-                                          derive_seed(cfg.seed, rnd, pid))
+    if call.attack is not None:
+        weights, num_examples = _attacked(call.attack, call.cfg, call.ds, msg, weights, num_examples,
+                                          derive_seed(call.cfg.seed, call.rnd, call.pid))
     return proto.train_reply(
         msg, weights, num_examples,
-        {proto.PARTITION_ID: pid, proto.TRAIN_LOSS: res.train_loss,
+        {proto.PARTITION_ID: call.pid, proto.TRAIN_LOSS: res.train_loss,
          proto.LOCAL_STEPS: res.steps, **res.metrics},
         res.models,
     )
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Local training on this node's partition (as a robustness experiment's attacker
+    where the ``attack.*`` keys name this partition: :mod:`fedsys.attacks`)."""
+    call = train_call(msg, context)
+    res = run_trainer(call.trainer, call.job)
+    return train_reply(call, res, _weights(call.job.net), context)
+
+
+class BatchTraining:
+    """The train handler of the fedsys ClientApp (:func:`train`) for many nodes at once,
+    in three parts, for the in-process engine (:class:`launch.inprocess.InProcessGrid`):
+    :meth:`prepare` reads each node's instruction (:func:`train_call`), :meth:`train`
+    trains the round's jobs, those that agree together (:func:`clients.batched.train_together`,
+    the rest one at a time), :meth:`reply` makes each node's reply (:func:`train_reply`).
+
+    Only where fedsys's own simulation runs the app (the run config admitted unconfined,
+    as :class:`UnconfinedClientApp` does), and only for the fedsys ClientApp's own
+    handler: the engine checks that it is the app it calls.
+    """
+
+    app = app
+
+    def __init__(self) -> None:
+        #: the round's decoded arrays (:func:`_received`), dropped when it has trained
+        self.decoded: dict[int, tuple[Any, torch.Tensor]] = {}
+
+    def prepare(self, msg: Message, context: Context) -> tuple[TrainCall, dict[str, torch.Tensor]] | None:
+        """``msg`` read on this node and its received weights, or None where its job does
+        not train batched (its trainer offers no :class:`~clients.base.BatchSpec`, its
+        model couples a batch's samples): the engine then calls the ClientApp."""
+        from clients.base import TRAINABLE
+        from clients.batched import unbatchable
+
+        token = _UNCONFINED.set(True)
+        try:
+            call = train_call(msg, context, load=False)
+        finally:
+            _UNCONFINED.reset(token)
+        job = call.job
+        if (call.trainer.batch_spec(job) is None or job.config.trainable not in TRAINABLE
+                or unbatchable(job.net)):
+            return None
+        return call, _received(call, job.net, self.decoded)
+
+    @staticmethod
+    def key(prepared: tuple[TrainCall, dict[str, torch.Tensor]]) -> tuple[Any, ...]:
+        """What the jobs trained together share: model, dataset, local configuration."""
+        from clients.batched import group_key
+
+        call = prepared[0]
+        return (call.cfg.model, call.cfg.model_norm, call.cfg.dataset, group_key(call.job.config))
+
+    def train(self, group: list[tuple[TrainCall, dict[str, torch.Tensor]]]
+              ) -> list[tuple[TrainResult | FloatingPointError, dict[str, torch.Tensor]]]:
+        """Train a group of prepared calls of one :meth:`key` together."""
+        from clients.batched import train_together
+
+        self.decoded.clear()
+        calls = [c for c, _ in group]
+        specs = [c.trainer.batch_spec(c.job) for c in calls]
+        assert all(s is not None for s in specs)
+        return train_together(calls[0].job.net, [w for _, w in group], [c.job for c in calls],
+                              specs)  # type: ignore[arg-type]
+
+    @staticmethod
+    def reply(prepared: tuple[TrainCall, dict[str, torch.Tensor]],
+              trained: tuple[TrainResult | FloatingPointError, dict[str, torch.Tensor]],
+              context: Context) -> Message:
+        """The node's reply, as :func:`train` makes it (the training's error raised)."""
+        res, weights = trained
+        if isinstance(res, Exception):
+            raise res
+        return train_reply(prepared[0], res,
+                           ArrayRecord({k: v.detach().cpu() for k, v in weights.items()}), context)
 
 
 def _attacked(attack: attacks.AttackOptions, cfg: RunConfig, ds: Dataset, msg: Message,

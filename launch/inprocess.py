@@ -30,15 +30,16 @@ goes offline (``NODE_UNAVAILABLE`` never comes); no telemetry, no Ray log prefix
 
 from __future__ import annotations
 
+import functools
 import os
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from logging import DEBUG, ERROR, INFO
-from typing import Any
+from typing import Any, Protocol
 from uuid import uuid4
 
 import numpy as np
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.app.error import Error
 from flwr.clientapp.client_app import ClientAppException
 from flwr.common.constant import (
@@ -75,6 +76,23 @@ TASK_ID = 1
 ClientAppFn = Callable[[Message, Context], Message]
 
 
+class Batcher(Protocol):
+    """A ClientApp's train handler in parts, so that a round's train instructions are
+    trained together (:class:`launch.client_app.BatchTraining` for the fedsys ClientApp)."""
+
+    def prepare(self, msg: Message, context: Context) -> Any:
+        """``msg`` read on its node, or None: the ClientApp handles it itself."""
+
+    def key(self, prepared: Any) -> Any:
+        """What the prepared calls trained together share."""
+
+    def train(self, group: list[Any]) -> list[Any]:
+        """The outcome of each prepared call of one key, trained together."""
+
+    def reply(self, prepared: Any, trained: Any, context: Context) -> Message:
+        """The node's reply (raises what the ClientApp would)."""
+
+
 def node_ids(n: int, seed: int = NODE_ID_SEED) -> list[int]:
     """``n`` distinct unsigned 64-bit node ids, neither 0 nor the SuperLink's, from ``seed``."""
     rng = np.random.default_rng(seed)
@@ -95,6 +113,14 @@ def node_contexts(ids: Iterable[int], run_id: int, run_config: Mapping[str, Any]
                          node_config={PARTITION_ID_KEY: i, NUM_PARTITIONS_KEY: len(ids)},
                          state=RecordDict(), run_config=dict(run_config))
             for i, nid in enumerate(ids)}
+
+
+def _answer(batcher: Batcher, prepared: Any, trained: Any, context: Context) -> Message:
+    """``batcher``'s reply to a prepared call whose training gave ``trained`` (an error
+    raised by training the group raised again)."""
+    if isinstance(trained, Exception):
+        raise trained
+    return batcher.reply(prepared, trained, context)
 
 
 def error_reply(instruction: Message, exc: Exception) -> Message:
@@ -140,11 +166,15 @@ class InProcessGrid(Grid):
         The run (its id is every message's ``run_id``).
     client_side : ClientSide, optional
         The clients' process state (default: one thread, fresh generators).
+    batcher : Batcher, optional
+        ``client_app``'s train handler in parts: the train instructions of one push are
+        trained together (default: none, one message at a time).
     """
 
     def __init__(self, client_app: ClientAppFn, contexts: Mapping[int, Context], run: Run,
-                 client_side: ClientSide | None = None) -> None:
+                 client_side: ClientSide | None = None, batcher: Batcher | None = None) -> None:
         self.client_app = client_app
+        self.batcher = batcher
         self.contexts = dict(contexts)
         self.initial_run_config = {n: dict(c.run_config) for n, c in self.contexts.items()}
         self.client_side = client_side or ClientSide(1)
@@ -187,6 +217,7 @@ class InProcessGrid(Grid):
             A message with no TTL, or pushed before (Flower's ``Invalid message``).
         """
         ids: list[str] = []
+        accepted: list[Message] = []
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = str(uuid4())
             meta = msg.metadata
@@ -198,7 +229,8 @@ class InProcessGrid(Grid):
                 continue
             self.instructions[meta.message_id] = msg
             ids.append(meta.message_id)
-            self.deliver(msg)
+            accepted.append(msg)
+        self.deliver_all(accepted)
         return ids
 
     def refusal(self, msg: Message) -> str | None:
@@ -211,11 +243,61 @@ class InProcessGrid(Grid):
             return f"invalid destination node ID {msg.metadata.dst_node_id}"
         return None
 
+    def deliver_all(self, instructions: list[Message]) -> None:
+        """Deliver ``instructions``: one at a time (:meth:`deliver`), but for the train
+        instructions the :class:`Batcher` takes, which are read on their nodes, trained
+        together where their jobs agree, and answered, in push order within each part."""
+        batcher = self.batcher
+        if batcher is None:
+            for msg in instructions:
+                self.deliver(msg)
+            return
+        with self.client_side.entered():  # once for them all: only clients run within
+            self.deliver_batched(batcher, instructions)
+
+    def deliver_batched(self, batcher: Batcher, instructions: list[Message]) -> None:
+        """:meth:`deliver_all`'s work where a :class:`Batcher` takes train instructions."""
+        prepared: list[tuple[Message, Context, Any]] = []
+        for msg in instructions:
+            if msg.metadata.message_type != MessageType.TRAIN:
+                self.deliver(msg)
+                continue
+            msg.metadata.delivered_at = now().isoformat()
+            mine = copy_message(msg)
+            ctx = self.context_copy(mine.metadata.dst_node_id)
+            ready = self.guarded(mine, ctx, functools.partial(batcher.prepare, mine, ctx),
+                                 commit=False)
+            if isinstance(ready, Message):  # reading it failed: the error reply
+                self.keep(msg, ready)
+            elif ready is None:  # not batched: the ClientApp itself
+                self.deliver(msg)
+            else:
+                prepared.append((msg, ctx, ready))
+        groups: dict[Any, list[int]] = {}
+        for i, (_, _, ready) in enumerate(prepared):
+            groups.setdefault(batcher.key(ready), []).append(i)
+        trained: dict[int, Any] = {}
+        for members in groups.values():
+            log(DEBUG, "%d clients trained together", len(members))
+            with self.client_side.entered():
+                try:
+                    outcome = batcher.train([prepared[i][2] for i in members])
+                except Exception as exc:  # each node of the group gets it as its error
+                    outcome = [exc] * len(members)
+            trained.update(zip(members, outcome, strict=True))
+        for i, (msg, ctx, ready) in enumerate(prepared):
+            self.keep(msg, self.guarded(copy_message(msg), ctx,
+                                        functools.partial(_answer, batcher, ready, trained[i], ctx)))
+
     def deliver(self, instruction: Message) -> None:
         """Run the ClientApp on ``instruction`` and keep its reply (one Flower's LinkState
         would refuse is logged and dropped: the instruction then gets no reply)."""
         instruction.metadata.delivered_at = now().isoformat()
-        reply = self.call(copy_message(instruction))
+        self.keep(instruction, self.call(copy_message(instruction)))
+
+    def keep(self, instruction: Message, reply: object) -> None:
+        """Keep ``reply`` to ``instruction`` for :meth:`pull_messages` (one Flower's
+        LinkState would refuse is logged and dropped)."""
         if isinstance(reply, Message):
             reply.metadata.__dict__["_message_id"] = str(uuid4())
         if why := reply_refusal(reply, instruction):
@@ -228,24 +310,37 @@ class InProcessGrid(Grid):
         """The ClientApp's reply to ``msg`` (its error reply when it raises), with copies of
         the node's context: a call that succeeds leaves the node its context, one that
         raises leaves the node's as it was (as Flower's simulation does)."""
-        node = msg.metadata.dst_node_id
+        ctx = self.context_copy(msg.metadata.dst_node_id)
+        return self.guarded(msg, ctx, lambda: self.client_app(msg, ctx))
+
+    def context_copy(self, node: int) -> Context:
+        """A copy of ``node``'s context that the ClientApp may change."""
         ctx = self.contexts[node]
-        mine = Context(run_id=ctx.run_id, node_id=ctx.node_id, node_config=dict(ctx.node_config),
+        return Context(run_id=ctx.run_id, node_id=ctx.node_id, node_config=dict(ctx.node_config),
                        state=copy_records(ctx.state), run_config=dict(ctx.run_config))
+
+    def guarded(self, msg: Message, mine: Context, work: Callable[[], Any],
+                commit: bool = True) -> Any:
+        """``work()`` for ``msg``'s node, with its context copy ``mine``, as a ClientApp call
+        runs: the clients' process state and the node's task identity in place, an error
+        made the error reply Flower's simulation gives (returned), the run config checked
+        unchanged; where it succeeds and ``commit``, ``mine`` becomes the node's context."""
+        node = msg.metadata.dst_node_id
         try:
-            with self.client_side.entered(), task_identity(TASK_ID, ctx.run_id, node):
+            with self.client_side.entered(), task_identity(TASK_ID, mine.run_id, node):
                 try:
-                    out = self.client_app(msg, mine)
+                    out = work()
                 except Exception as exc:  # as Flower's Ray actor wraps it
                     raise ClientAppException(str(exc)) from exc
             if mine.run_config != self.initial_run_config[node]:
                 raise ValueError("The `run_config` field of the `Context` object cannot be "
-                                 f"modified (run_id: {ctx.run_id}).")
+                                 f"modified (run_id: {mine.run_id}).")
         except Exception as exc:  # reported as an error reply, as Flower's simulation does
             log(ERROR, exc)
             log(ERROR, traceback.format_exc())
             return error_reply(msg, exc)
-        self.contexts[node] = mine
+        if commit:
+            self.contexts[node] = mine
         return out
 
     def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
@@ -280,8 +375,8 @@ class InProcessGrid(Grid):
         return self.pull_messages(ids)
 
 
-def make_grid(cfg: RunConfig, client_app: ClientAppFn, environ: Mapping[str, str]
-              ) -> InProcessGrid:
+def make_grid(cfg: RunConfig, client_app: ClientAppFn, environ: Mapping[str, str],
+              batcher: Batcher | None = None) -> InProcessGrid:
     """The Grid of ``cfg``'s run: ``num-clients`` nodes with the run config of
     ``cfg`` (what Flower's simulation reads back from the app's ``pyproject.toml``)."""
     run = Run.create_empty(run_id=RUN_ID)
@@ -289,7 +384,7 @@ def make_grid(cfg: RunConfig, client_app: ClientAppFn, environ: Mapping[str, str
     run.federation_id = NOOP_FEDERATION_ID
     contexts = node_contexts(node_ids(cfg.num_clients), RUN_ID, cfg.to_dict())
     return InProcessGrid(client_app, contexts, run,
-                         ClientSide(actor_threads(cfg.client_num_cpus, environ)))
+                         ClientSide(actor_threads(cfg.client_num_cpus, environ)), batcher)
 
 
 def simulate_inprocess(cfg: RunConfig, verbose: bool = False,
@@ -303,14 +398,18 @@ def simulate_inprocess(cfg: RunConfig, verbose: bool = False,
     from flwr.supercore.logger import update_console_handler
 
     from launch import server_app as server_module
-    from launch.client_app import UnconfinedClientApp
+    from launch.client_app import BatchTraining, UnconfinedClientApp
     from launch.client_app import app as fedsys_client_app
 
     if verbose:
         update_console_handler(level=DEBUG, timestamps=True, colored=True)
     server_module.LOG_TABLE = False
-    grid = make_grid(cfg, UnconfinedClientApp(client_app or fedsys_client_app), os.environ)
-    log(INFO, "fedsys: in-process engine, %d nodes, one message at a time", cfg.num_clients)
+    batched = cfg.batch_clients and client_app in (None, BatchTraining.app)
+    grid = make_grid(cfg, UnconfinedClientApp(client_app or fedsys_client_app), os.environ,
+                     BatchTraining() if batched else None)
+    log(INFO, "fedsys: in-process engine, %d nodes, %s", cfg.num_clients,
+        "a round's clients trained together where their jobs agree" if batched
+        else "one message at a time")
     context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
                       run_config=dict(cfg.to_dict()))
     with task_identity(TASK_ID, RUN_ID, SUPERLINK_NODE_ID):

@@ -21,12 +21,26 @@ from strategies.base import FedsysStrategy
 
 #: Keys that never change the numbers of a run (where and how it is stored).
 BRANCH_FREE = frozenset({"name", "about", "output-dir", "resume", "branch-from", "keep-checkpoint",
-                         "checkpoint-every", "save-models", "save-models-from", "engine"})
+                         "checkpoint-every", "save-models", "save-models-from"})
 
 
 def kept_checkpoint(out: Path, rnd: int) -> Path:
     """Where ``keep-checkpoint`` keeps the checkpoint of round ``rnd``."""
     return out / f"checkpoint-r{rnd:04d}.pt"
+
+
+#: Stands for ``engine`` and ``batch-clients`` where runs are compared: what changes the
+#: numbers is whether clients were trained together (to float rounding, not to the bit).
+TOGETHER = "(clients trained together)"
+
+
+def numbers_config(given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` (a run's config) with ``engine`` and ``batch-clients`` replaced by
+    :data:`TOGETHER`: the two engines give the same numbers one client at a time, and a
+    config from before ``batch-clients`` existed trained one at a time."""
+    out = {k: v for k, v in given.items() if k not in ("engine", "batch-clients")}
+    out[TOGETHER] = given.get("engine") == "inprocess" and bool(given.get("batch-clients", False))
+    return out
 
 
 @dataclass(frozen=True)
@@ -68,7 +82,8 @@ def branch_point(cfg: RunConfig, strategy: FedsysStrategy) -> dict[str, Any]:
     except Exception as exc:
         raise ConfigError(f"config key 'branch-from': {path} is not a fedsys checkpoint "
                           f"({type(exc).__name__}: {exc})") from exc
-    mine = cfg.to_dict()
+    mine = numbers_config(cfg.to_dict())
+    parent = numbers_config(parent)
     late = strategy.branch_late_keys(rnd)
     bad = sorted(k for k in set(mine) | set(parent)
                  if k not in BRANCH_FREE and k not in late and mine.get(k) != parent.get(k))

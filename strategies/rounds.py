@@ -43,6 +43,17 @@ EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 MetricsAggrFn = Callable[[list[RecordDict], str], MetricRecord]
 
 
+
+def _shared_records(payloads: Iterable[Params | ArrayRecord]) -> dict[int, ArrayRecord]:
+    """Each payload's record by the payload's id, made once per payload: nodes sent the
+    same model (FedAvg's global) share one record, as Flower's strategies share theirs,
+    rather than each getting its own serialisation of it."""
+    out: dict[int, ArrayRecord] = {}
+    for p in payloads:
+        if id(p) not in out:
+            out[id(p)] = p if isinstance(p, ArrayRecord) else proto.to_record(p)
+    return out
+
 class RoundEngine(Strategy):
     """Flower's :class:`Strategy` API and the round loop over a strategy's parts.
 
@@ -186,7 +197,8 @@ class RoundEngine(Strategy):
         chosen = self.sample(grid, server_round, self.clients_per_round)
         cfg = self.round_config(server_round, config)
         payloads = {n: self.payload_for(n, p, server_round) for n, p in chosen.items()}
-        outbox = [self.instruction(n, MessageType.TRAIN, payloads[n], cfg,
+        records = _shared_records(payloads.values())
+        outbox = [self.instruction(n, MessageType.TRAIN, records[id(payloads[n])], cfg,
                                    self.payload_models(n, p, server_round))
                   for n, p in chosen.items()]
         self.last_exchange = Exchange(chosen, payloads, outbox, {

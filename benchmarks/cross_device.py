@@ -1,0 +1,149 @@
+"""Round time of a cross-device federation on each simulation engine, against the floor.
+
+``configs/cross-device.yaml`` (1,000 IID Fashion-MNIST clients of 60 samples, 100 a round,
+the MLP, one local epoch of SGD at batch 32), or with ``--cnn`` the FMNIST CNN on 100
+clients of 600 samples, all 100 a round.  One run each, one after the other, each a fresh
+``fedsys run`` process as a user starts it:
+
+- ``flower``: Flower's simulation engine (Ray actors behind an in-process SuperLink);
+- ``inprocess``, one client at a time (``batch-clients=false``);
+- ``inprocess``, batched (the round's clients trained together, ``clients/batched.py``);
+- the floor: a plain PyTorch loop in this process, one thread, training the same clients
+  on the same data one after another (``torch.optim.SGD``, the weighted mean after), with
+  no evaluation, no messages, no checkpoints.
+
+It prints per engine the median ``round-time`` of rounds 2.. (the run's own wall clock of
+a round: training, aggregation, central evaluation on ``test-subset`` images, the
+checkpoint), its ratio to the floor's round, and the driver's peak RSS (``VmHWM``, sampled;
+the Flower engine's actors are other processes).  ``--clients N`` runs the federation with
+N clients (same 100 a round) to see whether cost grows with the federation.
+
+Usage::
+
+    python benchmarks/cross_device.py --out /tmp/xdev
+    python benchmarks/cross_device.py --cnn --rounds 3 --out /tmp/xdev-cnn
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "cross-device.yaml"
+CNN = ["model=fmnist-cnn", "num-clients=100", "clients-per-round=100", "lr=0.01"]
+VARIANTS = {
+    "flower": ["engine=flower"],
+    "inprocess-one": ["engine=inprocess", "batch-clients=false"],
+    "inprocess-batched": ["engine=inprocess", "batch-clients=true"],
+}
+
+
+def peak_rss_mib(pid: int) -> float:
+    """``pid``'s peak resident set (``VmHWM``) in MiB, 0 when it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def run_fedsys(sets: list[str], out: Path) -> tuple[list[float], float, float]:
+    """Round times (rounds 1..), whole wall seconds and the driver's peak RSS of one
+    ``fedsys run`` of the cross-device config with ``sets``."""
+    cmd = [sys.executable, "-m", "launch", "run", str(CONFIG), *(f"--set={s}" for s in sets),
+           f"--set=output-dir={out}", "--set=name=xdev"]
+    out.mkdir(parents=True, exist_ok=True)
+    t0, peak = time.perf_counter(), 0.0
+    with open(out / "log.txt", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            peak = max(peak, peak_rss_mib(proc.pid))
+            time.sleep(0.2)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"fedsys run failed (exit {proc.returncode}): see {out / 'log.txt'}")
+    recs = [json.loads(line) for line in (out / "xdev" / "fedavg" / "metrics.jsonl")
+            .read_text().splitlines() if line.strip()]
+    return [float(r["round-time"]) for r in recs if int(r["round"]) >= 1], wall, peak
+
+
+def floor(sets: list[str], rounds: int) -> list[float]:
+    """Round times of the plain PyTorch loop: the config's sampled clients' data, trained
+    one after another from the global model, then their example-weighted mean."""
+    import numpy as np
+    import torch
+
+    from fedsys.models import build_model
+    from fedsys.task import client_data, dataset
+    from launch.registry import load
+
+    torch.set_num_threads(1)
+    cfg = load(CONFIG, sets)
+    ds = dataset(cfg)
+    data = [client_data(cfg, pid, cfg.num_clients) for pid in range(cfg.num_clients)]
+    net = build_model(cfg.model, ds.input_shape, ds.num_classes, cfg.seed, cfg.model_norm)
+    global_w = {k: v.clone() for k, v in net.state_dict().items()}
+    rng = np.random.default_rng(cfg.seed)
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        total = {k: torch.zeros_like(v) for k, v in global_w.items()}
+        n_all = 0
+        for pid in rng.choice(cfg.num_clients, cfg.clients_per_round, replace=False):
+            x, y = data[int(pid)]
+            net.load_state_dict(global_w)
+            opt = torch.optim.SGD(net.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+            for _ in range(cfg.local_epochs):
+                perm = torch.randperm(len(y))
+                for i in range(0, len(y), cfg.batch_size):
+                    idx = perm[i:i + cfg.batch_size]
+                    opt.zero_grad()
+                    torch.nn.functional.cross_entropy(net(ds.normalise(x[idx])), y[idx]).backward()
+                    opt.step()
+            for k, v in net.state_dict().items():
+                total[k] += v * len(y)
+            n_all += len(y)
+        global_w = {k: v / n_all for k, v in total.items()}
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def main() -> None:
+    """Run the engines and the floor, print the table."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--cnn", action="store_true", help="the FMNIST CNN, 100 clients of 600")
+    ap.add_argument("--clients", type=int, default=0, help="num-clients (default: the config's)")
+    ap.add_argument("--only", default="", help=f"comma-separated variants of {', '.join(VARIANTS)} "
+                    "(default: all)")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/fedsys-cross-device"))
+    args = ap.parse_args()
+    sets = [*(CNN if args.cnn else []), f"num-server-rounds={args.rounds}",
+            *([f"num-clients={args.clients}"] if args.clients else [])]
+    fl = floor(sets, args.rounds)
+    base = statistics.median(fl[1:] or fl)
+    print(f"floor (plain PyTorch loop, 1 thread): {base:.3f} s a round", flush=True)
+    rows = [("floor: plain PyTorch loop, one thread", base, 1.0, float("nan"), float("nan"))]
+    for name, extra in VARIANTS.items():
+        if args.only and name not in args.only.split(","):
+            continue
+        times, wall, peak = run_fedsys([*sets, *extra], args.out.resolve() / name)
+        rt = statistics.median(times[1:] or times)
+        print(f"{name}: {rt:.3f} s a round ({wall:.1f} s wall, {peak:.0f} MiB)", flush=True)
+        rows.append((name, rt, rt / base, wall, peak))
+    print("\n| engine | round s (median, rounds 2..) | / floor | whole run s | driver peak RSS MiB |")
+    print("|---|---:|---:|---:|---:|")
+    for name, rt, ratio, wall, peak in rows:
+        print(f"| {name} | {rt:.3f} | {ratio:.2f} | {wall:.1f} | {peak:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

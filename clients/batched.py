@@ -1,0 +1,204 @@
+"""Clients of one round trained together: their models stacked, one step for all of them.
+
+:func:`train_together` is :func:`clients.base.sgd_loop` for many clients at once, where
+their trainers' objectives are cross-entropy plus a proximal term
+(:class:`~clients.base.BatchSpec`: the ``sgd`` and ``fedprox`` trainers) and their
+:class:`~clients.base.LocalConfig` agree but for the seed.  Each client's weights are a row
+of stacked parameters; a step computes every row's gradient on its own mini-batch in one
+call (``torch.func.vmap`` of ``torch.func.grad`` over ``torch.func.functional_call``) and
+updates the rows with the same optimiser code as the one-client loop
+(:meth:`clients.optim.Optimiser.step_rows`).
+
+Each client keeps what it has alone: its data order and batches (:func:`clients.base.batches`
+from its own seed), its number of steps (``epochs`` passes over its own data, ``max-steps``),
+its last-epoch loss and ``trained-examples``.  Clients of unequal sizes: a step's batches are
+padded to the longest with zero-weight samples (the loss is each client's mean over its real
+samples), and the clients are ordered by their number of steps so that those still training
+are the first rows: a client that has finished is not in a step any more, its weights and
+optimiser state stay exactly as they were.
+
+Not batched (:func:`unbatchable`): a model whose output for one sample depends on the others
+of its batch or on random draws (batch norm, dropout), whose one-client training the
+stacked form does not reproduce.  The numbers agree with the one-client loop to float
+rounding, not to the bit (a padded mean, vmapped kernels): ``tests/unit/test_batched.py``
+holds them within 1e-5.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from clients.base import BatchSpec, LocalConfig, TrainJob, TrainResult, batches
+from clients.optim import Optimiser
+from fedsys.protocol import TRAINED_EXAMPLES
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+State = dict[str, "torch.Tensor"]
+
+
+def steps_of(n: int, cfg: LocalConfig) -> int:
+    """The steps :func:`~clients.base.sgd_loop` takes on ``n`` samples: ``cfg.epochs``
+    passes of ``ceil(n / batch_size)`` mini-batches, at most ``cfg.max_steps`` (0: no cap)."""
+    total = cfg.epochs * math.ceil(n / cfg.batch_size)
+    return min(total, cfg.max_steps) if cfg.max_steps else total
+
+
+def unbatchable(net: nn.Module) -> str | None:
+    """Why ``net`` cannot be trained batched (a module that couples a batch's samples or
+    draws random numbers in training), or None."""
+    from torch import nn
+
+    coupled = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd,
+               nn.AlphaDropout, nn.FeatureAlphaDropout)
+    for name, module in net.named_modules():
+        if isinstance(module, coupled):
+            return f"its module {name or '(root)'!r} is a {type(module).__name__}"
+    return None
+
+
+def group_key(cfg: LocalConfig) -> LocalConfig:
+    """What jobs trained together must share: their local configuration but the seed."""
+    return dataclasses.replace(cfg, seed=0)
+
+
+def train_together(net: nn.Module, starts: Sequence[State], jobs: Sequence[TrainJob],
+                   specs: Sequence[BatchSpec]) -> list[tuple[TrainResult | FloatingPointError, State]]:
+    """Train every job's client from its ``starts`` weights, all in one batched loop.
+
+    Parameters
+    ----------
+    net : nn.Module
+        The model (its structure: its own weights are not used nor changed but moved to
+        the jobs' device).
+    starts : sequence of dict
+        Each client's received weights (``net``'s state-dict keys).
+    jobs : sequence of TrainJob
+        Each client's data, normalisation and local configuration (``group_key`` equal).
+    specs : sequence of BatchSpec
+        Each client's objective (its proximal ``mu``).
+
+    Returns
+    -------
+    list of (TrainResult or FloatingPointError, dict)
+        Per job, in order: what :func:`~clients.base.sgd_loop` would report (or the error
+        it would raise for a loss that is NaN or Inf), and the trained weights (on the
+        jobs' device; what was not trained is ``starts``'s).
+
+    Raises
+    ------
+    ValueError
+        Jobs whose configurations differ, or a model :func:`unbatchable` refuses.
+    """
+    import torch
+    from torch.func import functional_call, grad, vmap
+    from torch.nn import functional as func
+
+    if not jobs or not len(jobs) == len(starts) == len(specs):
+        raise ValueError("train_together needs one start and one spec per job, and a job")
+    cfg = jobs[0].config
+    if any(group_key(j.config) != group_key(cfg) for j in jobs):
+        raise ValueError("jobs trained together must share their local configuration")
+    if why := unbatchable(net):
+        raise ValueError(f"the model cannot be trained batched: {why}")
+    device = torch.device(cfg.device)
+    net.to(device)
+    params = [n for n, _ in net.named_parameters()]
+    if cfg.trainable == "head":
+        from fedsys.pretrain import head_name
+
+        head = head_name(starts[0]) + "."
+        trained = [n for n in params if n.startswith(head)]
+    else:
+        trained = params
+    fixed = [k for k in starts[0] if k not in trained]  # frozen parameters, buffers
+    steps = [steps_of(len(j.y), cfg) for j in jobs]
+    order = sorted(range(len(jobs)), key=lambda i: -steps[i])  # those training first
+
+    def stacked(names: list[str]) -> State:
+        return {n: torch.stack([starts[i][n].detach() for i in order]).to(device)
+                for n in names}
+
+    weights, rest = stacked(trained), stacked(fixed)
+    dtype = next(iter(weights.values())).dtype
+    mus = torch.tensor([specs[i].mu for i in order], dtype=dtype, device=device)
+    proximal = bool((mus != 0).any())
+    anchor = {n: w.clone() for n, w in weights.items()} if proximal else {}
+    opt = Optimiser(list(weights.values()), cfg.optimizer, cfg.lr, momentum=cfg.momentum,
+                    weight_decay=cfg.weight_decay)
+
+    def loss(w: State, other: State, a: State, mu: torch.Tensor, x: torch.Tensor,
+             y: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = functional_call(net, {**w, **other}, (x,))
+        data = (func.cross_entropy(out, y, reduction="none") * keep).sum() / keep.sum()
+        if not proximal:
+            return data, data
+        sq = sum(((w[n] - a[n]) ** 2).sum() for n in w)
+        return data + 0.5 * mu * sq, data
+
+    step = vmap(grad(loss, has_aux=True))
+    rows = len(jobs)
+    loss_sum = torch.zeros(rows, dtype=torch.float64, device=device)
+    loss_n, seen, last_epoch = [0] * rows, [0] * rows, [-1] * rows
+    feeds = [batches(len(jobs[i].y), cfg.batch_size, cfg.epochs, jobs[i].config.seed)
+             for i in order]
+    shared = all(j.normalise == jobs[0].normalise for j in jobs)
+    for t in range(max(steps, default=0)):
+        live = sum(1 for i in order if steps[i] > t)
+        picked = []
+        for r in range(live):
+            epoch, idx = next(feeds[r])
+            if epoch != last_epoch[r]:
+                last_epoch[r], loss_n[r] = epoch, 0
+                loss_sum[r] = 0.0
+            job = jobs[order[r]]
+            picked.append((job.x[idx] if shared else job.normalise(job.x[idx]), job.y[idx]))
+            loss_n[r] += len(idx)
+            seen[r] += len(idx)
+        xs, ys, keep = _padded(picked)
+        if shared:  # one call for the step's every sample (the clients' own function)
+            xs = jobs[0].normalise(xs.flatten(0, 1)).unflatten(0, xs.shape[:2])
+        keep = keep.to(xs.dtype)
+        sizes = keep.sum(1).to(device, torch.float64)
+        view = {n: w[:live] for n, w in weights.items()}
+        grads, data = step(view, {n: v[:live] for n, v in rest.items()},
+                           {n: v[:live] for n, v in anchor.items()}, mus[:live],
+                           xs.to(device), ys.to(device), keep.to(device))
+        opt.step_rows(live, [grads[n] for n in trained])
+        loss_sum[:live] += data.detach().to(torch.float64) * sizes
+    sums = loss_sum.tolist()
+    out: list[tuple[TrainResult | FloatingPointError, State]] = [None] * rows  # type: ignore[list-item]
+    for r, i in enumerate(order):
+        state = {k: (weights[k][r] if k in weights else rest[k][r]) for k in starts[i]}
+        result: TrainResult | FloatingPointError
+        if loss_n[r] and not math.isfinite(sums[r]):
+            result = FloatingPointError("local training diverged (loss is NaN or Inf)")
+        else:
+            result = TrainResult(len(jobs[i].y), sums[r] / max(loss_n[r], 1), steps[i],
+                                 metrics={TRAINED_EXAMPLES: float(seen[r])})
+        out[i] = (result, state)
+    return out
+
+
+def _padded(picked: list[tuple[torch.Tensor, torch.Tensor]]
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A step's batches ``(x, y)`` stacked, each padded with zeros to the longest, and
+    the mask of real samples (1) among them."""
+    import torch
+
+    longest = max(len(y) for _, y in picked)
+    if all(len(y) == longest for _, y in picked):
+        return (torch.stack([x for x, _ in picked]), torch.stack([y for _, y in picked]),
+                torch.ones((len(picked), longest)))
+    x0, y0 = picked[0]
+    xs = x0.new_zeros((len(picked), longest, *x0.shape[1:]))
+    ys = y0.new_zeros((len(picked), longest))
+    keep = torch.zeros((len(picked), longest))
+    for r, (x, y) in enumerate(picked):
+        xs[r, : len(y)], ys[r, : len(y)], keep[r, : len(y)] = x, y, 1.0
+    return xs, ys, keep
