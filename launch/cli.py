@@ -308,13 +308,23 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="override a config key (repeatable); see 'fedsys keys'")
 
-    r = sub.add_parser("run", help="run an experiment in Flower's simulation engine",
+    r = sub.add_parser("run", help="run an experiment in simulation",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Run every strategy of CONFIG one after another on identical "
-                       "partitions and seeds; write runs/<name>/ and print the results table. "
-                       "The run starts a Ray cluster of its own with the cores it can use "
-                       "(at most num-clients x client-num-cpus), or joins the "
-                       "one RAY_ADDRESS names (e.g. after 'ray start --head --num-gpus=8'), "
-                       "whose resources then decide how many clients train at once.")
+                       "partitions and seeds;\nwrite runs/<name>/ and print the results table.\n\n"
+                       "Engines (config key 'engine'; flwr run and a deployment ignore it):\n"
+                       "  flower     Flower's simulation engine: ClientApps in Ray actors behind an\n"
+                       "             in-process SuperLink, clients training in parallel processes.\n"
+                       "             The run starts a Ray cluster of its own with the cores it can\n"
+                       "             use (at most num-clients x client-num-cpus), or joins the one\n"
+                       "             RAY_ADDRESS names (e.g. after 'ray start --head --num-gpus=8'),\n"
+                       "             whose resources decide how many clients train at once.\n"
+                       "  inprocess  fedsys's own Grid: every ClientApp called in this process, no\n"
+                       "             Ray, no SuperLink; with batch-clients (its default) a round's\n"
+                       "             sgd/fedprox clients trained together as one batched computation.\n"
+                       "             For many small clients (configs/cross-device.yaml): far less cost\n"
+                       "             a client.  batch-clients=false gives the flower engine's numbers\n"
+                       "             bit for bit; batched, the same to float rounding.")
     with_config(r)
     r.add_argument("--seeds", metavar="K,K,...", help="run everything once per seed (e.g. 0,1,2): "
                    "runs/<name>/seed-<k>/ each, one table and figure across seeds")

@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import os
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from logging import DEBUG, ERROR, INFO
 from typing import Any, Protocol
 from uuid import uuid4
@@ -104,15 +104,53 @@ def node_ids(n: int, seed: int = NODE_ID_SEED) -> list[int]:
     return list(out)
 
 
-def node_contexts(ids: Iterable[int], run_id: int, run_config: Mapping[str, Any]
-                  ) -> dict[int, Context]:
-    """Each node's Context as Flower's simulation makes it: partition ``i`` for the ``i``-th
-    id, ``num-partitions`` their count, an empty state, a copy of ``run_config``."""
-    ids = list(ids)
-    return {nid: Context(run_id=run_id, node_id=nid,
-                         node_config={PARTITION_ID_KEY: i, NUM_PARTITIONS_KEY: len(ids)},
-                         state=RecordDict(), run_config=dict(run_config))
-            for i, nid in enumerate(ids)}
+class NodeContexts(MutableMapping[int, Context]):
+    """Each node's Context as Flower's simulation makes it, by node id: partition ``i`` for
+    the ``i``-th id, ``num-partitions`` their count, an empty state, the run config.
+
+    Made when first asked for, and kept only once set (a node whose call succeeded): a
+    federation of 100,000 nodes of which a round samples 100 holds the contexts of the
+    nodes that have trained, not 100,000 copies of the run config.  Every node's
+    ``run_config`` is one dict, never handed to a ClientApp (its call gets a copy,
+    :meth:`InProcessGrid.context_copy`).
+    """
+
+    def __init__(self, ids: Iterable[int], run_id: int, run_config: Mapping[str, Any]) -> None:
+        self.ids = list(ids)
+        self.index = {n: i for i, n in enumerate(self.ids)}
+        self.run_id = run_id
+        self.run_config = dict(run_config)
+        self.made: dict[int, Context] = {}
+
+    def __getitem__(self, node: int) -> Context:
+        if (ctx := self.made.get(node)) is not None:
+            return ctx
+        i = self.index[node]
+        return Context(run_id=self.run_id, node_id=node,
+                       node_config={PARTITION_ID_KEY: i, NUM_PARTITIONS_KEY: len(self.ids)},
+                       state=RecordDict(), run_config=self.run_config)
+
+    def __setitem__(self, node: int, ctx: Context) -> None:
+        if node not in self.index:
+            raise KeyError(node)
+        self.made[node] = ctx
+
+    def __delitem__(self, node: int) -> None:
+        self.made.pop(node, None)
+
+    def __contains__(self, node: object) -> bool:
+        return node in self.index
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def node_contexts(ids: Iterable[int], run_id: int, run_config: Mapping[str, Any]) -> NodeContexts:
+    """Each node's Context as Flower's simulation makes it (:class:`NodeContexts`)."""
+    return NodeContexts(ids, run_id, run_config)
 
 
 def _answer(batcher: Batcher, prepared: Any, trained: Any, context: Context) -> Message:
@@ -175,8 +213,13 @@ class InProcessGrid(Grid):
                  client_side: ClientSide | None = None, batcher: Batcher | None = None) -> None:
         self.client_app = client_app
         self.batcher = batcher
-        self.contexts = dict(contexts)
-        self.initial_run_config = {n: dict(c.run_config) for n, c in self.contexts.items()}
+        self.contexts: MutableMapping[int, Context] = (
+            contexts if isinstance(contexts, NodeContexts) else dict(contexts))
+        # what each node's run config was at the start (a ClientApp may not change it):
+        # NodeContexts' one dict, or each given context's
+        self.shared_run_config = contexts.run_config if isinstance(contexts, NodeContexts) else None
+        self.node_run_config = {} if self.shared_run_config is not None else {
+            n: dict(c.run_config) for n, c in self.contexts.items()}
         self.client_side = client_side or ClientSide(1)
         self.instructions: dict[str, Message] = {}
         self.replies: dict[str, Message] = {}  # by the id of the instruction answered
@@ -332,7 +375,8 @@ class InProcessGrid(Grid):
                     out = work()
                 except Exception as exc:  # as Flower's Ray actor wraps it
                     raise ClientAppException(str(exc)) from exc
-            if mine.run_config != self.initial_run_config[node]:
+            first = self.shared_run_config
+            if mine.run_config != (first if first is not None else self.node_run_config[node]):
                 raise ValueError("The `run_config` field of the `Context` object cannot be "
                                  f"modified (run_id: {mine.run_id}).")
         except Exception as exc:  # reported as an error reply, as Flower's simulation does
@@ -416,5 +460,5 @@ def simulate_inprocess(cfg: RunConfig, verbose: bool = False,
         server_module.make_app(confined=False)(grid, context)
 
 
-__all__ = ["RUN_ID", "TASK_ID", "InProcessGrid", "error_reply", "make_grid", "node_contexts",
+__all__ = ["RUN_ID", "TASK_ID", "InProcessGrid", "NodeContexts", "error_reply", "make_grid", "node_contexts",
            "node_ids", "reply_refusal", "simulate_inprocess"]

@@ -84,11 +84,16 @@ class NodeDirectory:
     tell: Callable[..., None] = field(default=lambda *a: None, repr=False)
     known: Known = field(default_factory=Known)
     secret_draws: bool = False
+    #: The last draw's nodes and keys, for the next while the nodes and what they declared
+    #: stay the same (a federation of 100,000 nodes is not keyed again each round).
+    keyed: tuple[list[int], int, dict[int, int], list[int]] | None = field(
+        default=None, repr=False, compare=False)
 
     def share(self, known: Known) -> None:
         """Keep what the nodes declare in ``known`` from now on (a run's strategies share
         one, one after another: each node is asked once per run)."""
         self.known = known
+        self.keyed = None
 
     def key_of(self, node_id: int) -> int:
         """The key a node is known by: the partition-id it reported first, else its id."""
@@ -171,9 +176,14 @@ class NodeDirectory:
             connected = len(self.wait(grid, self.min_available_nodes, label))
             k = min(connected, max(int(connected * self.fraction_train), self.min_train_nodes))
         ids = self.wait(grid, k, label)
-        pid_of = self.refresh(grid, ids, label, timeout, poll_interval)
-        by_pid = {p: n for n, p in sorted(pid_of.items())}
-        pids = sorted(by_pid)
+        if (last := self.keyed) is not None and last[0] == ids and last[1] == len(
+                self.known.partition_ids):  # no node came or left, none reported anew
+            by_pid, pids = last[2], last[3]
+        else:
+            pid_of = self.refresh(grid, ids, label, timeout, poll_interval)
+            by_pid = {p: n for n, p in sorted(pid_of.items())}
+            pids = sorted(by_pid)
+            self.keyed = (ids, len(self.known.partition_ids), by_pid, pids)
         if len(pids) < k:
             log(WARNING, "round %d: %d nodes known, %d wanted", server_round, len(pids), k)
         secret = self.secret_draws and tag == SAMPLE_TAG

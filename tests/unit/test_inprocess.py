@@ -155,6 +155,28 @@ def test_send_and_receive_returns_every_reply_at_once_and_state_persists_per_nod
     assert int(grid.contexts[nodes[1]].state["counter"]["n"]) == 2
 
 
+def test_a_large_federation_keeps_the_contexts_of_the_nodes_that_trained_only():
+    """100,000 nodes: each context is made when asked for (its partition, an empty state,
+    the one run config), and only those of nodes whose call succeeded are kept."""
+    from flwr.supercore.run import Run
+
+    ids = list(range(10, 100_010))
+    contexts = node_contexts(ids, inprocess.RUN_ID, RUN_CONFIG)
+    assert len(contexts) == 100_000 and not contexts.made and 9 not in contexts
+    c = contexts[14]
+    assert c.node_config == {"partition-id": 4, "num-partitions": 100_000} and len(c.state) == 0
+    assert c.run_config == RUN_CONFIG and c.run_config is contexts[15].run_config
+    with pytest.raises(KeyError):
+        contexts[9]
+    grid = InProcessGrid(app, contexts, Run.create_empty(run_id=inprocess.RUN_ID))
+    replies = grid.send_and_receive([_train_msg(n) for n in (20, 30)] + [_train_msg(40, fail=True)])
+    assert len(replies) == 3 and sorted(contexts.made) == [20, 30]
+    assert int(contexts[20].state["counter"]["n"]) == 1 and len(contexts[40].state) == 0
+    # a ClientApp that changes the run config is refused, and the shared dict is untouched
+    grid.send_and_receive([_train_msg(50, mutate=True)])
+    assert contexts.run_config == RUN_CONFIG and 50 not in contexts.made
+
+
 def test_a_clientapp_that_raises_gives_flowers_error_reply_and_its_state_change_is_lost(caplog):
     grid = _grid()
     n = grid.get_node_ids()[1]
