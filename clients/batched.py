@@ -62,6 +62,22 @@ def unbatchable(net: nn.Module) -> str | None:
     return None
 
 
+def slower_batched(net: nn.Module, device: str) -> str | None:
+    """Why training ``net`` batched on ``device`` is slower than one client at a time
+    (``batch-clients: auto`` then trains alone), or None.  Measured
+    (``benchmarks/cross_device.py``, ``docs/performance.md``): on the CPU a convolution of
+    stacked models runs as a grouped convolution, about twice the time of the clients'
+    convolutions one after another (the FMNIST CNN); matrix products batch well."""
+    from torch import nn
+
+    if device.startswith("cuda"):
+        return None
+    for name, module in net.named_modules():
+        if isinstance(module, nn.modules.conv._ConvNd):
+            return f"its module {name!r} is a convolution, on the CPU"
+    return None
+
+
 def group_key(cfg: LocalConfig) -> LocalConfig:
     """What jobs trained together must share: their local configuration but the seed."""
     return dataclasses.replace(cfg, seed=0)

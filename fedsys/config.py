@@ -210,12 +210,16 @@ class CoreOptions:
         "refuses no reply, and the clients use this process's devices).  flwr run and a "
         'deployment ignore it.',
         choices=('flower', 'inprocess'))
-    batch_clients: bool = option(
-        True, "With engine 'inprocess': train a round's clients together where their "
-        'trainers (sgd, fedprox) and local settings agree and the model has no batch norm '
-        'or dropout, their models stacked into one batched computation (clients/batched.py; '
-        'the same numbers to float rounding, not to the bit); false: one client at a time, '
-        "bit-identical to engine 'flower'.  Other trainers always train one at a time.")
+    batch_clients: str = option(
+        'auto', "With engine 'inprocess': train a round's clients together, their models "
+        'stacked into one batched computation (clients/batched.py; the same numbers to float '
+        'rounding, not to the bit), where their trainers (sgd, fedprox) and local settings '
+        "agree and the model has no batch norm or dropout.  'auto': where that is faster, "
+        'on a GPU always, on the CPU for models without convolutions (a convolution of '
+        'stacked models runs grouped, slower on the CPU than one client after another: '
+        "docs/performance.md); 'true': wherever possible; 'false': one client at a time, "
+        "bit-identical to engine 'flower'.  Other trainers always train one at a time.",
+        choices=('auto', 'true', 'false'))
     client_num_cpus: float = option(
         1.0, 'CPUs per simulated client.', bounds='> 0')
     client_num_gpus: float = option(

@@ -320,8 +320,8 @@ def parser() -> argparse.ArgumentParser:
                        "             RAY_ADDRESS names (e.g. after 'ray start --head --num-gpus=8'),\n"
                        "             whose resources decide how many clients train at once.\n"
                        "  inprocess  fedsys's own Grid: every ClientApp called in this process, no\n"
-                       "             Ray, no SuperLink; with batch-clients (its default) a round's\n"
-                       "             sgd/fedprox clients trained together as one batched computation.\n"
+                       "             Ray, no SuperLink; with batch-clients (default auto: where faster)\n"
+                       "             a round's sgd/fedprox clients trained together, batched.\n"
                        "             For many small clients (configs/cross-device.yaml): far less cost\n"
                        "             a client.  batch-clients=false gives the flower engine's numbers\n"
                        "             bit for bit; batched, the same to float rounding.")

@@ -276,7 +276,10 @@ class BatchTraining:
 
     app = app
 
-    def __init__(self) -> None:
+    def __init__(self, policy: str = "auto") -> None:
+        #: ``batch-clients``: ``auto`` leaves to one at a time what is faster so
+        #: (:func:`clients.batched.slower_batched`), ``true`` batches whatever it can
+        self.policy = policy
         #: the round's decoded arrays (:func:`_received`), dropped when it has trained
         self.decoded: dict[int, tuple[Any, torch.Tensor]] = {}
 
@@ -285,7 +288,7 @@ class BatchTraining:
         not train batched (its trainer offers no :class:`~clients.base.BatchSpec`, its
         model couples a batch's samples): the engine then calls the ClientApp."""
         from clients.base import TRAINABLE
-        from clients.batched import unbatchable
+        from clients.batched import slower_batched, unbatchable
 
         token = _UNCONFINED.set(True)
         try:
@@ -294,7 +297,8 @@ class BatchTraining:
             _UNCONFINED.reset(token)
         job = call.job
         if (call.trainer.batch_spec(job) is None or job.config.trainable not in TRAINABLE
-                or unbatchable(job.net)):
+                or unbatchable(job.net)
+                or (self.policy == "auto" and slower_batched(job.net, job.config.device))):
             return None
         return call, _received(call, job.net, self.decoded)
 

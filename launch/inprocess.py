@@ -448,12 +448,12 @@ def simulate_inprocess(cfg: RunConfig, verbose: bool = False,
     if verbose:
         update_console_handler(level=DEBUG, timestamps=True, colored=True)
     server_module.LOG_TABLE = False
-    batched = cfg.batch_clients and client_app in (None, BatchTraining.app)
+    batched = cfg.batch_clients != "false" and client_app in (None, BatchTraining.app)
     grid = make_grid(cfg, UnconfinedClientApp(client_app or fedsys_client_app), os.environ,
-                     BatchTraining() if batched else None)
+                     BatchTraining(cfg.batch_clients) if batched else None)
     log(INFO, "fedsys: in-process engine, %d nodes, %s", cfg.num_clients,
-        "a round's clients trained together where their jobs agree" if batched
-        else "one message at a time")
+        f"a round's clients trained together where their jobs agree (batch-clients: "
+        f"{cfg.batch_clients})" if batched else "one message at a time")
     context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
                       run_config=dict(cfg.to_dict()))
     with task_identity(TASK_ID, RUN_ID, SUPERLINK_NODE_ID):

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from clients.base import BatchSpec, LocalConfig, TrainJob, run_trainer
-from clients.batched import group_key, steps_of, train_together, unbatchable
+from clients.batched import group_key, slower_batched, steps_of, train_together, unbatchable
 from clients.fedprox import FedProxOptions, FedProxTrainer
 from clients.optim import Optimiser
 from clients.sgd import SGDTrainer
@@ -168,6 +168,11 @@ def test_refusals():
     bn = build_model("resnet18", (3, 32, 32), 10, 0, "bn")
     assert "BatchNorm2d" in str(unbatchable(bn))
     assert unbatchable(build_model("resnet18", (3, 32, 32), 10, 0, "gn")) is None
+    # batch-clients: auto leaves convolutions on the CPU to one client at a time (measured
+    # slower batched there), nothing on a GPU
+    assert slower_batched(build_model("mlp", (1, 28, 28), 10, 0), "cpu") is None
+    assert "'0' is a convolution" in str(slower_batched(build_model("fmnist-cnn", (1, 28, 28), 10, 0), "cpu"))
+    assert slower_batched(build_model("fmnist-cnn", (1, 28, 28), 10, 0), "cuda") is None
     with pytest.raises(ValueError, match="cannot be trained batched"):
         train_together(bn, [bn.state_dict()], [TrainJob(bn, jobs[0].x, jobs[0].y, _normalise, cfg)],
                        [BatchSpec()])
