@@ -276,10 +276,13 @@ class BatchTraining:
 
     app = app
 
-    def __init__(self, policy: str = "auto") -> None:
+    def __init__(self, policy: str = "auto", devices: list[str] | None = None) -> None:
         #: ``batch-clients``: ``auto`` leaves to one at a time what is faster so
         #: (:func:`clients.batched.slower_batched`), ``true`` batches whatever it can
         self.policy = policy
+        #: the devices a group is spread over (default: every visible GPU for ``cuda``,
+        #: :func:`clients.batched.devices_for`)
+        self.devices = devices
         #: the round's decoded arrays (:func:`_received`), dropped when it has trained
         self.decoded: dict[int, tuple[Any, torch.Tensor]] = {}
 
@@ -312,15 +315,17 @@ class BatchTraining:
 
     def train(self, group: list[tuple[TrainCall, dict[str, torch.Tensor]]]
               ) -> list[tuple[TrainResult | FloatingPointError, dict[str, torch.Tensor]]]:
-        """Train a group of prepared calls of one :meth:`key` together."""
-        from clients.batched import train_together
+        """Train a group of prepared calls of one :meth:`key` together, spread over the
+        devices (:func:`clients.batched.train_on_devices`)."""
+        from clients.batched import devices_for, train_on_devices
 
         self.decoded.clear()
         calls = [c for c, _ in group]
         specs = [c.trainer.batch_spec(c.job) for c in calls]
         assert all(s is not None for s in specs)
-        return train_together(calls[0].job.net, [w for _, w in group], [c.job for c in calls],
-                              specs)  # type: ignore[arg-type]
+        devices = self.devices or devices_for(calls[0].job.config.device)
+        return train_on_devices(calls[0].job.net, [w for _, w in group],
+                                [c.job for c in calls], specs, devices)  # type: ignore[arg-type]
 
     @staticmethod
     def reply(prepared: tuple[TrainCall, dict[str, torch.Tensor]],

@@ -16,7 +16,15 @@ import pytest
 import torch
 
 from clients.base import BatchSpec, LocalConfig, TrainJob, run_trainer
-from clients.batched import group_key, slower_batched, steps_of, train_together, unbatchable
+from clients.batched import (
+    devices_for,
+    group_key,
+    shares,
+    slower_batched,
+    steps_of,
+    train_together,
+    unbatchable,
+)
 from clients.fedprox import FedProxOptions, FedProxTrainer
 from clients.optim import Optimiser
 from clients.sgd import SGDTrainer
@@ -194,3 +202,41 @@ def test_float32_rounding_on_fashion_mnist(fmnist):
             for k, w in weights.items():
                 assert float((trained[k] - w).abs().max()) <= 1e-5 * float(w.abs().max()), (model, k)
             assert res.metrics[TRAINED_EXAMPLES] == len(job.y)  # type: ignore[union-attr]
+
+
+def test_a_round_is_spread_over_the_devices_a_quarter_each(float64, monkeypatch):
+    """Four declared GPUs (mocked: each share trains on the CPU under its device's name):
+    100 clients give each device 25, in the clients' order, all at once; the results are
+    the one-device batch's, to float64 rounding, in the jobs' order."""
+    import threading
+
+    import clients.batched as batched
+
+    assert [len(r) for r in shares(100, 4)] == [25] * 4
+    assert [list(r) for r in shares(10, 4)] == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
+    assert [len(r) for r in shares(3, 4)] == [1, 1, 1]
+    assert devices_for("cpu") == ["cpu"]
+    cfg = LocalConfig(epochs=1, batch_size=16, lr=0.05, momentum=0.9)
+    net, starts, jobs = _clients("mlp", (1, 28, 28), [20 + 3 * i for i in range(100)], cfg)
+    real, seen, lock = batched.train_together, [], threading.Lock()
+
+    def on_device(net, starts, jobs, specs):
+        with lock:
+            seen.append((jobs[0].config.device, len(jobs), jobs[0].config.seed,
+                         threading.current_thread().name))
+        for job in jobs:  # the "GPU" is the CPU here
+            job.config = LocalConfig(**{**vars(job.config), "device": "cpu"})
+        return real(net, starts, jobs, specs)
+
+    monkeypatch.setattr(batched, "train_together", on_device)
+    spread = batched.train_on_devices(net, starts, jobs, [BatchSpec()] * 100,
+                                      [f"cuda:{g}" for g in range(4)])
+    assert sorted((d, n, s) for d, n, s, _ in seen) == [
+        (f"cuda:{g}", 25, 100 + 25 * g) for g in range(4)]
+    assert len({t for *_, t in seen}) == 4 and all(t.startswith("fedsys-device") for *_, t in seen)
+    monkeypatch.setattr(batched, "train_together", real)
+    whole = train_together(net, starts, jobs, [BatchSpec()] * 100)
+    for (res, w), (ref, v) in zip(spread, whole, strict=True):
+        assert (res.steps, res.metrics) == (ref.steps, ref.metrics)  # type: ignore[union-attr]
+        assert _worst_relative(w, v) < 1e-9
+    assert all(j.config.device == "cpu" for j in jobs)  # the caller's jobs untouched
