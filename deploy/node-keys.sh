@@ -51,7 +51,9 @@ for name in "$@"; do
   if [ -n "$conn" ]; then
     if out=$("$flwr_bin" supernode register "$dir/$name.pub" "$conn" --name "$name" 2>&1); then
       echo "registered $name: $(printf '%s\n' "$out" | grep -io 'node[^0-9]*[0-9][0-9]*' | head -1)"
-    elif printf '%s' "$out" | grep -qi "already"; then
+    # matched in bash, not by `printf | grep -q`: grep leaving at its first match can give
+    # printf a broken pipe, which pipefail reads as no match (a CI run failed so, once)
+    elif [[ "${out,,}" == *already* ]]; then
       echo "$name was registered before"
     else
       printf '%s\n' "$out" >&2

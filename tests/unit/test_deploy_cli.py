@@ -202,6 +202,27 @@ def test_certificate_and_key_scripts(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "bad SuperNode name" in bad.stderr
 
 
+def test_node_keys_reads_a_registered_key_from_a_long_answer(tmp_path: Path) -> None:
+    """``flwr supernode register`` refusing a key it holds ("already in use") is a key
+    registered before, however long its answer (a ``printf | grep -q`` under pipefail
+    could read it as a failure: grep left at the first line and printf's broken pipe
+    failed the pipeline); another refusal is an error naming the site."""
+    keys = tmp_path / "keys"
+    fake = tmp_path / "flwr"
+    for said, code, expect in (("Public key already in use.", 0, "site-a was registered before"),
+                               ("Permission denied.", 1, "could not register site-a")):
+        fake.write_text("#!/bin/sh\n"
+                        f"echo '[code: 23] {said}'\n"
+                        "i=0; while [ $i -lt 30000 ]; do echo 'a line of the answer, long enough'; "
+                        "i=$((i+1)); done\nexit 1\n")
+        fake.chmod(0o755)
+        got = subprocess.run(["bash", str(SCRIPTS / "node-keys.sh"), "-d", str(keys),
+                              "-r", "fedsys-local", "site-a"], capture_output=True, text=True,
+                             env={**os.environ, "FLWR_BIN": str(fake)})
+        assert got.returncode == code, got.stderr[-300:]
+        assert expect in (got.stdout + got.stderr)
+
+
 def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["deploy", "status", "--dir", str(tmp_path)]) == 2
     assert "error: no deployment in" in capsys.readouterr().err
