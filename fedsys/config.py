@@ -220,6 +220,15 @@ class CoreOptions:
         "docs/performance.md); 'true': wherever possible; 'false': one client at a time, "
         "bit-identical to engine 'flower'.  Other trainers always train one at a time.",
         choices=('auto', 'true', 'false'))
+    ray_address: str = option(
+        '', "An existing Ray cluster to run on ('ray start --head' on one machine, 'ray start "
+        "--address=HEAD:PORT' on the others; give the head's host:port, or 'auto'). With "
+        "engine 'flower' the simulation joins it (as the environment variable RAY_ADDRESS "
+        "does; this key wins). With engine 'inprocess' the clients trained together are "
+        'spread over Ray workers there, one per GPU of the cluster (device cuda or auto), '
+        'or one per node using its CPUs (device cpu); fedsys and torch must be installed '
+        "on every node.  Empty: no cluster (the 'inprocess' engine uses this process's "
+        "devices, 'flower' starts a private one unless RAY_ADDRESS is set).")
     client_num_cpus: float = option(
         1.0, 'CPUs per simulated client.', bounds='> 0')
     client_num_gpus: float = option(
@@ -410,7 +419,7 @@ SHARED_KEYS = frozenset({
     "clients-per-round",
     "resume", "dataset", "data-dir", "num-clients", "partition", "dirichlet-alpha",
     "dirichlet-min-size", "shards-per-client", "samples-per-client", "test-subset", "model", "model-norm",
-    "device", "engine", "batch-clients", "client-num-cpus", "client-num-gpus", "torch-threads",
+    "device", "engine", "batch-clients", "ray-address", "client-num-cpus", "client-num-gpus", "torch-threads",
     "pretrain.holdout", "pretrain.split", "pretrain.labels",
 })
 #: Groups whose every key is shared like SHARED_KEYS: a robustness experiment's attackers

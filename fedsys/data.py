@@ -66,6 +66,20 @@ class Dataset:
         return int(c), int(h), int(w)
 
     def normalise(self, x: torch.Tensor) -> torch.Tensor:
+        """Map a ``uint8`` batch to normalised float32 (:class:`Normaliser`)."""
+        return Normaliser(self.mean, self.std)(x)
+
+
+@dataclass(frozen=True)
+class Normaliser:
+    """A dataset's per-channel normalisation as a value of its own (what
+    :meth:`Dataset.normalise` does, without the dataset: sent to a Ray worker,
+    ``launch.ray_workers``)."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Map a ``uint8`` batch to normalised float32."""
         import torch
         m = torch.tensor(self.mean, dtype=torch.float32).view(1, -1, 1, 1)

@@ -60,8 +60,10 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
         if note := lifecycle.check(vcfg, cfg.run_dir / label, strategy):
             print(f"fedsys: {label}: {note}", flush=True)
     # last: what is wrong with the config itself is said first (the in-process engine
-    # starts no Ray)
-    if cfg.engine != "inprocess" and (problem := ray_address_problem(os.environ)):
+    # uses Ray only where ray-address names a cluster, not for RAY_ADDRESS)
+    if problem := (ray_address_problem(os.environ, configured=cfg.ray_address)
+                   if cfg.engine != "inprocess" else
+                   ray_address_problem({}, configured=cfg.ray_address)):
         raise cfgmod.ConfigError(problem)
 
 
@@ -317,14 +319,18 @@ def parser() -> argparse.ArgumentParser:
                        "             in-process SuperLink, clients training in parallel processes.\n"
                        "             The run starts a Ray cluster of its own with the cores it can\n"
                        "             use (at most num-clients x client-num-cpus), or joins the one\n"
-                       "             RAY_ADDRESS names (e.g. after 'ray start --head --num-gpus=8'),\n"
-                       "             whose resources decide how many clients train at once.\n"
+                       "             ray-address (or else RAY_ADDRESS) names (e.g. after 'ray start\n"
+                       "             --head --num-gpus=8'), whose resources decide how many clients\n"
+                       "             train at once.\n"
                        "  inprocess  fedsys's own Grid: every ClientApp called in this process, no\n"
                        "             Ray, no SuperLink; with batch-clients (default auto: where faster)\n"
                        "             a round's sgd/fedprox clients trained together, batched.\n"
                        "             For many small clients (configs/cross-device.yaml): far less cost\n"
                        "             a client.  batch-clients=false gives the flower engine's numbers\n"
-                       "             bit for bit; batched, the same to float rounding.")
+                       "             bit for bit; batched, the same to float rounding.  Batched\n"
+                       "             clients go to every GPU of this box with device=cuda, or with\n"
+                       "             ray-address=HEAD:PORT to Ray workers on an existing cluster\n"
+                       "             ('ray start' on each machine): one per GPU, or per node's CPUs.")
     with_config(r)
     r.add_argument("--seeds", metavar="K,K,...", help="run everything once per seed (e.g. 0,1,2): "
                    "runs/<name>/seed-<k>/ each, one table and figure across seeds")

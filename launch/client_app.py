@@ -18,7 +18,7 @@ import contextvars
 import functools
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from flwr.app import ArrayRecord, Context, Message
@@ -29,13 +29,16 @@ from clients.base import local_config, run_trainer, trainer_options
 from fedsys import attacks, confine, trainer_state
 from fedsys import protocol as proto
 from fedsys.config import ConfigError, RunConfig
-from fedsys.data import Dataset
+from fedsys.data import Dataset, Normaliser
 from fedsys.dp import clip_update
 from fedsys.models import build_model
 from fedsys.options import parse_group
 from fedsys.seeding import derive_seed
 from fedsys.task import client_data, dataset, evaluate, pick_device
 from launch.registry import from_run_config
+
+if TYPE_CHECKING:
+    from launch.ray_workers import RayWorkers
 
 app = ClientApp()
 
@@ -276,13 +279,16 @@ class BatchTraining:
 
     app = app
 
-    def __init__(self, policy: str = "auto", devices: list[str] | None = None) -> None:
+    def __init__(self, policy: str = "auto", devices: list[str] | None = None,
+                 workers: RayWorkers | None = None) -> None:
         #: ``batch-clients``: ``auto`` leaves to one at a time what is faster so
         #: (:func:`clients.batched.slower_batched`), ``true`` batches whatever it can
         self.policy = policy
         #: the devices a group is spread over (default: every visible GPU for ``cuda``,
         #: :func:`clients.batched.devices_for`)
         self.devices = devices
+        #: Ray workers that train the groups instead (config key ``ray-address``)
+        self.workers = workers
         #: the round's decoded arrays (:func:`_received`), dropped when it has trained
         self.decoded: dict[int, tuple[Any, torch.Tensor]] = {}
 
@@ -316,13 +322,19 @@ class BatchTraining:
     def train(self, group: list[tuple[TrainCall, dict[str, torch.Tensor]]]
               ) -> list[tuple[TrainResult | FloatingPointError, dict[str, torch.Tensor]]]:
         """Train a group of prepared calls of one :meth:`key` together, spread over the
-        devices (:func:`clients.batched.train_on_devices`)."""
+        devices (:func:`clients.batched.train_on_devices`) or the Ray workers
+        (:class:`launch.ray_workers.RayWorkers`)."""
         from clients.batched import devices_for, train_on_devices
 
         self.decoded.clear()
         calls = [c for c, _ in group]
         specs = [c.trainer.batch_spec(c.job) for c in calls]
         assert all(s is not None for s in specs)
+        if self.workers is not None:
+            ds = calls[0].ds
+            return self.workers.train(calls[0].job.net, [w for _, w in group],
+                                      [c.job for c in calls], specs,  # type: ignore[arg-type]
+                                      Normaliser(ds.mean, ds.std))
         devices = self.devices or devices_for(calls[0].job.config.device)
         return train_on_devices(calls[0].job.net, [w for _, w in group],
                                 [c.job for c in calls], specs, devices)  # type: ignore[arg-type]

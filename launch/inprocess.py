@@ -449,15 +449,24 @@ def simulate_inprocess(cfg: RunConfig, verbose: bool = False,
         update_console_handler(level=DEBUG, timestamps=True, colored=True)
     server_module.LOG_TABLE = False
     batched = cfg.batch_clients != "false" and client_app in (None, BatchTraining.app)
-    grid = make_grid(cfg, UnconfinedClientApp(client_app or fedsys_client_app), os.environ,
-                     BatchTraining(cfg.batch_clients) if batched else None)
-    log(INFO, "fedsys: in-process engine, %d nodes, %s", cfg.num_clients,
-        f"a round's clients trained together where their jobs agree (batch-clients: "
-        f"{cfg.batch_clients})" if batched else "one message at a time")
-    context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
-                      run_config=dict(cfg.to_dict()))
-    with task_identity(TASK_ID, RUN_ID, SUPERLINK_NODE_ID):
-        server_module.make_app(confined=False)(grid, context)
+    workers = None
+    if batched and cfg.ray_address:
+        from launch.ray_workers import RayWorkers
+
+        workers = RayWorkers(cfg.ray_address, cfg.device)
+    try:
+        grid = make_grid(cfg, UnconfinedClientApp(client_app or fedsys_client_app), os.environ,
+                         BatchTraining(cfg.batch_clients, workers=workers) if batched else None)
+        log(INFO, "fedsys: in-process engine, %d nodes, %s", cfg.num_clients,
+            f"a round's clients trained together where their jobs agree (batch-clients: "
+            f"{cfg.batch_clients})" if batched else "one message at a time")
+        context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
+                          run_config=dict(cfg.to_dict()))
+        with task_identity(TASK_ID, RUN_ID, SUPERLINK_NODE_ID):
+            server_module.make_app(confined=False)(grid, context)
+    finally:
+        if workers is not None:
+            workers.close()
 
 
 __all__ = ["RUN_ID", "TASK_ID", "InProcessGrid", "NodeContexts", "error_reply", "make_grid", "node_contexts",

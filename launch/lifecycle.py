@@ -19,9 +19,11 @@ from fedsys import checkpoint, metrics
 from fedsys.config import ConfigError, RunConfig
 from strategies.base import FedsysStrategy
 
-#: Keys that never change the numbers of a run (where and how it is stored).
+#: Keys that never change the numbers of a run (where and how it is stored, which Ray
+#: cluster it runs on: more workers cut a round's clients trained together into more
+#: batches, which changes their numbers to float rounding only, as ``batch-clients`` does).
 BRANCH_FREE = frozenset({"name", "about", "output-dir", "resume", "branch-from", "keep-checkpoint",
-                         "checkpoint-every", "save-models", "save-models-from"})
+                         "checkpoint-every", "save-models", "save-models-from", "ray-address"})
 
 
 def kept_checkpoint(out: Path, rnd: int) -> Path:

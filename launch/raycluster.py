@@ -75,6 +75,52 @@ def ray_cluster(root: Path, num_cpus: int | None = None,
             _stop(proc)
 
 
+#: ``ray start`` as its console script runs it, but for the address a joining node is
+#: given: Ray replaces 127.0.0.1 there by the machine's network address (a second machine
+#: could not reach the head at 127.0.0.1), which a node on this same machine must not
+#: leave, so it is kept as given.
+_JOIN_ON_LOOPBACK = (
+    "import sys; import ray._private.services as s; s.resolve_ip_for_localhost = lambda h: h; "
+    "from ray.scripts.scripts import main; sys.argv[0] = 'ray'; sys.exit(main())")
+
+
+@contextmanager
+def ray_node(address: str, root: Path, num_cpus: int = 1, timeout: float = 180.0
+             ) -> Iterator[None]:
+    """Run ``ray start --address=ADDRESS --block`` on 127.0.0.1 while the block runs: one
+    more node of the cluster at ``address`` (a second machine's ``ray start``, here on this
+    one), with ``num_cpus`` CPUs and no GPU; its output in ``root/ray-node.log``.  On
+    leaving, the node is stopped and none of its processes is left (the cluster goes on).
+
+    Raises
+    ------
+    RuntimeError
+        When the node has not joined within ``timeout`` seconds (with the end of its log).
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    log_path = root / "ray-node.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _JOIN_ON_LOOPBACK, "start", f"--address={address}", "--block",
+             "--node-ip-address=127.0.0.1",
+             f"--num-cpus={num_cpus}", "--num-gpus=0", "--disable-usage-stats",
+             f"--dashboard-agent-listen-port={free_port()}"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            # a node that joins is refused where Ray is told it is not a cluster (FLWR_ENV,
+            # which keeps a private cluster on loopback; this node binds 127.0.0.1 anyway)
+            env={**FLWR_ENV, **os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"})
+    try:
+        end = time.monotonic() + timeout
+        while b"Ray runtime started" not in log_path.read_bytes():
+            if proc.poll() is not None or time.monotonic() > end:
+                raise RuntimeError(f"the Ray node joining {address} did not start (exit status "
+                                   f"{proc.poll()}):\n" + log_path.read_text(errors="replace")[-3000:])
+            time.sleep(0.2)
+        yield
+    finally:
+        _stop(proc)
+
+
 def _start(root: Path, log_path: Path, num_cpus: int | None,
            worker_ports: tuple[int, int] | None) -> tuple[subprocess.Popen[bytes], int]:
     """``ray start --head --block`` on free ports, its output appended to ``log_path``;

@@ -65,21 +65,31 @@ def write_app_dir(cfg: RunConfig, directory: Path) -> Path:
     return directory
 
 
-def ray_init_args(environ: Mapping[str, str], cpus_needed: float | None = None
-                  ) -> dict[str, object]:
-    """The ``ray.init`` arguments of a simulation: the cluster ``RAY_ADDRESS`` names, or a
-    cluster of its own.
+def ray_address(environ: Mapping[str, str], configured: str = "") -> tuple[str, str]:
+    """The Ray cluster a run joins and who said so, as ``NAME=address`` would read:
+    config key ``ray-address`` (``configured``) wins over the environment variable
+    ``RAY_ADDRESS``; ``("", "")`` for none."""
+    if configured.strip():
+        return configured.strip(), "ray-address"
+    address = environ.get("RAY_ADDRESS", "").strip()
+    return (address, "RAY_ADDRESS") if address else ("", "")
 
-    With ``RAY_ADDRESS`` set (``ray start --head`` on a multi-GPU box, or the test suite's
-    one cluster per test process), the run joins that cluster and leaves its size to it: Ray
-    refuses ``num_cpus`` when joining.  Otherwise the run starts a private cluster with the
+
+def ray_init_args(environ: Mapping[str, str], cpus_needed: float | None = None,
+                  configured: str = "") -> dict[str, object]:
+    """The ``ray.init`` arguments of a simulation: the cluster config key ``ray-address``
+    (``configured``) or else ``RAY_ADDRESS`` names, or a cluster of its own.
+
+    Given a cluster (``ray start --head`` on a multi-GPU box, or the test suite's one
+    cluster per test process), the run joins it and leaves its size to it: Ray refuses
+    ``num_cpus`` when joining.  Otherwise the run starts a private cluster with the
     cores of this machine, but no more than ``cpus_needed`` (rounded up): Flower starts one
     ClientApp actor per ``client-num-cpus`` of the cluster whatever the number of clients,
     and each actor imports torch (about 10 s of CPU and a few hundred MB), so a 3-client run
     on a 16-core box would start 16 of them.  ``address="local"`` keeps Ray from joining
     whatever cluster ``ray start`` last recorded under ``/tmp/ray`` instead.
     """
-    address = environ.get("RAY_ADDRESS", "").strip()
+    address, _ = ray_address(environ, configured)
     if address and address != "local":
         return {"address": address, "include_dashboard": False}
     cpus = os.cpu_count() or 1
@@ -88,15 +98,29 @@ def ray_init_args(environ: Mapping[str, str], cpus_needed: float | None = None
     return {"address": "local", "num_cpus": cpus, "include_dashboard": False}
 
 
-def ray_address_problem(environ: Mapping[str, str], timeout: float = 5.0) -> str | None:
-    """What is wrong with ``RAY_ADDRESS``, or None: unset, ``local``, ``auto`` (Ray looks
-    for a cluster itself), or a ``host:port`` (``ray://`` allowed) where something answers.
+def ray_address_problem(environ: Mapping[str, str], timeout: float = 5.0,
+                        configured: str = "") -> str | None:
+    """What is wrong with the Ray cluster's address (:func:`ray_address`), or None: unset,
+    ``local``, ``auto`` (Ray looks for a cluster itself), or a ``host:port`` (``ray://``
+    allowed) where something answers.
 
     Without this check a run given a dead address waits in ``ray.init`` without a word.
     """
-    address = environ.get("RAY_ADDRESS", "").strip()
+    address, name = ray_address(environ, configured)
     if address in ("", "local", "auto"):
         return None
+    source = f"config key {name}" if name == "ray-address" else f"environment variable {name}"
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return (f"{source}={address!r} is not host:port "
+                "(e.g. 127.0.0.1:6379, as 'ray start --head' prints)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        return (f"{source}={address}: no Ray cluster answers there "
+                f"({exc.strerror or exc}); start one ('ray start --head') or leave it unset "
+                "to let the run start its own")
+    return None
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         return (f"environment variable RAY_ADDRESS={address!r} is not host:port "
@@ -198,9 +222,10 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
     from launch.client_app import app as fedsys_client_app
 
     # more actors than simulated nodes never train at once
-    init_args = ray_init_args(os.environ, cfg.num_clients * cfg.client_num_cpus)
+    init_args = ray_init_args(os.environ, cfg.num_clients * cfg.client_num_cpus, cfg.ray_address)
     if "num_cpus" not in init_args:
-        print(f"fedsys: joining the Ray cluster at RAY_ADDRESS={init_args['address']}; "
+        print(f"fedsys: joining the Ray cluster at "
+              f"{ray_address(os.environ, cfg.ray_address)[1]}={init_args['address']}; "
               "its CPUs and GPUs decide how many clients train at once", flush=True)
     backend = {
         "client_resources": {"num_cpus": cfg.client_num_cpus, "num_gpus": cfg.client_num_gpus},

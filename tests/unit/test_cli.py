@@ -253,6 +253,30 @@ def test_a_ray_address_where_no_cluster_answers_stops_the_run_before_ray(
     assert err.startswith("error: environment variable ") and says in err, err
 
 
+@pytest.mark.parametrize("engine", ["flower", "inprocess"])
+def test_a_configured_ray_address_wins_and_a_dead_one_stops_either_engine(monkeypatch, capsys,
+                                                                          engine):
+    """Config key ``ray-address`` names the cluster for both engines (the in-process one
+    sends its batched clients there), over ``RAY_ADDRESS``; a dead one is refused before
+    any engine starts, naming the key."""
+    from launch.simulation import ray_address, ray_init_args
+
+    env = {"RAY_ADDRESS": "127.0.0.1:6379"}
+    assert ray_address(env) == ("127.0.0.1:6379", "RAY_ADDRESS")
+    assert ray_address(env, " 10.0.0.2:6379 ") == ("10.0.0.2:6379", "ray-address")
+    assert ray_address({}) == ("", "")
+    assert ray_init_args(env, 3, "10.0.0.2:6379") == {"address": "10.0.0.2:6379",
+                                                       "include_dashboard": False}
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    args = ["run", "--set", "dataset=synthetic", "--set", "model=mlp", "--set", "num-clients=3",
+            "--set", "clients-per-round=3", "--set", "num-server-rounds=1",
+            "--set", f"engine={engine}", "--set", "ray-address=127.0.0.1:1"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: config key ray-address=127.0.0.1:1: no Ray cluster answers "
+                          "there"), err
+
+
 def test_a_ray_address_that_answers_or_leaves_the_choice_to_ray_is_accepted():
     import socket
 
