@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -320,7 +321,7 @@ class BatchTraining:
         return (call.cfg.model, call.cfg.model_norm, call.cfg.dataset, group_key(call.job.config))
 
     def train(self, group: list[tuple[TrainCall, dict[str, torch.Tensor]]]
-              ) -> list[tuple[TrainResult | FloatingPointError, dict[str, torch.Tensor]]]:
+              ) -> Sequence[tuple[TrainResult | Exception, dict[str, torch.Tensor]]]:
         """Train a group of prepared calls of one :meth:`key` together, spread over the
         devices (:func:`clients.batched.train_on_devices`) or the Ray workers
         (:class:`launch.ray_workers.RayWorkers`)."""
@@ -341,7 +342,7 @@ class BatchTraining:
 
     @staticmethod
     def reply(prepared: tuple[TrainCall, dict[str, torch.Tensor]],
-              trained: tuple[TrainResult | FloatingPointError, dict[str, torch.Tensor]],
+              trained: tuple[TrainResult | Exception, dict[str, torch.Tensor]],
               context: Context) -> Message:
         """The node's reply, as :func:`train` makes it (the training's error raised)."""
         res, weights = trained

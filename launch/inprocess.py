@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import os
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from logging import DEBUG, ERROR, INFO
 from typing import Any, Protocol
 from uuid import uuid4
@@ -86,7 +86,7 @@ class Batcher(Protocol):
     def key(self, prepared: Any) -> Any:
         """What the prepared calls trained together share."""
 
-    def train(self, group: list[Any]) -> list[Any]:
+    def train(self, group: list[Any]) -> Sequence[Any]:
         """The outcome of each prepared call of one key, trained together."""
 
     def reply(self, prepared: Any, trained: Any, context: Context) -> Message:

@@ -13,8 +13,9 @@ the trainer reports; nothing of the run's state lives on a worker, so a round is
 whichever workers train it (to float rounding: another cut of the group into batches).
 
 Every node runs the fedsys and torch of its own Python (install them on each machine, as
-for ``ray start``).  A worker that dies stops the run with its node named; ``fedsys
-resume`` continues it from the last checkpoint.
+for ``ray start``).  A worker that dies fails the clients of its share in that round (their
+nodes reply with an error naming its node, as a ClientApp that raises) and is dropped;
+with none left the clients train in this process.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from logging import INFO
+from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Any
 
 from flwr.common.logger import log
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 State = dict[str, "torch.Tensor"]
-Trained = tuple["TrainResult | FloatingPointError", State]
+Trained = tuple["TrainResult | Exception", State]
 #: One client of a share: its samples, labels and local configuration.
 Client = tuple["torch.Tensor", "torch.Tensor", LocalConfig]
 
@@ -136,17 +137,21 @@ class RayWorkers:
             len({p[0] for p in self.places}), address)
 
     def train(self, net: nn.Module, starts: Sequence[State], jobs: Sequence[TrainJob],
-              specs: Sequence[BatchSpec], normalise: Normaliser) -> list[Trained]:
+              specs: Sequence[BatchSpec], normalise: Normaliser) -> Sequence[Trained]:
         """:func:`clients.batched.train_together` of the jobs, a contiguous share on each
         worker at once; the results in the jobs' order.
 
-        Raises
-        ------
-        RuntimeError
-            A worker died or failed (its node and the error named).
+        A worker that died or failed fails its share's clients (a ``RuntimeError`` naming
+        its node in place of each one's result: their nodes reply with it, and the
+        strategy counts them failed), and a dead one is dropped, said in a WARNING; with no
+        worker left the jobs train in this process (:func:`clients.batched.train_together`).
         """
         import ray
 
+        if not self.actors:
+            from clients.batched import train_together
+
+            return train_together(net, starts, jobs, specs)
         cuts = shares(len(jobs), len(self.actors))
         model = ray.put(net)
         refs = [actor.train.remote(model, [starts[i] for i in rows],
@@ -155,12 +160,25 @@ class RayWorkers:
                                    [specs[i] for i in rows], normalise)
                 for actor, rows in zip(self.actors, cuts, strict=False)]
         out: list[Trained] = []
-        for ref, (node, device) in zip(refs, self.places, strict=False):
+        dead = []
+        for w, (ref, rows) in enumerate(zip(refs, cuts, strict=False)):
+            node, device = self.places[w]
             try:
                 out.extend(ray.get(ref))
             except ray.exceptions.RayError as exc:
-                raise RuntimeError(f"the Ray worker on node {node} ({device}) of the cluster at "
-                                   f"{self.address} failed: {str(exc).splitlines()[0]}") from exc
+                died = isinstance(exc, ray.exceptions.RayActorError)
+                why = (f"the Ray worker on node {node} ({device}) of the cluster at "
+                       f"{self.address} {'died' if died else 'failed'}: "
+                       f"{str(exc).strip().splitlines()[0]}")
+                out.extend((RuntimeError(why), {}) for _ in rows)
+                if died:
+                    dead.append(w)
+                    log(WARNING, "fedsys: %s; its %d clients fail this round, %d workers are "
+                        "left%s", why, len(rows), len(self.actors) - len(dead),
+                        "" if len(dead) < len(self.actors) else
+                        " (the next rounds train in this process)")
+        self.actors = [a for w, a in enumerate(self.actors) if w not in dead]
+        self.places = [p for w, p in enumerate(self.places) if w not in dead]
         return out
 
     def close(self) -> None:

@@ -69,8 +69,25 @@ def test_a_round_is_cut_between_the_nodes_and_comes_back_as_trained_here(two_nod
         assert len({node for node, _ in workers.places}) == 2  # one worker on each node
         assert {device for _, device in workers.places} == {"cpu"}
         there = workers.train(net, starts, jobs, [BatchSpec()] * 10, norm)
+        # a worker that dies: its share fails naming its node, the other's trains; then
+        # the one left trains every share
+        import ray
+
+        node = workers.places[1][0]
+        ray.kill(workers.actors[1])
+        after = workers.train(net, starts, jobs, [BatchSpec()] * 10, norm)
+        assert len(workers.actors) == len(workers.places) == 1
+        last = workers.train(net, starts, jobs, [BatchSpec()] * 10, norm)
     finally:
         workers.close()
+    for res, weights in after[5:]:
+        assert isinstance(res, RuntimeError) and not weights
+        assert f"the Ray worker on node {node} (cpu) of the cluster at {two_nodes} died" in str(res)
+    assert all(torch.equal(a[1][k], b[1][k]) for a, b in zip(after[:5], there, strict=False)
+               for k in b[1])
+    assert not any(isinstance(res, Exception) for res, _ in last)
+    for (_, w), (_, v) in zip(last, there, strict=True):  # one batch of 10, not two of 5
+        assert all(torch.allclose(w[k], v[k], rtol=1e-5, atol=1e-7) for k in v)
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # as each worker (one CPU a node)
     try:
