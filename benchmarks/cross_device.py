@@ -8,6 +8,9 @@ clients of 600 samples, all 100 a round.  One run each, one after the other, eac
 - ``flower``: Flower's simulation engine (Ray actors behind an in-process SuperLink);
 - ``inprocess``, one client at a time (``batch-clients=false``);
 - ``inprocess``, batched (the round's clients trained together, ``clients/batched.py``);
+- with ``--ray-nodes K``, also ``inprocess`` batched on a Ray cluster of K nodes on
+  127.0.0.1 (``ray start --head`` and K-1 ``ray start --address``, one CPU each; config key
+  ``ray-address``, ``launch/ray_workers.py``): what sending the shares to workers costs;
 - the floor: a plain PyTorch loop in this process, one thread, training the same clients
   on the same data one after another (``torch.optim.SGD``, the weighted mean after), with
   no evaluation, no messages, no checkpoints.
@@ -22,15 +25,19 @@ Usage::
 
     python benchmarks/cross_device.py --out /tmp/xdev
     python benchmarks/cross_device.py --cnn --rounds 3 --out /tmp/xdev-cnn
+    python benchmarks/cross_device.py --ray-nodes 2 --only inprocess-batched,inprocess-ray
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -125,6 +132,8 @@ def main() -> None:
     ap.add_argument("--only", default="", help=f"comma-separated variants of {', '.join(VARIANTS)} "
                     "(default: all)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/fedsys-cross-device"))
+    ap.add_argument("--ray-nodes", type=int, default=0,
+                    help="also run inprocess-ray on a local Ray cluster of this many nodes")
     args = ap.parse_args()
     sets = [*(CNN if args.cnn else []), f"num-server-rounds={args.rounds}",
             *([f"num-clients={args.clients}"] if args.clients else [])]
@@ -132,13 +141,24 @@ def main() -> None:
     base = statistics.median(fl[1:] or fl)
     print(f"floor (plain PyTorch loop, 1 thread): {base:.3f} s a round", flush=True)
     rows = [("floor: plain PyTorch loop, one thread", base, 1.0, float("nan"), float("nan"))]
-    for name, extra in VARIANTS.items():
-        if args.only and name not in args.only.split(","):
-            continue
-        times, wall, peak = run_fedsys([*sets, *extra], args.out.resolve() / name)
-        rt = statistics.median(times[1:] or times)
-        print(f"{name}: {rt:.3f} s a round ({wall:.1f} s wall, {peak:.0f} MiB)", flush=True)
-        rows.append((name, rt, rt / base, wall, peak))
+    with contextlib.ExitStack() as stack:
+        variants = dict(VARIANTS)
+        if args.ray_nodes > 0:
+            from launch.raycluster import ray_cluster, ray_node
+
+            root = Path(tempfile.mkdtemp(prefix="fedsys-xr-"))  # short: Ray's socket paths
+            stack.callback(shutil.rmtree, root, ignore_errors=True)
+            address = stack.enter_context(ray_cluster(root / "head", num_cpus=1))
+            for k in range(1, args.ray_nodes):
+                stack.enter_context(ray_node(address, root / f"node{k}", num_cpus=1))
+            variants["inprocess-ray"] = [*VARIANTS["inprocess-batched"], f"ray-address={address}"]
+        for name, extra in variants.items():
+            if args.only and name not in args.only.split(","):
+                continue
+            times, wall, peak = run_fedsys([*sets, *extra], args.out.resolve() / name)
+            rt = statistics.median(times[1:] or times)
+            print(f"{name}: {rt:.3f} s a round ({wall:.1f} s wall, {peak:.0f} MiB)", flush=True)
+            rows.append((name, rt, rt / base, wall, peak))
     print("\n| engine | round s (median, rounds 2..) | / floor | whole run s | driver peak RSS MiB |")
     print("|---|---:|---:|---:|---:|")
     for name, rt, ratio, wall, peak in rows:
