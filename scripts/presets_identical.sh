@@ -21,7 +21,9 @@
 # configs/lss-fmnist.yaml` writes one).  FEDSYS: the fedsys command (default: this
 # repository's .venv).  About 60 minutes per half with both halves side by side here.
 # ENGINE: the simulation engine of every run (the config key 'engine': flower or inprocess;
-# default: the config's), so that one checkout run twice compares the engines; PRESETS: the
+# default: the config's), so that one checkout run twice compares the engines (inprocess
+# with batch-clients=false, one client at a time, unless BATCH names another value: batched
+# clients are equal to float rounding only); PRESETS: the
 # presets to run, by name, space-separated (default: all).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -39,6 +41,7 @@ done
 small=(--set samples-per-client=300 --set test-subset=1000)
 failed=0
 engine=(); [ -n "${ENGINE:-}" ] && engine=(--set "engine=$ENGINE")
+[ "${ENGINE:-}" = inprocess ] && engine+=(--set "batch-clients=${BATCH:-false}")
 for c in configs/*.yaml; do n=$(basename "$c" .yaml)
   [ -n "${PRESETS:-}" ] && [[ " $PRESETS " != *" $n "* ]] && continue
   grep -q "finished: results" "$out-logs/$n.log" 2>/dev/null && continue
