@@ -47,7 +47,7 @@ from fedsys.options import (
 MAX_SEED = 2**32 - 1
 SEED_BOUNDS = f"[0, {MAX_SEED}]"
 
-DATASETS = ("fashion-mnist", "cifar10", "cifar100", "synthetic")
+DATASETS = ("fashion-mnist", "cifar10", "cifar100", "synthetic", "custom")
 MODELS = ("fmnist-cnn", "cifar-cnn", "resnet18", "mlp", "blitz-cnn")
 
 
@@ -116,7 +116,9 @@ class CoreOptions:
     estimators_subset: int = option(
         2000, "Samples of other clients' training data per client for the held-out loss.", bounds='> 0')
     dataset: str = option(
-        'fashion-mnist', 'Dataset.', choices=DATASETS)
+        'fashion-mnist', "Dataset.  'custom': one of your own in data-dir (train.npz and "
+        "test.npz with arrays x, uint8 images, and y, labels 0..K-1; or train/ and test/ with a "
+        "folder of images per class), partitioned like the others.", choices=DATASETS)
     data_dir: str = option(
         '', 'Data root searched first (empty: $FEDSYS_DATA, system).  In a deployment it must '
         "lie under the operator's FEDSYS_ROOTS or $FEDSYS_DATA; a site's node-config "

@@ -1,4 +1,5 @@
-"""Datasets: Fashion-MNIST (IDX files), CIFAR-10/100 (torchvision), synthetic.
+"""Datasets: Fashion-MNIST (IDX files), CIFAR-10/100 (torchvision), synthetic, and a
+dataset of the user's own (``custom``: NumPy files or class folders in ``data-dir``).
 
 Images are kept as ``uint8`` tensors and normalised batch by batch, so every
 process (server, each simulated client) holds one compact copy.
@@ -345,6 +346,140 @@ def make_synthetic(
     return Dataset("synthetic", xtr, ytr, xte, yte, num_classes, (0.5,), (0.25,), "generated")
 
 
+# --------------------------------------------------------------------------- custom
+
+CUSTOM_HOW = ("dataset custom reads a dataset of your own from data-dir: either train.npz "
+              "and test.npz, each with a uint8 image array 'x' (N, H, W), (N, C, H, W) or "
+              "(N, H, W, C) and an integer label array 'y' (N,), labels 0..K-1; or train/ and "
+              "test/ directories with one folder of images per class (torchvision's ImageFolder "
+              "layout, the classes in sorted order)")
+#: Image files an ImageFolder-style directory may hold (torchvision's IMG_EXTENSIONS).
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def load_custom(data_dir: str) -> Dataset:
+    """A dataset of the user's own in ``data_dir`` (:data:`CUSTOM_HOW` says the layout):
+    ``train.npz`` and ``test.npz``, else ``train/`` and ``test/`` class folders.
+
+    The images are kept as ``uint8`` ``(N, C, H, W)``; the normalisation is the training
+    images' per-channel mean and standard deviation; the classes are those of the training
+    part.
+
+    Raises
+    ------
+    DataError
+        Naming the file or folder and what is wrong with it: missing, unreadable, not
+        images, of another size or channel count than the rest, labels out of range.
+    """
+    import torch
+
+    root = Path(data_dir).expanduser() if data_dir else None
+    if root is None or not root.is_dir():
+        where = f"data-dir {root} is not a directory" if root else "data-dir is empty"
+        raise DataError(f"{where}: {CUSTOM_HOW}")
+    if (root / "train.npz").exists() or (root / "test.npz").exists():
+        (xtr, ytr), (xte, yte) = (_npz_part(root / f"{p}.npz") for p in ("train", "test"))
+        classes = int(ytr.max()) + 1 if len(ytr) else 0
+    elif (root / "train").is_dir() and (root / "test").is_dir():
+        names = sorted(d.name for d in (root / "train").iterdir() if d.is_dir())
+        xtr, ytr = _folder_part(root / "train", names)
+        xte, yte = _folder_part(root / "test", names)
+        classes = len(names)
+    else:
+        raise DataError(f"data-dir {root} holds neither train.npz and test.npz nor train/ and "
+                        f"test/: {CUSTOM_HOW}")
+    if len(ytr) == 0 or len(yte) == 0:
+        raise DataError(f"data-dir {root}: the {'training' if len(ytr) == 0 else 'test'} part "
+                        "holds no images")
+    if xtr.shape[1:] != xte.shape[1:]:
+        raise DataError(f"data-dir {root}: training images are {_shape(xtr)} but test images "
+                        f"{_shape(xte)}; both parts need one size and channel count")
+    if classes < 2:
+        raise DataError(f"data-dir {root}: the training part has {classes} class; at least 2")
+    if int(yte.max()) >= classes:
+        raise DataError(f"data-dir {root}: a test label is {int(yte.max())} but the training "
+                        f"part has classes 0..{classes - 1}")
+    scaled = xtr.reshape(len(xtr), xtr.shape[1], -1).astype(np.float64) / 255.0
+    mean = tuple(float(m) for m in scaled.mean(axis=(0, 2)))
+    std = tuple(max(float(v), 1e-6) for v in scaled.std(axis=(0, 2)))
+    return Dataset("custom", torch.from_numpy(xtr), torch.from_numpy(ytr.astype(np.int64)),
+                   torch.from_numpy(xte), torch.from_numpy(yte.astype(np.int64)), classes,
+                   mean, std, source=str(root))
+
+
+def _shape(x: np.ndarray) -> str:
+    """``C x H x W`` of an image array."""
+    return "x".join(map(str, x.shape[1:]))
+
+
+def _npz_part(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` as ``uint8`` ``(N, C, H, W)`` and ``y`` of one ``.npz`` part, checked."""
+    if not path.exists():
+        raise DataError(f"{path} is missing: {CUSTOM_HOW}")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            if "x" not in f or "y" not in f:
+                raise DataError(f"{path} holds {sorted(f.files)}, not the arrays 'x' and 'y': "
+                                f"{CUSTOM_HOW}")
+            x, y = f["x"], f["y"]
+    except DataError:
+        raise
+    except (OSError, ValueError, EOFError) as exc:
+        raise DataError(f"{path} is not a readable .npz file ({type(exc).__name__}: {exc})") from None
+    if x.ndim == 3:
+        x = x[:, None]
+    elif x.ndim == 4 and x.shape[1] not in (1, 3) and x.shape[3] in (1, 3):
+        x = x.transpose(0, 3, 1, 2)
+    if x.ndim != 4 or x.shape[1] not in (1, 3):
+        raise DataError(f"{path}: 'x' has shape {x.shape}; give (N, H, W), (N, C, H, W) or "
+                        "(N, H, W, C) with C 1 or 3")
+    if x.dtype != np.uint8:
+        if not np.issubdtype(x.dtype, np.integer) or (x.size and (x.min() < 0 or x.max() > 255)):
+            raise DataError(f"{path}: 'x' is {x.dtype}; give uint8 pixel values 0..255 "
+                            "(scale float images by 255 and round)")
+        x = x.astype(np.uint8)
+    if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
+        raise DataError(f"{path}: 'y' must be one integer label per image ({len(x)}), "
+                        f"got {y.dtype} of shape {y.shape}")
+    if len(y) and y.min() < 0:
+        raise DataError(f"{path}: a label is {int(y.min())}; labels are 0..K-1")
+    return np.ascontiguousarray(x), y
+
+
+def _folder_part(root: Path, classes: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The images of ``root/<class>/`` as ``uint8`` ``(N, C, H, W)`` and their class
+    indices in ``classes`` (those of the training part), checked."""
+    from PIL import Image, UnidentifiedImageError
+
+    found = sorted(d.name for d in root.iterdir() if d.is_dir())
+    if extra := sorted(set(found) - set(classes)):
+        raise DataError(f"{root} has class folders the training part lacks: {', '.join(extra)}")
+    xs: list[np.ndarray] = []
+    ys: list[int] = []
+    for k, name in enumerate(classes):
+        if not (root / name).is_dir():
+            continue
+        for f in sorted((root / name).iterdir()):
+            if f.suffix.lower() not in IMAGE_SUFFIXES:
+                continue
+            try:
+                with Image.open(f) as img:
+                    gray = img.mode in ("1", "L", "LA", "I", "I;16", "F")
+                    a = np.asarray(img.convert("L" if gray else "RGB"))
+            except (OSError, UnidentifiedImageError, ValueError) as exc:
+                raise DataError(f"{f} is not a readable image ({type(exc).__name__})") from None
+            a = a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
+            if xs and a.shape != xs[0].shape:
+                raise DataError(f"{f} is {'x'.join(map(str, a.shape))} (channels x height x "
+                                f"width) but the images before it are {'x'.join(map(str, xs[0].shape))}; "
+                                "every image needs one size and channel count")
+            xs.append(a)
+            ys.append(k)
+    if not xs:
+        return np.zeros((0, 1, 1, 1), np.uint8), np.zeros(0, np.int64)
+    return np.stack(xs), np.asarray(ys, dtype=np.int64)
+
+
 # --------------------------------------------------------------------------- entry
 
 
@@ -360,4 +495,6 @@ def load_dataset(name: str, data_dir: str = "") -> Dataset:
             raise DataError(f"data-dir {data_dir} is not a directory (dataset synthetic is "
                             "generated and reads no files: leave data-dir empty)")
         return make_synthetic()
+    if name == "custom":
+        return load_custom(data_dir)
     raise DataError(f"unknown dataset {name!r}")

@@ -249,7 +249,9 @@ def cmd_data(args: argparse.Namespace) -> int:
         print(f"Fashion-MNIST is available in {where}")
     else:
         ds = load_dataset(args.dataset, args.data_dir)
-        print(f"{args.dataset} is available in {ds.source}")
+        print(f"{args.dataset} is available in {ds.source}: {len(ds.y_train)} training and "
+              f"{len(ds.y_test)} test images of {'x'.join(map(str, ds.input_shape))} "
+              f"(channels x height x width), {ds.num_classes} classes")
     return 0
 
 
@@ -359,7 +361,9 @@ def parser() -> argparse.ArgumentParser:
                         description="Fashion-MNIST: look in --data-dir (only there when given), else "
                         "in $FEDSYS_DATA and /usr/share/datasets/fashion-mnist; without "
                         "--data-dir, as root, install the Debian package dataset-fashion-mnist; "
-                        "else download through torchvision (into --data-dir when given).")
+                        "else download through torchvision (into --data-dir when given).  "
+                        "custom: check a dataset of your own in --data-dir and say what it "
+                        "holds (train.npz and test.npz, or train/ and test/ class folders).")
     f.add_argument("dataset", choices=cfgmod.DATASETS)
     f.add_argument("--data-dir", default="", help="data root to search and download into")
     f.add_argument("--no-apt", action="store_true", help="never call apt-get")
