@@ -19,7 +19,9 @@ It prints per engine the median ``round-time`` of rounds 2.. (the run's own wall
 a round: training, aggregation, central evaluation on ``test-subset`` images, the
 checkpoint), its ratio to the floor's round, and the driver's peak RSS (``VmHWM``, sampled;
 the Flower engine's actors are other processes).  ``--clients N`` runs the federation with
-N clients (same 100 a round) to see whether cost grows with the federation.
+N clients (same 100 a round) to see whether cost grows with the federation; Fashion-MNIST
+has 60,000 training images, so 100,000 clients need a larger dataset of one's own
+(``--set dataset=custom --set data-dir=DIR``, ``scripts/tiled_fmnist.py`` writes one).
 
 Usage::
 
@@ -132,11 +134,13 @@ def main() -> None:
     ap.add_argument("--only", default="", help=f"comma-separated variants of {', '.join(VARIANTS)} "
                     "(default: all)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/fedsys-cross-device"))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="another config key for every run and the floor (e.g. dataset=custom)")
     ap.add_argument("--ray-nodes", type=int, default=0,
                     help="also run inprocess-ray on a local Ray cluster of this many nodes")
     args = ap.parse_args()
     sets = [*(CNN if args.cnn else []), f"num-server-rounds={args.rounds}",
-            *([f"num-clients={args.clients}"] if args.clients else [])]
+            *([f"num-clients={args.clients}"] if args.clients else []), *args.set]
     fl = floor(sets, args.rounds)
     base = statistics.median(fl[1:] or fl)
     print(f"floor (plain PyTorch loop, 1 thread): {base:.3f} s a round", flush=True)
