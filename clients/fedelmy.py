@@ -308,7 +308,7 @@ def _warn_held(ratio: float, pool_fits: list[Fit], who: int, o: Any) -> None:
         "fedelmy (client %s): the distance terms' gradient is %.2g times the loss's (the pool's "
         "mean): its models stay within d2 = %.3g of the received model and learn little (last "
         "loss %.3g); Eq. 9's pull has norm beta/s = %g/%g there (App. A's s stays 1 until d2 "
-        "reaches %g, the loss's decade).  On a small model lower fedelmy.beta (README: "
+        "reaches %g, the loss's decade).  On a small model lower fedelmy.beta (docs/methods.md: "
         "'FedELMY's pool on a small model')", who, ratio, d2, loss, float(o.beta),
         pool_fits[-1].logs.get("scale", 1.0), decade)
 

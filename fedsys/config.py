@@ -661,19 +661,38 @@ def to_toml(schema: Schema) -> str:
     return toml_text({"tool": {"flwr": {"app": {"config": table}}}})
 
 
-def describe(schema: Schema) -> str:
-    """Return a table of every key, its default and what it allows."""
+def key_rows(schema: Schema) -> list[tuple[str, str, str, str]]:
+    """Every key as (key, default, what it allows, meaning): what :func:`describe` and
+    :func:`describe_markdown` print."""
     rows = []
     for o in schema.options:
         if o.key == "strategy":
             allowed = ", ".join(schema.strategies)
         else:
             allowed = ", ".join(o.choices) if o.choices else (o.rule or o.type.__name__)
-        rows.append(f"  {o.key:24} {o.default!s:12} {allowed:28} {o.help}")
-    return "\n".join(rows)
+        rows.append((o.key, str(o.default), allowed, o.help))
+    return rows
+
+
+def describe(schema: Schema) -> str:
+    """Return a table of every key, its default and what it allows."""
+    return "\n".join(f"  {k:24} {d:12} {a:28} {h}" for k, d, a, h in key_rows(schema))
+
+
+def describe_markdown(schema: Schema) -> str:
+    """:func:`describe`'s table in Markdown (``fedsys keys --markdown``, which writes
+    ``docs/configuration.md``'s table)."""
+    def cell(text: str) -> str:
+        return (text.replace("|", "\\|").replace("\n", " ").replace("<", "&lt;")
+                .replace(">", "&gt;"))
+
+    lines = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
+    lines += [f"| `{k}` | {('`' + cell(d) + '`') if d else ''} | {cell(a)} | {cell(h)} |"
+              for k, d, a, h in key_rows(schema)]
+    return "\n".join(lines)
 
 
 __all__ = ["CORE_SCHEMA", "DATASETS", "MODELS", "SHARED_KEYS", "ConfigError", "CoreOptions",
            "Option", "RunConfig", "Scalar", "Schema", "Variant", "build", "coerce", "describe",
-           "flatten", "is_shared", "load_yaml", "parse_overrides",
+           "describe_markdown", "flatten", "is_shared", "key_rows", "load_yaml", "parse_overrides",
            "parse_seeds", "parse_strategy", "to_toml", "toml_text", "verify_saved"]

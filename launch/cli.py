@@ -261,6 +261,9 @@ def cmd_keys(args: argparse.Namespace) -> int:
     if args.toml:
         print(registry.to_toml(), end="")
         return 0
+    if args.markdown:
+        print(registry.describe_markdown())
+        return 0
     print(f"  {'key':24} {'default':12} {'allowed':28} meaning")
     print(registry.describe())
     return 0
@@ -381,6 +384,8 @@ def parser() -> argparse.ArgumentParser:
     k = sub.add_parser("keys", help="list every config key with its default and allowed values")
     k.add_argument("--toml", action="store_true",
                    help="print the defaults as pyproject.toml's [tool.flwr.app.config] tables")
+    k.add_argument("--markdown", action="store_true",
+                   help="print the table in Markdown (docs/configuration.md holds it)")
     k.add_argument("--plugins", metavar="MODULES",
                    help="also the keys of the methods these modules register (comma-separated)")
     k.set_defaults(fn=cmd_keys)

@@ -94,6 +94,11 @@ def describe() -> str:
     return cfgmod.describe(schema())
 
 
+def describe_markdown() -> str:
+    """:func:`describe` as a Markdown table (``fedsys keys --markdown``)."""
+    return cfgmod.describe_markdown(schema())
+
+
 def to_toml() -> str:
     """The defaults as ``pyproject.toml``'s run-config tables (``fedsys keys --toml``)."""
     return cfgmod.to_toml(schema())

@@ -242,7 +242,7 @@ class FedElmyStrategy(FedsysStrategy):
         log(WARNING, "[%s] round %d: client %d's FedELMY pool stayed near the received model "
             "and learnt little (the distance terms' gradient %.2g times the loss's while App. "
             "A's s stayed 1, or was off: fedelmy.scaling false); on a small model lower "
-            "fedelmy.beta (README: 'FedELMY's pool on a small model'); the records' '%s' says "
+            "fedelmy.beta (docs/methods.md: 'FedELMY's pool on a small model'); the records' '%s' says "
             "which later hops were held too", self.label,
             rnd, u.partition_id, float(u.metrics.get(GRAD_RATIO, 0.0)), POOL_HELD)
 

@@ -5,7 +5,7 @@ a ClientApp with ``@app.train()`` and ``@app.evaluate()`` only (no query handler
 metric names ``train_loss``, ``eval_loss``, ``eval_acc``, ``num-examples``, the partition
 read from ``context.node_config``), a ServerApp that calls ``strategy.start`` with the
 run config's ``lr`` and ``num-server-rounds``, and its task (the 60-minute-blitz CNN, Adam).
-The strategy line builds a fedsys strategy as the README shows (``fedsys_line.py``).  One
+The strategy line builds a fedsys strategy as docs/flower-apps.md shows (``fedsys_line.py``).  One
 more change, forced by running offline: the template loads CIFAR-10 from the Hugging Face
 hub with ``flwr_datasets``; ``task.load_data`` cuts the same IID partitions and 80/20
 splits from a small local Fashion-MNIST subset instead (see ``task.py``).  Flower 1.41
@@ -26,7 +26,7 @@ tutorial "Communicate custom Messages" (``client_app_tutorial.py``: a ``training
 metric, an object in a ConfigRecord) under FedCDA with the tutorial's ``aggregate_train``
 override: every reply used and its object read, the metric averaged into the round's
 metrics.  The template's ClientApp with a fedsys trainer doing its training
-(``client_app_trainer.py``, ``clients.message.local_train`` as the README shows): LSS under
+(``client_app_trainer.py``, ``clients.message.local_train`` as docs/flower-apps.md shows): LSS under
 Flower's own FedAvg and under FedCDA: every reply used, accuracy rising, the soup's size in
 every round.
 Each simulation's run config reaches both apps through the app's pyproject.toml, as ``flwr run
@@ -164,7 +164,7 @@ CASES = [*((s, "client_app") for s in STRATEGIES),
 #: choice).  Not a case: the chain with FedELMY's pool trainer in this app (1 epoch a hop on
 #: 240 images) ended at 0.28-0.49 in 5 runs and stuck at 0.1042 on every hop in one CI run
 #: (2026-11-29), too close to the 0.3 this test asks.  Why: at the default beta = 1 the pool
-#: models stay near the received model on this 62k-weight CNN (README, "FedELMY's pool on a
+#: models stay near the received model on this 62k-weight CNN (docs/methods.md, "FedELMY's pool on a
 #: small model"; the reply's grad-ratio about 2, a WARNING), so the chain learns from its
 #: warm-up epoch only, and one warm-up ended at one class.  At fedelmy.beta 0.1 and 2 epochs a
 #: hop the last hop ended 0.55-0.64 but rose only 0.04 above the first in 1 of 6 in-process

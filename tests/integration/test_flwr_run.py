@@ -1,4 +1,4 @@
-"""`flwr run .` as the README documents it: the same apps, config through --run-config."""
+"""`flwr run .` as docs/usage.md documents it: the same apps, config through --run-config."""
 
 from __future__ import annotations
 

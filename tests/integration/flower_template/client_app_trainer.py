@@ -1,5 +1,5 @@
 """The template's ClientApp with a fedsys trainer doing its local training
-(``clients.message.local_train``, as the README shows): the same handlers, the same data
+(``clients.message.local_train``, as docs/flower-apps.md shows): the same handlers, the same data
 and model, Adam as the template trains; the trainer is the run config's ``client-trainer``
 (``lss``), or with ``strategy`` left to choose (``""``), the strategy's own (the FedELMY
 chain sends ``fedelmy``: its diverse pool)."""

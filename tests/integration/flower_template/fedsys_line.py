@@ -1,4 +1,4 @@
-"""The template's one changed line: a fedsys strategy, built as the README shows (Flower's
+"""The template's one changed line: a fedsys strategy, built as docs/flower-apps.md shows (Flower's
 keywords, each method's options by name, no fedsys run config), in place of Flower's
 ``FedAvg``.
 
