@@ -222,6 +222,14 @@ class CoreOptions:
         "docs/performance.md); 'true': wherever possible; 'false': one client at a time, "
         "bit-identical to engine 'flower'.  Other trainers always train one at a time.",
         choices=('auto', 'true', 'false'))
+    tracking: str = option(
+        'none', "Also log each round's record to TensorBoard ('tensorboard': "
+        "<run>/tensorboard/<strategy>/, open with 'tensorboard --logdir runs/NAME'), MLflow "
+        "('mlflow': its local store <output-dir>/mlflow.db, open with 'mlflow ui "
+        "--backend-store-uri sqlite:///runs/mlflow.db'), or 'both': the config as parameters, every number "
+        "at step = round, results.md, the figures and the final model; a resumed run continues "
+        "the same tracker run (pip install 'fedsys[tracking]').",
+        choices=('none', 'tensorboard', 'mlflow', 'both'))
     ray_address: str = option(
         '', "An existing Ray cluster to run on ('ray start --head' on one machine, 'ray start "
         "--address=HEAD:PORT' on the others; give the head's host:port, or 'auto'). With "
@@ -421,7 +429,7 @@ SHARED_KEYS = frozenset({
     "clients-per-round",
     "resume", "dataset", "data-dir", "num-clients", "partition", "dirichlet-alpha",
     "dirichlet-min-size", "shards-per-client", "samples-per-client", "test-subset", "model", "model-norm",
-    "device", "engine", "batch-clients", "ray-address", "client-num-cpus", "client-num-gpus", "torch-threads",
+    "device", "engine", "batch-clients", "ray-address", "tracking", "client-num-cpus", "client-num-gpus", "torch-threads",
     "pretrain.holdout", "pretrain.split", "pretrain.labels",
 })
 #: Groups whose every key is shared like SHARED_KEYS: a robustness experiment's attackers

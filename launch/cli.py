@@ -47,6 +47,9 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
         raise cfgmod.ConfigError(
             f"config key '{key}' asks for a GPU but torch sees no CUDA device; "
             "use client-num-gpus=0 and device=auto (or cpu)")
+    from launch import tracking
+
+    tracking.check(cfg)
     dataset(cfg)
     partitions(cfg)
     for _, vcfg in cfg.variants():  # a saved start that does not fit fails here, not in Ray
@@ -335,7 +338,10 @@ def parser() -> argparse.ArgumentParser:
                        "             bit for bit; batched, the same to float rounding.  Batched\n"
                        "             clients go to every GPU of this box with device=cuda, or with\n"
                        "             ray-address=HEAD:PORT to Ray workers on an existing cluster\n"
-                       "             ('ray start' on each machine): one per GPU, or per node's CPUs.")
+                       "             ('ray start' on each machine): one per GPU, or per node's CPUs.\n\n"
+                       "Tracking (config key 'tracking': tensorboard, mlflow or both): each round's\n"
+                       "record also in TensorBoard ('tensorboard --logdir runs/NAME') and MLflow\n"
+                       "('mlflow ui --backend-store-uri sqlite:///runs/mlflow.db').")
     with_config(r)
     r.add_argument("--seeds", metavar="K,K,...", help="run everything once per seed (e.g. 0,1,2): "
                    "runs/<name>/seed-<k>/ each, one table and figure across seeds")

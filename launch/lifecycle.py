@@ -23,7 +23,8 @@ from strategies.base import FedsysStrategy
 #: cluster it runs on: more workers cut a round's clients trained together into more
 #: batches, which changes their numbers to float rounding only, as ``batch-clients`` does).
 BRANCH_FREE = frozenset({"name", "about", "output-dir", "resume", "branch-from", "keep-checkpoint",
-                         "checkpoint-every", "save-models", "save-models-from", "ray-address"})
+                         "checkpoint-every", "save-models", "save-models-from", "ray-address",
+                         "tracking"})
 
 
 def kept_checkpoint(out: Path, rnd: int) -> Path:

@@ -47,10 +47,11 @@ from fedsys.task import (
     pick_device,
     test_sets,
 )
-from launch import lifecycle
+from launch import lifecycle, tracking
 from launch.lifecycle import kept_checkpoint
 from launch.registry import from_run_config, make_strategy, train_config
 from launch.runlock import FLWR_RENAME, holding
+from launch.tracking import Tracking, results_artifact
 from strategies.base import FedsysStrategy, NoUsableUpdateError
 from strategies.nodes import Known
 
@@ -222,6 +223,8 @@ def run_strategy(grid: Grid, cfg: RunConfig, name: str, position: str = "",
         log(INFO, "[%s] %s after round %d from %s", name,
             "resuming" if point.kind == "resume" else "branched", strategy.round, point.path)
     strategy.hooks.append(recorder)
+    trackers = Tracking(cfg, out, name, strategy.round + 1 if point.kind != "fresh" else 0)
+    strategy.hooks.append(trackers)
     if cfg.estimators:
         strategy.estimator_fn = make_estimator_fn(cfg)
     initial = initial_params(cfg)
@@ -240,6 +243,7 @@ def run_strategy(grid: Grid, cfg: RunConfig, name: str, position: str = "",
     records = metrics.read_jsonl(out / "metrics.jsonl")
     metrics.write_csv(out / "metrics.csv", records)
     metrics.plot_curves({name: records}, out / "accuracy.png", f"{cfg.name}: {name}")
+    trackers.finish(out)
     return records
 
 
@@ -261,6 +265,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, log_table: bool = True
 
 def _run_experiment(grid: Grid, cfg: RunConfig, log_table: bool
                     ) -> dict[str, list[dict[str, Any]]]:
+    tracking.check(cfg)  # flwr run and a deployment come here without fedsys run's checks
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.save(run_dir / "config.yaml")
@@ -290,6 +295,7 @@ def _run_experiment(grid: Grid, cfg: RunConfig, log_table: bool
     table = metrics.results_table(results)
     (run_dir / "results.md").write_text(metrics.results_page(cfg.name, cfg.about, table,
                                                              metrics.privacy_notes(results)))
+    results_artifact(cfg, run_dir)
     if log_table:
         for line in table.splitlines():
             log(INFO, "%s", line)
