@@ -90,3 +90,23 @@ def test_a_tracker_that_is_not_installed_is_refused_before_the_run(monkeypatch, 
     assert tracking.wanted.__module__ == "launch.tracking"
     with pytest.raises(ConfigError):
         tracking.check(type("C", (), {"tracking": "mlflow"})())  # type: ignore[arg-type]
+
+
+def test_a_run_over_seeds_is_one_group_of_tracker_runs(tmp_path):
+    """One MLflow experiment holding every seed's runs, tagged with their seed; a
+    TensorBoard directory per seed and strategy under the run."""
+    from mlflow.tracking import MlflowClient
+
+    out = tmp_path / "runs"
+    assert main(["run", *SETS, "--set", f"output-dir={out}", "--set", "name=grp",
+                 "--set", "num-server-rounds=2", "--seeds", "0,1"]) == 0
+    client = MlflowClient(tracking_uri=f"sqlite:///{(out / 'grp').resolve() / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("grp")
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id])
+    assert sorted((r.data.tags["fedsys.strategy"], r.data.tags["fedsys.seed"]) for r in runs) == [
+        ("fedavg", "0"), ("fedavg", "1"), ("fedprox", "0"), ("fedprox", "1")]
+    for seed in (0, 1):
+        for strategy in ("fedavg", "fedprox"):
+            tb = _tensorboard(out / "grp" / f"seed-{seed}" / "tensorboard" / strategy)
+            assert [s for s, _ in tb["accuracy"]] == [0, 1, 2]
