@@ -121,17 +121,6 @@ def ray_address_problem(environ: Mapping[str, str], timeout: float = 5.0,
                 f"({exc.strerror or exc}); start one ('ray start --head') or leave it unset "
                 "to let the run start its own")
     return None
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        return (f"environment variable RAY_ADDRESS={address!r} is not host:port "
-                "(e.g. 127.0.0.1:6379, as 'ray start --head' prints)")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except OSError as exc:
-        return (f"environment variable RAY_ADDRESS={address}: no Ray cluster answers there "
-                f"({exc.strerror or exc}); start one ('ray start --head') or unset RAY_ADDRESS "
-                "to let the run start its own")
-    return None
 
 
 #: The parameters of Flower's ``vce_api.add_messages_to_queue`` (flwr 1.41 and 1.42) that
