@@ -308,7 +308,8 @@ class BatchTraining:
         job = call.job
         if (call.trainer.batch_spec(job) is None or job.config.trainable not in TRAINABLE
                 or unbatchable(job.net)
-                or (self.policy == "auto" and slower_batched(job.net, job.config.device))):
+                or (self.policy == "auto" and slower_batched(
+                    job.net, self.workers.device if self.workers else job.config.device))):
             return None
         return call, _received(call, job.net, self.decoded)
 

@@ -34,7 +34,7 @@ import functools
 import os
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
-from logging import DEBUG, ERROR, INFO
+from logging import DEBUG, ERROR, INFO, WARNING
 from typing import Any, Protocol
 from uuid import uuid4
 
@@ -454,6 +454,11 @@ def simulate_inprocess(cfg: RunConfig, verbose: bool = False,
         from launch.ray_workers import RayWorkers
 
         workers = RayWorkers(cfg.ray_address, cfg.device)
+    elif cfg.ray_address:
+        log(WARNING, "fedsys: ray-address %s is not used: on the in-process engine only "
+            "clients trained together go to the cluster, and here none are (%s)",
+            cfg.ray_address, "batch-clients is false" if cfg.batch_clients == "false"
+            else "a ClientApp of your own")
     try:
         grid = make_grid(cfg, UnconfinedClientApp(client_app or fedsys_client_app), os.environ,
                          BatchTraining(cfg.batch_clients, workers=workers) if batched else None)

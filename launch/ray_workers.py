@@ -136,6 +136,12 @@ class RayWorkers:
             "clients trained together", len(self.actors), self.places[0][1],
             len({p[0] for p in self.places}), address)
 
+    @property
+    def device(self) -> str:
+        """Where the workers train (``cuda`` or ``cpu``): what decides, under
+        ``batch-clients: auto``, whether a model is faster batched."""
+        return self.places[0][1] if self.places else "cpu"
+
     def train(self, net: nn.Module, starts: Sequence[State], jobs: Sequence[TrainJob],
               specs: Sequence[BatchSpec], normalise: Normaliser) -> Sequence[Trained]:
         """:func:`clients.batched.train_together` of the jobs, a contiguous share on each

@@ -277,6 +277,21 @@ def test_a_configured_ray_address_wins_and_a_dead_one_stops_either_engine(monkey
                           "there"), err
 
 
+def test_a_ray_address_the_in_process_engine_cannot_use_is_said(tmp_path, caplog):
+    """One client at a time never goes to the cluster: the run goes on here and says why."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as srv:  # something answers there
+        address = f"127.0.0.1:{srv.getsockname()[1]}"
+        assert main(["run", "--set", "dataset=synthetic", "--set", "model=mlp",
+                     "--set", "num-clients=3", "--set", "clients-per-round=3",
+                     "--set", "num-server-rounds=1", "--set", "strategy=fedavg",
+                     "--set", "engine=inprocess", "--set", "batch-clients=false",
+                     "--set", f"ray-address={address}", "--set", f"output-dir={tmp_path}"]) == 0
+    assert (f"ray-address {address} is not used: on the in-process engine only clients trained "
+            "together go to the cluster, and here none are (batch-clients is false)") in caplog.text
+
+
 def test_a_ray_address_that_answers_or_leaves_the_choice_to_ray_is_accepted():
     import socket
 
