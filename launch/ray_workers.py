@@ -127,8 +127,13 @@ class RayWorkers:
                 raise ConfigError(f"config key ray-address={address}: the cluster has no CPU "
                                   "or GPU a worker could use")
             #: (node id, device) of each worker, asked once: each has started
-            self.places: list[tuple[str, str]] = ray.get([a.where.remote() for a in self.actors],
-                                                         timeout=300)
+            try:
+                self.places: list[tuple[str, str]] = ray.get(
+                    [a.where.remote() for a in self.actors], timeout=300)
+            except ray.exceptions.GetTimeoutError:
+                raise ConfigError(f"config key ray-address={address}: {len(self.actors)} Ray "
+                                  "workers did not start within 300 s (are the cluster's CPUs "
+                                  "or GPUs held by other jobs? 'ray status' says)") from None
         except BaseException:
             ray.shutdown()
             raise
