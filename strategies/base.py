@@ -29,7 +29,7 @@ import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
@@ -193,6 +193,10 @@ class FedsysStrategy(Wrapping, RoundEngine):
         self.options = self.parse_options(options)
         self.fraction_train = float(fraction_train)
         self.min_train_nodes = int(min_train_nodes)
+        if self.fraction_train == 0.0 and clients_per_round is None:  # as Flower's FedAvg
+            self.min_train_nodes = 0
+            log(WARNING, "[%s] fraction_train is set to 0.0: federated training is skipped "
+                "(no train message is sent), as on Flower's strategies", self.name)
         self.min_available_nodes = int(min_available_nodes)
         self.seed = int(seed)
         self.node_wait_timeout = float(node_wait_timeout)

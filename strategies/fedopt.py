@@ -25,8 +25,8 @@ class FedOptOptions:
     beta1: float = option(0.9, "FedAdam/FedYogi: first-moment decay.", bounds="[0, 1]")
     beta2: float = option(0.99, "FedAdam/FedYogi: second-moment decay.", bounds="[0, 1]")
     bias_correction: bool = option(
-        False, "FedAdam/FedYogi: Adam bias correction as Flower's legacy FedAdam (the IMA "
-        "code uses none).")
+        False, "FedAdam/FedYogi: Adam bias correction as Flower's FedAdam applies it (its "
+        "exponent server_round + 1; Flower's FedYogi and the IMA code use none).")
 
 
 class FedOptStrategy(FedsysStrategy):
@@ -73,7 +73,9 @@ class FedOptStrategy(FedsysStrategy):
         avg = self.average(server_round, [u.params for u in updates], [u.num_examples for u in updates])
         x = self.finish(server_round, {0: avg})[0]
         self.steps += 1
-        return step(self.kind, self.params, x, self.m, self.v, self.steps, self.opt)
+        # the bias correction's exponent is Flower's FedAdam's, server_round + 1 (legacy
+        # and Message API): with it on, the same replies give Flower's model
+        return step(self.kind, self.params, x, self.m, self.v, server_round + 1, self.opt)
 
     def state_dict(self) -> dict[str, Any]:
         """Base state plus the moments and the step count."""

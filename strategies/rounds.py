@@ -194,6 +194,9 @@ class RoundEngine(Strategy):
                 f"strategy.prepare(num_rounds) before it (or give them in rounds)")
         if self.params is None:
             self.params = proto.from_record(arrays)
+        if self.skips_training():  # as Flower's configure_train: nothing to send
+            self.last_exchange = Exchange()
+            return []
         chosen = self.sample(grid, server_round, self.clients_per_round)
         cfg = self.round_config(server_round, config)
         payloads = {n: self.payload_for(n, p, server_round) for n, p in chosen.items()}
@@ -204,6 +207,11 @@ class RoundEngine(Strategy):
         self.last_exchange = Exchange(chosen, payloads, outbox, {
             m.metadata.dst_node_id: m.content.array_records[self.arrayrecord_key] for m in outbox})
         return list(self.last_exchange.outbox)
+
+    def skips_training(self) -> bool:
+        """Whether a round sends no train message: ``fraction_train=0.0`` without a fixed
+        ``clients_per_round`` (Flower's strategies skip federated training so)."""
+        return self.nodes.fraction_train == 0.0 and self.clients_per_round is None
 
     def sent_as_returned(self, ex: Exchange, messages: list[Message]) -> Exchange:
         """The exchange of the instructions ``configure_train`` returned.  On Flower's
@@ -271,9 +279,10 @@ class RoundEngine(Strategy):
         self.round_metrics = {}
         new = self.aggregate(server_round, updates) if updates else None
         if new is None:
-            log(ERROR, "[%s] round %d: no usable update (%d replies refused or missing: %s); "
-                "model unchanged", self.label, server_round, len(rejected),
-                why_refused(rejected))
+            if not (self.skips_training() and not replies):
+                log(ERROR, "[%s] round %d: no usable update (%d replies refused or missing: "
+                    "%s); model unchanged", self.label, server_round, len(rejected),
+                    why_refused(rejected))
         else:
             if self.params is not None:  # how far the broadcast model moved this round
                 self.round_metrics["global-step"] = distance(new, self.params)
