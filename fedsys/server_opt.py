@@ -55,7 +55,8 @@ def step(
         First and second moments per floating-point entry (float64), created on
         first use.
     t : int
-        1-based step count (for bias correction).
+        The bias correction's exponent: the 1-based step (fedsys's strategies pass
+        ``server_round + 1``, as Flower's FedAdam does).
     cfg : OptConfig
 
     Returns

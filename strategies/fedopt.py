@@ -65,32 +65,30 @@ class FedOptStrategy(FedsysStrategy):
         self.opt = OptConfig(o.lr, o.tau, o.beta1, o.beta2, o.bias_correction)
         self.m: dict[str, np.ndarray] = {}
         self.v: dict[str, np.ndarray] = {}
-        self.steps = 0
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
         """Alg. 2: the weighted client mean (through the wrappers), then the server step."""
         assert self.params is not None
         avg = self.average(server_round, [u.params for u in updates], [u.num_examples for u in updates])
         x = self.finish(server_round, {0: avg})[0]
-        self.steps += 1
         # the bias correction's exponent is Flower's FedAdam's, server_round + 1 (legacy
         # and Message API): with it on, the same replies give Flower's model
         return step(self.kind, self.params, x, self.m, self.v, server_round + 1, self.opt)
 
     def state_dict(self) -> dict[str, Any]:
-        """Base state plus the moments and the step count."""
+        """Base state plus the moments (the step is the round: nothing else to keep)."""
         state = super().state_dict()
         state["fedopt"] = {"m": {k: a.copy() for k, a in self.m.items()},
-                           "v": {k: a.copy() for k, a in self.v.items()}, "steps": self.steps}
+                           "v": {k: a.copy() for k, a in self.v.items()}}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output."""
+        """Restore :meth:`state_dict` output (a checkpoint from before 2026-12-05 also holds
+        a step count, no longer used)."""
         super().load_state_dict(state)
         s = state["fedopt"]
         self.m = {k: a.copy() for k, a in s["m"].items()}
         self.v = {k: a.copy() for k, a in s["v"].items()}
-        self.steps = int(s["steps"])
 
 
 class FedAdamStrategy(FedOptStrategy):
