@@ -226,10 +226,12 @@ class CoreOptions:
         'none', "Also log each round's record to TensorBoard ('tensorboard': "
         "<run>/tensorboard/<strategy>/, open with 'tensorboard --logdir runs/NAME'), MLflow "
         "('mlflow': its local store <output-dir>/mlflow.db, open with 'mlflow ui "
-        "--backend-store-uri sqlite:///runs/mlflow.db'), or 'both': the config as parameters, every number "
-        "at step = round, results.md, the figures and the final model; a resumed run continues "
-        "the same tracker run (pip install 'fedsys[tracking]').",
-        choices=('none', 'tensorboard', 'mlflow', 'both'))
+        "--backend-store-uri sqlite:///runs/mlflow.db'), Weights & Biases offline ('wandb': "
+        "<output-dir>/wandb/, browse with 'wandb leet runs/wandb', upload with 'wandb sync'), "
+        "'both' (TensorBoard and MLflow) or 'all' three: the config as parameters, every "
+        "number at step = round, results.md, the figures and the final model; a resumed run "
+        "continues the same tracker run (pip install 'fedsys[tracking]', 'fedsys[wandb]').",
+        choices=('none', 'tensorboard', 'mlflow', 'wandb', 'both', 'all'))
     ray_address: str = option(
         '', "An existing Ray cluster to run on ('ray start --head' on one machine, 'ray start "
         "--address=HEAD:PORT' on the others; give the head's host:port, or 'auto'). With "

@@ -339,9 +339,10 @@ def parser() -> argparse.ArgumentParser:
                        "             clients go to every GPU of this box with device=cuda, or with\n"
                        "             ray-address=HEAD:PORT to Ray workers on an existing cluster\n"
                        "             ('ray start' on each machine): one per GPU, or per node's CPUs.\n\n"
-                       "Tracking (config key 'tracking': tensorboard, mlflow or both): each round's\n"
-                       "record also in TensorBoard ('tensorboard --logdir runs/NAME') and MLflow\n"
-                       "('mlflow ui --backend-store-uri sqlite:///runs/mlflow.db').")
+                       "Tracking (config key 'tracking': tensorboard, mlflow, wandb, both or all):\n"
+                       "each round's record also in TensorBoard ('tensorboard --logdir runs/NAME'),\n"
+                       "MLflow ('mlflow ui --backend-store-uri sqlite:///runs/mlflow.db') or\n"
+                       "Weights & Biases offline ('wandb leet runs/wandb'; 'wandb sync' uploads).")
     with_config(r)
     r.add_argument("--seeds", metavar="K,K,...", help="run everything once per seed (e.g. 0,1,2): "
                    "runs/<name>/seed-<k>/ each, one table and figure across seeds")
