@@ -88,3 +88,46 @@ def step(
             vk -= (1 - cfg.beta2) * d2 * np.sign(vk - d2)
         out[k] = (w64 + lr * mk / (np.sqrt(vk) + cfg.tau)).astype(w.dtype)
     return out
+
+
+def momentum_step(weights: Params, aggregate: Params, velocity: dict[str, NDArray[np.float64]],
+                  lr: float, momentum: float) -> Params:
+    r"""FedAvgM's server step (Hsu, Qi & Brown 2019, §3; Flower's ``FedAvgM``): with
+    :math:`\Delta = w - x` (``x`` the clients' aggregate), :math:`v \leftarrow \beta v +
+    \Delta` (:math:`v = \Delta` at the first step) and :math:`w \leftarrow w - \eta v`.
+
+    Parameters
+    ----------
+    weights, aggregate : Params
+        Current global model and the clients' aggregate (same keys).
+    velocity : dict
+        The velocity per floating-point entry (float64), created on first use and
+        updated in place; kept only while ``momentum`` > 0, as Flower keeps it.
+    lr, momentum : float
+        :math:`\eta` and :math:`\beta`.
+
+    Returns
+    -------
+    Params
+        The new global model: ``aggregate`` itself when :math:`\eta = 1, \beta = 0`
+        (FedAvg, as Flower's switch ``server_opt`` skips the step); integer entries
+        come from ``aggregate``.
+    """
+    if lr == 1.0 and momentum == 0.0:
+        return aggregate
+    out: Params = {}
+    for k, w in weights.items():
+        if not is_float(w):
+            out[k] = aggregate[k].copy()
+            continue
+        w64 = np.asarray(w, np.float64)
+        step = w64 - np.asarray(aggregate[k], np.float64)
+        if momentum > 0.0:
+            if k in velocity:
+                velocity[k] *= momentum
+                velocity[k] += step
+            else:
+                velocity[k] = step.copy()
+            step = velocity[k]
+        out[k] = np.asarray(w64 - lr * step).astype(w.dtype)
+    return out

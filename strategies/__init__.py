@@ -12,6 +12,7 @@ from typing import Any
 from strategies.base import FedsysStrategy, StrategyWrapper
 from strategies.dp import DP
 from strategies.fedavg import FedAvgStrategy
+from strategies.fedavgm import FedAvgMStrategy
 from strategies.fedcda import FedCDAStrategy
 from strategies.fedcross import FedCrossStrategy
 from strategies.fedelmy import (
@@ -32,6 +33,7 @@ REGISTRY: dict[str, Any] = {
     "fedcda": FedCDAStrategy,
     "fedcross": FedCrossStrategy,
     "fedadam": FedAdamStrategy,
+    "fedavgm": FedAvgMStrategy,
     "fedyogi": FedYogiStrategy,
     "ima": IMA,
     "robust": Robust,
@@ -47,6 +49,7 @@ __all__ = [
     "IMA",
     "REGISTRY",
     "FedAdamStrategy",
+    "FedAvgMStrategy",
     "FedAvgStrategy",
     "FedCDAStrategy",
     "FedCrossStrategy",

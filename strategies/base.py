@@ -340,6 +340,11 @@ class FedsysStrategy(Wrapping, RoundEngine):
         for w in self.wrappers:
             w.summary()
 
+    def foreign_model_note(self) -> str:
+        """The method's :attr:`foreign_model`, then each wrapper's."""
+        return "; ".join([self.foreign_model, *(w.foreign_model for w in self.wrappers
+                                                 if w.foreign_model)])
+
     # ------------------------------------------------------------------ loop
 
     def prepare(self, num_rounds: int) -> None:

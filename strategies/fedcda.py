@@ -99,6 +99,8 @@ class FedCDAStrategy(FedsysStrategy):
     name = "fedcda"
     default_trainer = "sgd"
     Options = FedCDAOptions
+    foreign_model = ("it becomes the global model the round sends; the clients' cached "
+                     "models stay, and the next aggregate draws on them as before")
     required_metrics: ClassVar[dict[str, str]] = {
         "train_loss_key": "the mean training loss of the last local epoch, Alg. 1 line 8"}
 

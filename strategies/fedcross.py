@@ -114,6 +114,7 @@ class FedCrossStrategy(FedsysStrategy):
     name = "fedcross"
     default_trainer = "sgd"
     Options = FedCrossOptions
+    foreign_model = "every one of the K slot models restarts from it, as at round 1"
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -196,6 +197,12 @@ class FedCrossStrategy(FedsysStrategy):
         """Sample nodes, assign them slots (Alg. 1 line 4) and send each its slot model."""
         self.assignment = {}
         return list(super().configure_train(server_round, arrays, config, grid))
+
+    def adopt(self, params: Params) -> None:
+        """A foreign model: the global model and every slot (:attr:`foreign_model`)."""
+        self.params = params
+        if self.slots:
+            self.slots = [copy(params) for _ in range(self.K)]
 
     def payload_for(self, node_id: int, partition_id: int, server_round: int) -> Params:
         """The slot model assigned to ``node_id`` (Alg. 1 line 6); nothing else."""

@@ -47,6 +47,8 @@ class FedOptStrategy(FedsysStrategy):
     kind: ClassVar[str] = "adam"
     Options = FedOptOptions
     option_prefix = "fedopt"
+    foreign_model = ("it becomes the model the round sends and the server optimiser steps "
+                     "from (as Flower's FedOpt takes its current_arrays); the moments stay")
     #: Flower's ``FedAdam`` / ``FedYogi`` keywords -> the options they mean
     FLOWER_NAMES: ClassVar[dict[str, str]] = {"eta": "lr", "beta_1": "beta1", "beta_2": "beta2"}
 

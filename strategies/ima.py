@@ -77,6 +77,8 @@ class IMA(StrategyWrapper):
 
     name = "ima"
     Options = ImaOptions
+    foreign_model = ("IMA's window keeps the rounds' aggregates, which the foreign model "
+                     "does not enter; the average it sends from its start is the window's")
 
     def __init__(self, **options: Any) -> None:
         self.options: ImaOptions = parse_group(ImaOptions, self.name, options)

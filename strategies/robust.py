@@ -7,8 +7,8 @@ hands over (:meth:`~strategies.base.FedsysStrategy.average`), so what the rule r
 per method:
 
 - FedAvg, FedProx: the example-weighted mean of the accepted updates (Alg. 1);
-- FedAdam, FedYogi: the client mean before the server optimiser step (the pseudo-gradient
-  is then taken from the robust mean);
+- FedAdam, FedYogi, FedAvgM: the client mean before the server optimiser step (the
+  pseudo-gradient is then taken from the robust mean);
 - FedCDA: in its warm-up the FedAvg mean; after it the uniform mean of every seen client's
   selected model (Alg. 1 line 10): the selection (Eq. 8) is FedCDA's own and unchanged;
 - FedCross: the mean of the K middleware models that is the global model (Alg. 1 line 13,
@@ -60,7 +60,7 @@ CHAINS = ("fedseq", "fedelmy")
 #: Methods whose replaced mean sees at most ``clients-per-round`` models (the round's
 #: replies; FedCross its K slots).  The others' may see every partition: FedCDA's mean of
 #: every seen client's selected model, one-shot FedAvg's and parallel FedELMY's of all clients.
-PER_ROUND = ("fedavg", "fedprox", "fedadam", "fedyogi", "fedcross")
+PER_ROUND = ("fedavg", "fedprox", "fedadam", "fedavgm", "fedyogi", "fedcross")
 
 
 @dataclass(frozen=True)

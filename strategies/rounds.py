@@ -18,11 +18,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from logging import ERROR, WARNING
-from typing import Any, Self
+from logging import ERROR, INFO, WARNING
+from typing import Any, ClassVar, Self
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
+from flwr.serverapp.exception import AggregationError
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
@@ -106,6 +108,9 @@ class RoundEngine(Strategy):
         self.round_timeout = 3600.0
         self.round = 0
         self.params: Params | None = None
+        #: The record last made of :attr:`params` (:meth:`model_record`): a model given
+        #: to ``configure_train`` that is this object is the strategy's own.
+        self.own_record: ArrayRecord | None = None
         self.poll_interval = 0.1
         self.history: list[dict[str, Any]] = []
         #: Called with the strategy and each round's record (``RoundHook``).
@@ -192,8 +197,7 @@ class RoundEngine(Strategy):
                 f"[{self.label}] the run's length sets {', '.join(keys)}, and start()'s "
                 f"num_rounds tells it to the strategy; in a round loop of your own, call "
                 f"strategy.prepare(num_rounds) before it (or give them in rounds)")
-        if self.params is None:
-            self.params = proto.from_record(arrays)
+        self.take_model(server_round, arrays)
         if self.skips_training():  # as Flower's configure_train: nothing to send
             self.last_exchange = Exchange()
             return []
@@ -207,6 +211,47 @@ class RoundEngine(Strategy):
         self.last_exchange = Exchange(chosen, payloads, outbox, {
             m.metadata.dst_node_id: m.content.array_records[self.arrayrecord_key] for m in outbox})
         return list(self.last_exchange.outbox)
+
+    #: What a model given to ``configure_train`` that is not the strategy's own does (a
+    #: round loop of the caller's that changed it between rounds): one line, said in the
+    #: log when it happens and in the docs; a strategy whose state is more than one model
+    #: says what it does with the rest, and does it in :meth:`adopt`.
+    foreign_model: ClassVar[str] = "it becomes the global model the round sends"
+
+    def model_record(self) -> ArrayRecord:
+        """:attr:`params` as the record the round loop hands to ``configure_train``
+        (remembered: that record is the strategy's own model)."""
+        assert self.params is not None
+        self.own_record = proto.to_record(self.params)
+        return self.own_record
+
+    def take_model(self, server_round: int, arrays: ArrayRecord) -> None:
+        """Flower's round semantics: the round sends the ``arrays`` it is given.  The
+        strategy's own model (the record it made or returned, or equal values) changes
+        nothing; another model is adopted (:meth:`adopt`), said in one INFO line."""
+        if arrays is self.own_record and self.params is not None:
+            return
+        given = proto.from_record(arrays)
+        if self.params is None:
+            self.params = given
+            return
+        if given.keys() == self.params.keys() and all(
+                np.array_equal(given[k], self.params[k]) for k in given):
+            return
+        log(INFO, "[%s] round %d: configure_train was given a model other than the "
+            "strategy's own: %s", self.label, server_round, self.foreign_model_note())
+        self.adopt(given)
+        self.own_record = arrays
+
+    def foreign_model_note(self) -> str:
+        """:attr:`foreign_model`, with what the wrappers do about one (a wrapper's own
+        ``foreign_model``)."""
+        return self.foreign_model
+
+    def adopt(self, params: Params) -> None:
+        """Take ``params``, a model given to ``configure_train`` that is not the
+        strategy's own, as :attr:`foreign_model` says."""
+        self.params = params
 
     def skips_training(self) -> bool:
         """Whether a round sends no train message: ``fraction_train=0.0`` without a fixed
@@ -275,6 +320,12 @@ class RoundEngine(Strategy):
         ERROR saying why (the refusals' reasons).
         """
         replies = list(replies)
+        if self.params is None:
+            raise AggregationError(
+                f"[{self.label}] aggregate_train for round {server_round} before any "
+                "configure_train: the strategy has no model, and no record of what it sent "
+                "to check the replies against; call configure_train first (as Flower's "
+                "Strategy.start does)")
         updates, rejected = self.validate(replies)
         self.round_metrics = {}
         new = self.aggregate(server_round, updates) if updates else None
@@ -294,7 +345,7 @@ class RoundEngine(Strategy):
         metrics = replies_ops.train_metrics(updates, len(rejected), self.train_loss_key)
         self.add_client_metrics(metrics, updates, replies, own=self.round_metrics)
         metrics.update(self.round_metrics)
-        return (proto.to_record(new) if new is not None else None), proto.metric_record(metrics)
+        return (self.model_record() if new is not None else None), proto.metric_record(metrics)
 
     def add_client_metrics(self, record: dict[str, Any], updates: list[ClientUpdate],
                            replies: list[Message], own: Iterable[str] = ()) -> None:
@@ -382,8 +433,7 @@ class RoundEngine(Strategy):
         this method and returns its round metrics.
         """
         assert self.params is not None
-        sent = list(self.configure_train(server_round, proto.to_record(self.params),
-                                         train_config, grid))
+        sent = list(self.configure_train(server_round, self.model_record(), train_config, grid))
         ex = self.sent_as_returned(self.last_exchange, sent)
         replies = self.exchange(grid, ex)
         replies = self.resend_lost(grid, server_round, replies, ex)

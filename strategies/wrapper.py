@@ -50,6 +50,9 @@ class StrategyWrapper:
     name: ClassVar[str] = "wrapper"
     #: Whether :meth:`combine` replaces the strategy's mean of the round's models.
     replaces_mean: ClassVar[bool] = False
+    #: What the wrapper does about a model given to ``configure_train`` that is not the
+    #: strategy's own (one line; empty: nothing of its own).
+    foreign_model: ClassVar[str] = ""
 
     @classmethod
     def prefix(cls) -> str:

@@ -26,14 +26,15 @@ from tests.integration.hostile_app import HOSTILE, KINDS, app, dead_app
 
 pytestmark = pytest.mark.slow
 
-PARALLEL = ["fedavg", "fedprox", "fedadam", "fedyogi", "fedcda", "fedcross", "ima"]
+PARALLEL = ["fedavg", "fedprox", "fedadam", "fedyogi", "fedavgm", "fedcda", "fedcross", "ima"]
 CHAINS = ["fedelmy", "fedseq", "oneshot-fedavg", "fedelmy-parallel"]
 PASSES = 10  # the hostile node gets 2 tries a pass: 20 malformed replies per chain
 BASE = {"dataset": "synthetic", "model": "mlp", "partition": "iid", "lr": 0.05, "seed": 4,
         "num-clients": 3, "clients-per-round": 3, "num-server-rounds": len(KINDS),
         "strategy": ",".join(PARALLEL + CHAINS), "save-models": "global",
         "fedcda.warmup": 3, "fedcda.memory": 2, "ima.start-round": 8,
-        "chain.passes": PASSES, "chain.warmup-epochs": 0, "fedelmy.pool-size": 2}
+        "chain.passes": PASSES, "chain.warmup-epochs": 0, "fedelmy.pool-size": 2,
+        "fedavgm.server-learning-rate": 0.5, "fedavgm.server-momentum": 0.9}
 REASONS = {  # kind -> what the refusal says
     "nan": "holds NaN or Inf", "+inf": "holds NaN or Inf", "-inf": "holds NaN or Inf",
     "wrong-shape": "has shape", "wrong-dtype": "has dtype float64, expected float32",

@@ -23,7 +23,8 @@ from strategies.base import NoUsableUpdateError
 pytestmark = pytest.mark.slow
 
 BASE = {"dataset": "synthetic", "model": "mlp", "partition": "iid", "lr": 0.05,
-        "num-clients": 3, "clients-per-round": 2, "num-server-rounds": 3, "seed": 2}
+        "num-clients": 3, "clients-per-round": 2, "num-server-rounds": 3, "seed": 2,
+        "fedavgm.server-learning-rate": 0.5, "fedavgm.server-momentum": 0.9}
 
 app = ClientApp()
 
@@ -46,7 +47,7 @@ def train(msg: Message, context: Context) -> Message:
     return Message(content=content, reply_to=msg)
 
 
-STRATEGIES = ["fedavg", "fedprox", "fedadam", "fedyogi", "fedcross", "ima[ima.base=fedavg]",
+STRATEGIES = ["fedavg", "fedprox", "fedadam", "fedyogi", "fedavgm", "fedcross", "ima[ima.base=fedavg]",
               "ima[ima.base=fedcross]"]
 
 

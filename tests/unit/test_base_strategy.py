@@ -259,7 +259,8 @@ def plain_client(sent: list[Message], loss: bool = False):
     return answer
 
 
-@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedcda", "fedcross", "fedadam", "fedyogi"])
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedcda", "fedcross", "fedadam", "fedavgm",
+                                  "fedyogi"])
 def test_every_strategy_builds_like_flowers_own_without_a_run_config(name):
     from strategies import REGISTRY
 
@@ -632,8 +633,8 @@ def tutorial_client(sent: list[Message], model_key: str = "arrays", config_key: 
     return answer
 
 
-@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedcda", "fedcross", "fedadam", "fedyogi",
-                                  "fedelmy", "oneshot-fedavg"])
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedcda", "fedcross", "fedadam", "fedavgm",
+                                  "fedyogi", "fedelmy", "oneshot-fedavg"])
 def test_flowers_tutorial_client_and_keywords_work_under_every_strategy(name, reply_grid, caplog):
     """Flower's FedAvg keywords (record names, metric aggregation functions) and the
     tutorial's reply (an extra metric, an object in a ConfigRecord) under every strategy:

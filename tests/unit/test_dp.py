@@ -396,7 +396,7 @@ def test_dp_states_what_it_releases_outside_epsilon(caplog) -> None:
 
 #: Every registered strategy under DP (``dp.base``): accepted, or the refusal's words.
 UNDER_DP = {
-    "fedavg": None, "fedprox": None, "fedadam": None, "fedyogi": None, "fedseq": None,
+    "fedavg": None, "fedprox": None, "fedadam": None, "fedavgm": None, "fedyogi": None, "fedseq": None,
     "fedelmy": None, "fedelmy-parallel": None,
     "fedcda": "dp on fedcda: FedCDA's selection",
     "fedcross": "dp on fedcross: FedCross's collaborator selection",

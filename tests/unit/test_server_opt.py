@@ -1,12 +1,13 @@
-"""FedAdam / FedYogi server steps (Reddi et al. 2021, Alg. 2; IMA spec §2.5) against
-hand computations, and IMA placed between the client mean and the step."""
+"""FedAdam / FedYogi server steps (Reddi et al. 2021, Alg. 2; IMA spec §2.5) and FedAvgM's
+(Hsu et al. 2019, §3) against hand computations, and IMA placed between the client mean and
+the step."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fedsys.server_opt import OptConfig, step
+from fedsys.server_opt import OptConfig, momentum_step, step
 from fedsys.validation import ClientUpdate
 from launch.registry import build, make_strategy
 from strategies import REGISTRY
@@ -40,6 +41,38 @@ def test_yogi_second_moment_and_bias_correction() -> None:
     np.testing.assert_allclose(out["x"], lr * 0.1 * d / (np.sqrt(v_exp) + 1e-3), rtol=1e-6)
     with pytest.raises(ValueError):
         step("sgd", w, agg, {}, {}, 1, OptConfig())
+
+
+def test_fedavgm_momentum_step_by_hand() -> None:
+    """v = Delta at the first step, then v = beta v + Delta; w - eta v; integers from the
+    aggregate; eta 1 and beta 0 return the aggregate itself (FedAvg)."""
+    w = {"x": np.array([1.0, -2.0], np.float32), "n": np.array(3, np.int64)}
+    agg = {"x": np.array([0.5, -1.0], np.float32), "n": np.array(5, np.int64)}
+    vel: dict[str, np.ndarray] = {}
+    out = momentum_step(w, agg, vel, 0.5, 0.9)
+    np.testing.assert_allclose(vel["x"], [0.5, -1.0])
+    np.testing.assert_allclose(out["x"], [0.75, -1.5])
+    assert out["n"] == 5 and out["x"].dtype == np.float32
+    out2 = momentum_step(out, agg, vel, 0.5, 0.9)  # Delta = [0.25, -0.5]
+    np.testing.assert_allclose(vel["x"], [0.9 * 0.5 + 0.25, 0.9 * -1.0 - 0.5])
+    np.testing.assert_allclose(out2["x"], [0.75 - 0.5 * 0.7, -1.5 - 0.5 * -1.4], rtol=1e-6)
+    none: dict[str, np.ndarray] = {}
+    momentum_step(w, agg, none, 0.5, 0.0)
+    assert none == {}  # no momentum, no velocity kept (as Flower's)
+    assert momentum_step(w, agg, {}, 1.0, 0.0) is agg
+
+
+def test_fedavgm_checkpoint_keeps_the_velocity(reply_grid) -> None:  # type: ignore[no-untyped-def]
+    from strategies.fedavgm import FedAvgMStrategy
+
+    s = FedAvgMStrategy(server_learning_rate=0.5, server_momentum=0.9)
+    s.params = {"x": np.zeros(2, np.float32)}
+    s.velocity = {"x": np.array([0.1, 0.2])}
+    t = FedAvgMStrategy(server_learning_rate=0.5, server_momentum=0.9)
+    t.load_state_dict(s.state_dict())
+    np.testing.assert_array_equal(t.velocity["x"], [0.1, 0.2])
+    s.velocity["x"][0] = 9.0
+    assert t.velocity["x"][0] == 0.1  # a copy
 
 
 def cfg(**kw: object):

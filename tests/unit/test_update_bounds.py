@@ -213,7 +213,8 @@ def test_the_bounds_are_config_keys_with_their_bounds(reply_grid):
         cfg(**{"max-weight-share": 1.5})
 
 
-ROUND_BASED = ["fedavg", "fedprox", "fedadam", "fedyogi", "fedcda", "fedcross", "ima", "robust", "dp"]
+ROUND_BASED = ["fedavg", "fedprox", "fedadam", "fedavgm", "fedyogi", "fedcda", "fedcross", "ima", "robust",
+               "dp"]
 
 
 @pytest.mark.parametrize("strategy", ROUND_BASED)
