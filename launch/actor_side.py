@@ -1,7 +1,8 @@
 """What a Ray actor keeps to itself, kept apart for a ClientApp called in the ServerApp's
 process (:mod:`launch.inprocess`): copies of the messages and records that cross (as Ray's
 pickling makes them), the clients' torch thread count and global random generators
-(:class:`ClientSide`), and Flower's task identity of the caller (:func:`task_identity`).
+(:class:`ClientSide`).  Flower's task identity of the caller is a patch of Flower's
+(:func:`launch.flower_patches.task_identity`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import numpy as np
 import torch
 from flwr.app import Message, RecordDict
 from flwr.app.message import make_message
-from flwr.supercore.task_identity import TaskIdentity
 
 #: torch's default seed: the global generator of a fresh process, as a Ray actor starts.
 TORCH_DEFAULT_SEED = 67280421310721
@@ -125,19 +125,5 @@ class ClientSide:
             server.apply()
 
 
-@contextlib.contextmanager
-def task_identity(task_id: int, run_id: int, node_id: int) -> Iterator[None]:
-    """Flower's :class:`TaskIdentity` (which every new ``Message`` reads) set to this task
-    within, and put back as it was after (possibly unset)."""
-    names = ("_task_id", "_run_id", "_node_id")
-    saved = [vars(TaskIdentity).get(n) for n in names]
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = task_id, run_id, node_id
-    try:
-        yield
-    finally:
-        for n, v in zip(names, saved, strict=True):
-            setattr(TaskIdentity, n, v)
-
-
 __all__ = ["CLIENT_RNG_SEED", "TORCH_DEFAULT_SEED", "ClientSide", "ProcessState", "actor_threads",
-           "copy_message", "copy_records", "task_identity"]
+           "copy_message", "copy_records"]

@@ -275,18 +275,13 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def versions() -> str:
     """``fedsys X (Flower Y, torch Z, Python W)``: the versions a bug report needs (torch's
     with its build, ``+cpu`` or ``+cu130``)."""
-    from importlib import metadata
-
     import torch
 
     from fedsys import __version__
+    from launch.flower_patches import flower_version
 
-    try:
-        flower = metadata.version("flwr")
-    except metadata.PackageNotFoundError:
-        flower = "not installed"
     py = ".".join(map(str, sys.version_info[:3]))
-    return f"fedsys {__version__} (Flower {flower}, torch {torch.__version__}, Python {py})"
+    return f"fedsys {__version__} (Flower {flower_version()}, torch {torch.__version__}, Python {py})"
 
 
 class _Version(argparse.Action):

@@ -17,7 +17,7 @@ What a Ray actor keeps to itself is kept apart here too: each ClientApp call get
 the message and the context (records copied, their arrays shared: an ``Array`` holds
 immutable bytes), runs with the clients' torch thread count and global random generators
 (:class:`launch.actor_side.ClientSide`) and with the node's task identity (Flower 1.42
-makes a ``Message`` only inside a task: :func:`launch.actor_side.task_identity`); the
+makes a ``Message`` only inside a task: :func:`launch.flower_patches.task_identity`); the
 ServerApp's are put back after.
 
 Not reproduced: clients do not run in parallel (one message at a time, in push order);
@@ -63,7 +63,8 @@ from flwr.supercore.date import now
 from flwr.supercore.run import Run
 
 from fedsys.config import RunConfig
-from launch.actor_side import ClientSide, actor_threads, copy_message, copy_records, task_identity
+from launch.actor_side import ClientSide, actor_threads, copy_message, copy_records
+from launch.flower_patches import task_identity
 
 #: Seeds the node ids (Flower's simulation draws them from ``os.urandom``): the same ids in
 #: every run.  fedsys keys its nodes by partition-id, so no number depends on them.

@@ -8,19 +8,17 @@ objects as ``flwr run .``; the resolved config reaches both sides as
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import math
 import os
 import socket
 import tempfile
-import threading
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
+from logging import WARNING
 from pathlib import Path
-from typing import Any
 
 from fedsys.config import RunConfig, toml_text
+from launch import flower_patches
 
 FLWR_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",
@@ -123,60 +121,6 @@ def ray_address_problem(environ: Mapping[str, str], timeout: float = 5.0,
     return None
 
 
-#: The parameters of Flower's ``vce_api.add_messages_to_queue`` (flwr 1.41 and 1.42) that
-#: :func:`prompt_dispatch` replaces; another signature leaves Flower's own in place.
-DISPATCH_PARAMETERS = ("state", "queue", "nodes_mapping", "f_stop")
-
-
-def _dispatch(state: Any, queue: Any, nodes_mapping: Mapping[int, Any],
-              f_stop: threading.Event, idle: float = 0.1) -> None:
-    """Flower's loop that moves each node's next message from the LinkState to the
-    runtime's queue, woken as soon as a message is stored, not only every ``idle`` s."""
-    wake = threading.Event()
-    store = state.store_message_ins
-
-    def store_and_wake(*args: Any, **kwargs: Any) -> Any:
-        out = store(*args, **kwargs)
-        wake.set()
-        return out
-
-    state.store_message_ins = store_and_wake  # this state object only
-    try:
-        while not f_stop.is_set():
-            wake.clear()  # a message stored from here on wakes the wait below
-            for node_id in nodes_mapping.keys():
-                for msg in state.get_message_ins(node_id=node_id, limit=1):
-                    queue.put(msg)
-            wake.wait(idle)
-    finally:
-        del state.store_message_ins
-
-
-@contextlib.contextmanager
-def prompt_dispatch() -> Iterator[bool]:
-    """Within it, Flower's simulation runtime takes a message the moment the ServerApp
-    stores it.
-
-    Flower's runtime looks for new messages every 0.1 s (``vce_api.add_messages_to_queue``):
-    each round of a simulation waited about 50 ms for it, as long as the rest of a one-step
-    client's message path together (``benchmarks/client_overhead.py``).  :func:`_dispatch`
-    is the same loop (each node's next message, one at a time) that also wakes when a
-    message is stored.  Yields whether it is in place: only where Flower's function has the
-    parameters it replaces (:data:`DISPATCH_PARAMETERS`); Flower's own is put back after.
-    """
-    from flwr.server.superlink.fleet.vce import vce_api
-
-    original = getattr(vce_api, "add_messages_to_queue", None)
-    if original is None or tuple(inspect.signature(original).parameters) != DISPATCH_PARAMETERS:
-        yield False
-        return
-    vce_api.add_messages_to_queue = _dispatch
-    try:
-        yield True
-    finally:
-        vce_api.add_messages_to_queue = original
-
-
 def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = None) -> None:
     """Run ``cfg`` with ``num-clients`` simulated SuperNodes (Ray backend, ``engine: flower``).
 
@@ -193,10 +137,15 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
     (:func:`launch.inprocess.simulate_inprocess`: every ClientApp called in this process).
     """
     if cfg.engine == "inprocess":
-        from launch.inprocess import simulate_inprocess
+        if flower_patches.task_identity_usable():
+            from launch.inprocess import simulate_inprocess
 
-        simulate_inprocess(cfg, verbose=verbose, client_app=client_app)
-        return
+            simulate_inprocess(cfg, verbose=verbose, client_app=client_app)
+            return
+        from flwr.common.logger import log
+
+        log(WARNING, "fedsys: engine 'inprocess' needs Flower's task identity as flwr "
+            "1.41-1.42 have it (the WARNING above); this run uses engine 'flower'")
     os.environ.update({k: os.environ.get(k, v) for k, v in FLWR_ENV.items()})
     # Ray's notice that a later Ray will stop hiding GPUs from actors that asked for none:
     # fedsys relies on today's behaviour (client-num-gpus 0 means the clients see no GPU)
@@ -226,7 +175,7 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
         app_dir = write_app_dir(cfg, Path(tmp))
         context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
                           run_config=dict(cfg.to_dict()))
-        with prompt_dispatch():
+        with flower_patches.prompt_dispatch():
             _run_simulation(
                 num_supernodes=cfg.num_clients,
                 exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,

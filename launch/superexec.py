@@ -38,7 +38,6 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
 from multiprocessing import forkserver
-from types import SimpleNamespace
 from typing import Any
 
 import setproctitle
@@ -131,22 +130,23 @@ def _installed(command: str) -> str:
 
 
 def apply(environ: Mapping[str, str] = os.environ) -> WarmStarter | None:
-    """Start the fork server and route Flower's ``SubprocessExecutor`` through it; none
-    when ``FEDSYS_APP_PRELOAD`` names nothing installed."""
-    from flwr.supercore.superexec.executor import subprocess_executor as executor
+    """Start the fork server and route Flower's ``SubprocessExecutor`` through it (the
+    patch ``warm-app-processes`` of :mod:`launch.flower_patches`); none when
+    ``FEDSYS_APP_PRELOAD`` names nothing installed, or the patch does not fit this Flower
+    (a WARNING: every app process then starts as Flower starts it)."""
+    from launch import flower_patches
 
-    if not callable(getattr(getattr(executor, "SubprocessExecutor", None), "launch", None)) \
-            or getattr(executor, "subprocess", None) is not subprocess:
-        raise SystemExit("flwr.supercore.superexec.executor.subprocess_executor is not the "
-                         "one launch/superexec.py knows (SubprocessExecutor.launch calling "
-                         "subprocess.Popen)")
     preload = preload_modules(environ)
     if not preload:
         return None
-    starter = WarmStarter(preload)
-    executor.subprocess = SimpleNamespace(  # type: ignore[assignment,attr-defined]
-        Popen=starter.Popen, DEVNULL=subprocess.DEVNULL)
-    return starter
+    started: list[WarmStarter] = []
+
+    def start() -> Callable[..., object]:
+        started.append(WarmStarter(preload))
+        return started[0].Popen
+
+    flower_patches.warm_app_processes(start, environ)
+    return started[0] if started else None
 
 
 def main() -> None:

@@ -21,20 +21,20 @@ ClientApp that dies before it checks in now holds its message for the whole wind
 instead of 30 s.  Then it runs Flower's own ``flower-supernode`` with the same
 arguments.
 
-Used by ``fedsys deploy`` (:mod:`launch.deploy`) as ``python -m launch.supernode``.
+The change is a patch of Flower's own code, in :mod:`launch.flower_patches`
+(``supernode-start-window``): a Flower release it does not fit keeps its own window, with a
+WARNING.  Used by ``fedsys deploy`` (:mod:`launch.deploy`) as ``python -m launch.supernode``.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping
-from datetime import timedelta
+from collections.abc import Mapping
 
-from flwr.supercore.corestate.in_memory_corestate import InMemoryCoreState
-from flwr.supercore.date import now
 from flwr.supernode.cli import flower_supernode
 
+from launch import flower_patches
 from launch.console import hand_over
 
 ENV = "FEDSYS_CLIENTAPP_START_S"
@@ -62,38 +62,9 @@ def start_window_s(environ: Mapping[str, str] = os.environ) -> float:
     return env_positive(environ, ENV, DEFAULT_S, "seconds")
 
 
-def with_start_window(claim: Callable[[InMemoryCoreState, int], str | None],
-                      seconds: float) -> Callable[[InMemoryCoreState, int], str | None]:
-    """``claim_task`` whose claimed task waits ``seconds`` (at least Flower's own
-    window) for its ClientApp to activate it."""
-
-    def claim_task(self: InMemoryCoreState, task_id: int) -> str | None:
-        token = claim(self, task_id)
-        if token is not None:
-            with self.lock_task_store:
-                record = self.task_token_store.get(task_id)
-                if record is not None and record.token == token:
-                    record.active_until = max(record.active_until,
-                                              now() + timedelta(seconds=seconds))
-        return token
-
-    claim_task.__doc__ = claim.__doc__
-    return claim_task
-
-
-def apply(seconds: float) -> None:
-    """Give every task the SuperNode hands out from now on ``seconds`` to start."""
-    if not callable(getattr(InMemoryCoreState, "claim_task", None)):
-        raise SystemExit("flwr.supercore.corestate.in_memory_corestate.InMemoryCoreState has "
-                         "no claim_task: this Flower release is not the one "
-                         "launch/supernode.py knows")
-    InMemoryCoreState.claim_task = with_start_window(  # type: ignore[method-assign,assignment]
-        InMemoryCoreState.claim_task, seconds)
-
-
 def main() -> None:
     """Set the start window, then hand over to Flower's ``flower-supernode``."""
-    apply(start_window_s())
+    flower_patches.supernode_start_window(start_window_s())
     hand_over("flower-supernode", flower_supernode)
 
 

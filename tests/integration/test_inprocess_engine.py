@@ -125,3 +125,33 @@ def test_fedsys_run_in_process_needs_no_ray(tmp_path, monkeypatch, capsys):
     assert ray_before or "ray" not in sys.modules
     recs = metrics.read_jsonl(tmp_path / "noray" / "fedavg" / "metrics.jsonl")
     assert [r["round"] for r in recs] == [0, 1, 2]
+
+
+def test_a_flower_whose_task_identity_moved_runs_the_flower_engine(tmp_path, monkeypatch, caplog):
+    """The in-process engine rests on one patch of Flower's (``task-identity``,
+    launch/flower_patches.py): where a Flower release has changed it, ``engine: inprocess``
+    runs on Flower's engine instead, saying so, and gives that engine's numbers."""
+    import logging
+
+    import flwr.supercore.task_identity as module
+
+    from launch import flower_patches
+
+    class Moved:  # a later Flower's, say
+        pass
+
+    monkeypatch.setattr(flower_patches, "_warned", set())
+    cfg = {**BASE, "num-server-rounds": 2, "clients-per-round": 2, "strategy": "fedavg",
+           "batch-clients": False}
+    simulate(build({**cfg, "output-dir": str(tmp_path / "flower"), "name": "run",
+                    "engine": "flower"}))
+    monkeypatch.setattr(module, "TaskIdentity", Moved)
+    with caplog.at_level(logging.WARNING):
+        simulate(build({**cfg, "output-dir": str(tmp_path / "moved"), "name": "run",
+                        "engine": "inprocess"}))
+    assert "Flower patch 'task-identity' not applied" in caplog.text
+    assert "this run uses engine 'flower'" in caplog.text
+    cmp = _compare_module()
+    a, b = (tmp_path / e / "run" / "fedavg" for e in ("flower", "moved"))
+    diffs, values, added = cmp.compare(a / "metrics.jsonl", b / "metrics.jsonl")
+    assert not diffs and not added and values > 10, diffs[:5]

@@ -1,4 +1,4 @@
-"""``launch.simulation.prompt_dispatch``: Flower's simulation runtime takes a stored
+"""``launch.flower_patches.prompt_dispatch``: Flower's simulation runtime takes a stored
 message at once (its own loop looks every 0.1 s), one message per node at a time as
 Flower's loop does, and Flower's function is back afterwards."""
 
@@ -9,7 +9,7 @@ import threading
 
 from flwr.server.superlink.fleet.vce import vce_api
 
-from launch import simulation
+from launch import flower_patches
 
 
 class _State:
@@ -34,7 +34,7 @@ class _State:
 def _run(state: _State, idle: float) -> tuple[queue.Queue[str], threading.Event, threading.Thread]:
     q: queue.Queue[str] = queue.Queue()
     stop = threading.Event()
-    loop = threading.Thread(target=simulation._dispatch, args=(state, q, {1: 0, 2: 1}, stop, idle))
+    loop = threading.Thread(target=flower_patches._dispatch, args=(state, q, {1: 0, 2: 1}, stop, idle))
     loop.start()
     return q, stop, loop
 
@@ -77,13 +77,13 @@ def test_a_node_gets_one_message_per_sweep_as_in_flowers_loop():
 
 def test_flowers_loop_is_replaced_only_inside_and_only_where_it_fits(monkeypatch):
     flowers = vce_api.add_messages_to_queue
-    with simulation.prompt_dispatch() as replaced:
-        assert replaced and vce_api.add_messages_to_queue is simulation._dispatch
+    with flower_patches.prompt_dispatch({}) as replaced:
+        assert replaced and vce_api.add_messages_to_queue is flower_patches._dispatch
     assert vce_api.add_messages_to_queue is flowers
 
     def other(state, queue, nodes_mapping, f_stop, extra):  # a later Flower's, say
         return None
 
     monkeypatch.setattr(vce_api, "add_messages_to_queue", other)
-    with simulation.prompt_dispatch() as replaced:
+    with flower_patches.prompt_dispatch({}) as replaced:
         assert not replaced and vce_api.add_messages_to_queue is other

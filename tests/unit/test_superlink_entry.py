@@ -18,15 +18,15 @@ from flwr.supercore.state.schema.corestate_models import Task as TaskModel
 from flwr.supercore.utils import uint64_to_int64
 from sqlalchemy import select
 
-from launch import superlink
+from launch import flower_patches, superlink
 
 
 def test_every_new_connection_waits_the_longer_timeout(monkeypatch, tmp_path):
-    monkeypatch.setattr(sql_mixin, superlink.PRAGMAS, getattr(sql_mixin, superlink.PRAGMAS))
+    monkeypatch.setattr(sql_mixin, flower_patches.PRAGMAS, getattr(sql_mixin, flower_patches.PRAGMAS))
     conn = sqlite3.connect(tmp_path / "a.db")
     sql_mixin._set_sqlite_pragmas(conn, None)
     assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000  # Flower 1.41's own
-    superlink.apply(superlink.busy_timeout_ms({}))
+    assert flower_patches.sqlite_busy_timeout(superlink.busy_timeout_ms({}), {})
     conn = sqlite3.connect(tmp_path / "b.db")
     sql_mixin._set_sqlite_pragmas(conn, None)
     assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 120_000
@@ -40,9 +40,15 @@ def test_timeout_from_the_environment_and_bad_values_refused():
             superlink.busy_timeout_ms({superlink.ENV: bad})
 
 
-def test_a_flower_without_the_pragma_is_refused():
-    with pytest.raises(SystemExit, match="busy_timeout"):
-        superlink.with_busy_timeout((("journal_mode", "WAL"),), 1000)
+def test_a_flower_without_the_pragma_keeps_its_own_with_one_warning(monkeypatch, caplog):
+    monkeypatch.setattr(sql_mixin, flower_patches.PRAGMAS, (("journal_mode", "WAL"),))
+    monkeypatch.setattr(flower_patches, "_warned", set())
+    assert not flower_patches.sqlite_busy_timeout(1000, {})
+    assert not flower_patches.sqlite_busy_timeout(1000, {})
+    assert getattr(sql_mixin, flower_patches.PRAGMAS) == (("journal_mode", "WAL"),)
+    said = [r for r in caplog.records if "sqlite-busy-timeout" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "WARNING", said
+    assert "holding busy_timeout" in said[0].getMessage()
 
 
 def test_it_is_flowers_superlink_with_its_arguments():
@@ -79,7 +85,7 @@ def _claimed_window_s(tmp_path, name: str) -> float:
 def test_a_claimed_serverapp_task_waits_the_start_window(monkeypatch, tmp_path):
     monkeypatch.setattr(SqlCoreState, "claim_task", SqlCoreState.claim_task)
     assert 25 < _claimed_window_s(tmp_path, "a.db") <= 30  # Flower 1.41's own
-    superlink.apply_start_window(300.0)
+    assert flower_patches.superlink_start_window(300.0, {})
     assert 295 < _claimed_window_s(tmp_path, "b.db") <= 300
-    superlink.apply_start_window(1.0)  # never below Flower's
+    assert flower_patches.superlink_start_window(1.0, {})  # never below Flower's
     assert 25 < _claimed_window_s(tmp_path, "c.db") <= 30

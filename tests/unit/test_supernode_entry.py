@@ -12,7 +12,7 @@ from flwr.supercore.date import now
 from flwr.supercore.object_store import ObjectStoreFactory
 from flwr.supernode.nodestate.in_memory_nodestate import InMemoryNodeState
 
-from launch import supernode
+from launch import flower_patches, supernode
 
 
 def _claimed_window_s(state: InMemoryNodeState) -> float:
@@ -28,13 +28,13 @@ def test_a_claimed_task_waits_the_window_for_its_clientapp(monkeypatch):
     monkeypatch.setattr(InMemoryCoreState, "claim_task", InMemoryCoreState.claim_task)
     state = InMemoryNodeState(ObjectStoreFactory().store())
     assert 25 < _claimed_window_s(state) <= 30  # Flower 1.41's own: then a second ClientApp
-    supernode.apply(supernode.start_window_s({}))
+    assert flower_patches.supernode_start_window(supernode.start_window_s({}), {})
     assert 295 < _claimed_window_s(InMemoryNodeState(ObjectStoreFactory().store())) <= 300
 
 
 def test_a_shorter_window_keeps_flowers(monkeypatch):
     monkeypatch.setattr(InMemoryCoreState, "claim_task", InMemoryCoreState.claim_task)
-    supernode.apply(1.0)
+    assert flower_patches.supernode_start_window(1.0, {})
     assert 25 < _claimed_window_s(InMemoryNodeState(ObjectStoreFactory().store())) <= 30
 
 
