@@ -346,7 +346,10 @@ def init_model() -> Params:
 
 
 def configured(s: FedCrossStrategy, grid: Any, rnd: int) -> list[Message]:
-    msgs = list(s.configure_train(rnd, protocol.to_record(init_model()), ConfigRecord(), grid))
+    """Round ``rnd``'s train messages, configure_train given the strategy's own model (as
+    Flower's loop gives it the last round's result; another model would restart the slots)."""
+    own = s.params if s.params is not None else init_model()
+    msgs = list(s.configure_train(rnd, protocol.to_record(own), ConfigRecord(), grid))
     grid.push_messages(msgs)  # message ids, as the runtime gives them
     grid.outbox.clear()
     return msgs
