@@ -33,7 +33,7 @@ FLWR_OLDEST  := 1.41.0
 # IMPORT_AHEAD compiles the heavy ones once before the test workers start (three workers
 # compiling torch and Ray side by side once made Ray's start-up time out).
 unexport PYTHONDONTWRITEBYTECODE
-IMPORT_AHEAD := -c 'import launch.cli, launch.client_app, launch.server_app, launch.simulation, ray, flwr.simulation'
+IMPORT_AHEAD := -c 'import fedsys_launch.cli, fedsys_launch.client_app, fedsys_launch.server_app, fedsys_launch.simulation, ray, flwr.simulation'
 UV_REQ := uv>=0.13.5,<0.14
 UV_REQ_OLDEST := uv>=0.12.20,<0.13
 PIP_CONSTRAINTS = $(shell $(PYTHON) -m pip config list 2>/dev/null \
@@ -104,7 +104,7 @@ test-flwr-oldest: $(VENV_OLDEST)/.installed data
 # the newest Flower pre-release the package index serves: Flower's nightly builds are the
 # distribution flwr-nightly (it installs the module flwr), so fedsys and its dev extra go in
 # first, then flwr leaves for the nightly.  Not part of CI: a nightly that changed one of
-# Flower's internals fedsys patches shows it as a WARNING of launch/flower_patches.py
+# Flower's internals fedsys patches shows it as a WARNING of fedsys_launch/flower_patches.py
 # (printed at the end), and a test that fails shows what else moved.
 VENV_NEXT := .venv-flwr-next
 $(VENV_NEXT)/.installed: pyproject.toml
@@ -120,7 +120,7 @@ $(VENV_NEXT)/.installed: pyproject.toml
 
 test-flwr-next: $(VENV_NEXT)/.installed data
 	$(VENV_NEXT)/bin/python -c 'import importlib.metadata as m; print("flwr-nightly", m.version("flwr-nightly"))'
-	$(VENV_NEXT)/bin/python -c 'from launch import flower_patches as p; \
+	$(VENV_NEXT)/bin/python -c 'from fedsys_launch import flower_patches as p; \
 	    bad = {n: c() for n, c in p.CHECKS.items() if c()}; \
 	    print("Flower patches that no longer fit:", bad or "none")'
 	$(VENV_NEXT)/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests/unit \

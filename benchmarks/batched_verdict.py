@@ -34,7 +34,7 @@ ARMS = {"flower": ["engine=flower"], "batched": ["engine=inprocess", "batch-clie
 
 def run(config: Path, seeds: str, sets: list[str], out: Path) -> None:
     """One ``fedsys run`` of ``config`` over ``seeds`` into ``out``."""
-    cmd = [sys.executable, "-m", "launch", "run", str(config), f"--seeds={seeds}",
+    cmd = [sys.executable, "-m", "fedsys_launch", "run", str(config), f"--seeds={seeds}",
            *(f"--set={s}" for s in sets), f"--set=output-dir={out}", "--set=name=v"]
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "log.txt", "w") as log:

@@ -70,7 +70,7 @@ WORKLOADS: dict[str, list[Workload]] = {
                  ("one-step, 10 clients", None, ONE_STEP)],
              "make-run": [("make-run FedAvg", "configs/default.yaml", MAKE_RUN),
                           ("make-run FedSeq hop", "configs/default.yaml", MAKE_RUN_SEQ)]}
-#: the ClientApp's steps timed in the actors, by the name of the function in launch.client_app
+#: the ClientApp's steps timed in the actors, by the name of the function in fedsys_launch.client_app
 STEPS = {"_setup": "config + samples", "_load": "model + weights", "run_trainer": "training",
          "_weights": "reply weights", "train_reply": "reply weights"}
 PARTS = ["push", "to the runtime", "queue", "Ray in", "config + samples", "model + weights",
@@ -86,7 +86,7 @@ def _client_app(trace_dir: str) -> Any:
     app = ClientApp()
 
     def timed(msg: Any, context: Any, kind: str) -> Any:
-        import launch.client_app as ca
+        import fedsys_launch.client_app as ca
         from fedsys import protocol
 
         if not getattr(ca, "_bench_probes", False):
@@ -191,8 +191,8 @@ def child(spec: dict[str, Any], out: Path) -> None:
     sys.path.insert(0, os.getcwd())
     from fedsys import metrics
     from fedsys.config import load_yaml
-    from launch.registry import build
-    from launch.simulation import simulate
+    from fedsys_launch.registry import build
+    from fedsys_launch.simulation import simulate
 
     layers = [load_yaml(ROOT / spec["config"])] if spec["config"] else []
     cfg = build(*layers, {**spec["settings"], "name": "bench", "output-dir": str(out / "runs"),
@@ -351,11 +351,11 @@ def main() -> None:
         sys.path.insert(0, str(ROOT))
         import torch
 
-        from fedsys import metrics
+        from fedsys_launch import recording
 
         cmd = "python benchmarks/client_overhead.py " + " ".join(sys.argv[1:])
         doc = ROOT / "docs" / "performance.md"
-        metrics.record_section(doc, "## Where a simulated client's time goes", cmd,
+        recording.record_section(doc, "## Where a simulated client's time goes", cmd,
                                "\n".join(text), f"torch {torch.__version__}")
         print(f"recorded in {doc}")
 

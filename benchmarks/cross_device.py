@@ -10,7 +10,7 @@ clients of 600 samples, all 100 a round.  One run each, one after the other, eac
 - ``inprocess``, batched (the round's clients trained together, ``clients/batched.py``);
 - with ``--ray-nodes K``, also ``inprocess`` batched on a Ray cluster of K nodes on
   127.0.0.1 (``ray start --head`` and K-1 ``ray start --address``, one CPU each; config key
-  ``ray-address``, ``launch/ray_workers.py``): what sending the shares to workers costs;
+  ``ray-address``, ``fedsys_launch/ray_workers.py``): what sending the shares to workers costs;
 - the floor: a plain PyTorch loop in this process, one thread, training the same clients
   on the same data one after another (``torch.optim.SGD``, the weighted mean after), with
   no evaluation, no messages, no checkpoints.
@@ -67,7 +67,7 @@ def peak_rss_mib(pid: int) -> float:
 def run_fedsys(sets: list[str], out: Path) -> tuple[list[float], float, float]:
     """Round times (rounds 1..), whole wall seconds and the driver's peak RSS of one
     ``fedsys run`` of the cross-device config with ``sets``."""
-    cmd = [sys.executable, "-m", "launch", "run", str(CONFIG), *(f"--set={s}" for s in sets),
+    cmd = [sys.executable, "-m", "fedsys_launch", "run", str(CONFIG), *(f"--set={s}" for s in sets),
            f"--set=output-dir={out}", "--set=name=xdev"]
     out.mkdir(parents=True, exist_ok=True)
     t0, peak = time.perf_counter(), 0.0
@@ -92,7 +92,7 @@ def floor(sets: list[str], rounds: int) -> list[float]:
 
     from fedsys.models import build_model
     from fedsys.task import client_data, dataset
-    from launch.registry import load
+    from fedsys_launch.registry import load
 
     torch.set_num_threads(1)
     cfg = load(CONFIG, sets)
@@ -148,7 +148,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         variants = dict(VARIANTS)
         if args.ray_nodes > 0:
-            from launch.raycluster import ray_cluster, ray_node
+            from fedsys_launch.raycluster import ray_cluster, ray_node
 
             root = Path(tempfile.mkdtemp(prefix="fedsys-xr-"))  # short: Ray's socket paths
             stack.callback(shutil.rmtree, root, ignore_errors=True)

@@ -45,7 +45,8 @@ sys.path.insert(0, str(ROOT))
 
 from fedsys import metrics  # noqa: E402
 from fedsys.options import ConfigError  # noqa: E402
-from launch.deploy import (  # noqa: E402
+from fedsys_launch import recording  # noqa: E402
+from fedsys_launch.deploy import (  # noqa: E402
     SERVER_EXEC,
     SUPERLINK,
     LocalDeployment,
@@ -53,7 +54,7 @@ from launch.deploy import (  # noqa: E402
     node_exec_name,
     node_name,
 )
-from launch.registry import build  # noqa: E402
+from fedsys_launch.registry import build  # noqa: E402
 
 
 def pss_mib(pids: list[int]) -> float:
@@ -296,11 +297,11 @@ def main() -> None:
             fault_lines = faults(tmp, args.node_nice)
     if args.record:  # each part replaces its own subsection, so the parts may run apart
         cmd = "python benchmarks/deploy_load.py " + " ".join(sys.argv[1:])
-        head = metrics.stamp(cmd)
+        head = recording.stamp(cmd)
         doc = ROOT / "docs" / "performance.md"
         text = doc.read_text()
         if len(rows) > 2:
-            text = metrics.replace_subsection(text, "## Deployment load", "### SuperNodes against N", head + (
+            text = recording.replace_subsection(text, "## Deployment load", "### SuperNodes against N", head + (
                 "FedAvg, the SuperNodes trained per round drawn from all N (all of them "
                 f"unless that column says fewer; Fashion-MNIST, model {args.model}, "
                 f"10 local steps), SuperNodes and ClientApps at niceness {args.node_nice}, "
@@ -309,7 +310,7 @@ def main() -> None:
                 "(a node: its SuperNode, SuperExec and ClientApp processes):\n\n"
                 + "\n".join(rows) + "\n"))
         if fault_lines:
-            text = metrics.replace_subsection(text, "## Deployment load", "### Faults (10 SuperNodes)",
+            text = recording.replace_subsection(text, "## Deployment load", "### Faults (10 SuperNodes)",
                                               head + "\n".join(fault_lines) + "\n")
         doc.write_text(text)
         print(f"recorded in {doc}")

@@ -59,7 +59,7 @@ def run_once(config: Path, engine: str, rounds: int, out: Path, sets: list[str]
     """Wall seconds and CPU seconds (the run's process group, sampled every 0.5 s) of one
     ``fedsys run`` of ``config`` on ``engine`` (results in ``out``; ``sets``: more
     ``KEY=VALUE`` overrides)."""
-    cmd = [sys.executable, "-m", "launch", "run", str(config), *(f"--set={s}" for s in sets),
+    cmd = [sys.executable, "-m", "fedsys_launch", "run", str(config), *(f"--set={s}" for s in sets),
            f"--set=num-server-rounds={rounds}", f"--set=engine={engine}",
            f"--set=output-dir={out}", f"--set=name={config.stem}"]
     out.mkdir(parents=True, exist_ok=True)

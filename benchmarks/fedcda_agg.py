@@ -35,12 +35,12 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC, SECTION = ROOT / "docs" / "performance.md", "## FedCDA server cost"
 sys.path.insert(0, str(ROOT))
 
-from fedsys import metrics  # noqa: E402
 from fedsys.fedcda import batch_sizes  # noqa: E402
 from fedsys.models import build_model  # noqa: E402
 from fedsys.params import Params, from_torch  # noqa: E402
 from fedsys.validation import ClientUpdate  # noqa: E402
-from launch.registry import build  # noqa: E402
+from fedsys_launch import recording  # noqa: E402
+from fedsys_launch.registry import build  # noqa: E402
 from strategies.fedavg import FedAvgStrategy  # noqa: E402
 from strategies.fedcda import FedCDAStrategy  # noqa: E402
 
@@ -278,19 +278,19 @@ def main() -> None:
     gram_rows = gram_variants(args.repeats) if args.part in ("gram", "all") else []
     if args.record:
         cmd = "python benchmarks/fedcda_agg.py " + " ".join(sys.argv[1:])
-        stamp = metrics.stamp(cmd)
+        stamp = recording.stamp(cmd)
         if args.part in ("time", "all"):
-            metrics.write_subsection(DOC, SECTION, "### FedCDA aggregation time", stamp + (
+            recording.write_subsection(DOC, SECTION, "### FedCDA aggregation time", stamp + (
                 "One selection round (cache update, Eq. 8 searches, new global model), median "
                 "of the repeats, N = 2P clients with full caches (RAM), against FedAvg's "
                 "aggregation of the same P updates:\n\n") + "\n".join(rows) + "\n")
         if args.part in ("memory", "all"):
-            metrics.write_subsection(DOC, SECTION, "### FedCDA server memory", stamp + (
+            recording.write_subsection(DOC, SECTION, "### FedCDA server memory", stamp + (
                 "Peak resident memory of a fresh server process that fills the caches of N "
                 "clients (K = 3 each, 20 per round) and runs selection rounds:\n\n")
                 + "\n".join(mem) + "\n")
         if args.part in ("gram", "all"):
-            metrics.write_subsection(
+            recording.write_subsection(
                 DOC, SECTION, "### FedCDA Gram step, other ways to compute it", stamp + (
                 "Candidates are ResNet-18-size float32 vectors (63 = K x P, three batches of "
                 "21); times are the best of the repeats:\n\n") + "\n".join(gram_rows) + "\n")

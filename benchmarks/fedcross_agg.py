@@ -42,11 +42,11 @@ DOC, SECTION = ROOT / "docs" / "performance.md", "## FedCross aggregation"
 sys.path.insert(0, str(ROOT))
 
 from fedsys import fedcross as maths  # noqa: E402
-from fedsys import metrics  # noqa: E402
 from fedsys.models import build_model  # noqa: E402
 from fedsys.params import Params, from_torch, num_bytes  # noqa: E402
 from fedsys.validation import ClientUpdate  # noqa: E402
-from launch.registry import build  # noqa: E402
+from fedsys_launch import recording  # noqa: E402
+from fedsys_launch.registry import build  # noqa: E402
 from strategies.fedavg import FedAvgStrategy  # noqa: E402
 from strategies.fedcross import FedCrossStrategy  # noqa: E402
 
@@ -252,8 +252,8 @@ def main() -> None:
         lines = floor(100, args.repeats)
         if args.record:
             cmd = "python benchmarks/fedcross_agg.py " + " ".join(sys.argv[1:])
-            metrics.write_subsection(DOC, SECTION, "### FedCross: the least a round costs on this CPU",
-                                     metrics.stamp(cmd) + "\n".join(lines) + "\n")
+            recording.write_subsection(DOC, SECTION, "### FedCross: the least a round costs on this CPU",
+                                     recording.stamp(cmd) + "\n".join(lines) + "\n")
         return
     threads = (f"mixing with {maths.MIX_THREADS} torch thread(s), Gram products with numpy's "
                f"BLAS (OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')})")
@@ -280,7 +280,7 @@ def main() -> None:
         env = ("OPENBLAS_NUM_THREADS=" + os.environ["OPENBLAS_NUM_THREADS"] + " "
                if "OPENBLAS_NUM_THREADS" in os.environ else "")
         cmd = env + "python benchmarks/fedcross_agg.py " + " ".join(sys.argv[1:])
-        body = metrics.stamp(cmd, f"torch {torch.__version__}", threads) + (
+        body = recording.stamp(cmd, f"torch {torch.__version__}", threads) + (
             "One aggregation round, median of the repeats: FedCross (K x K Gram matrix of "
             "the uploads, lowest-similarity selection, mixing written into the K slots, "
             "uniform mean of the slots, round metrics) against FedAvg's example-weighted "
@@ -289,7 +289,7 @@ def main() -> None:
             "(FedCross: each node its own slot; FedAvg: the global model), equal by "
             "construction and checked by the script.\n\n" + "\n".join(rows) + "\n\n" + verdict
         )
-        metrics.write_subsection(DOC, SECTION, "### FedCross aggregation time", body)
+        recording.write_subsection(DOC, SECTION, "### FedCross aggregation time", body)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedsys import metrics  # noqa: E402
+
+from fedsys_launch import recording  # noqa: E402
 
 CHILD = r"""
 import json, resource, sys, time
@@ -104,7 +105,7 @@ def main() -> None:
                 "process that trains pays it once: each deployed ClientApp message, each "
                 "simulation actor.\n\n" + table + "\n\n" + note + "\n")
         doc = ROOT / "docs" / "performance.md"
-        metrics.record_section(doc, "## First optimiser step", cmd, body)
+        recording.record_section(doc, "## First optimiser step", cmd, body)
         print(f"recorded in {doc}")
 
 

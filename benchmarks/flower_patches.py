@@ -1,4 +1,4 @@
-"""What the simulation's patch of Flower buys: ``prompt-dispatch`` (``launch.flower_patches``)
+"""What the simulation's patch of Flower buys: ``prompt-dispatch`` (``fedsys_launch.flower_patches``)
 on against off (``FEDSYS_FLOWER_PATCHES=prompt-dispatch``), the same run otherwise.
 
 Each arm is one ``fedsys run`` on Flower's engine (synthetic data, the MLP, ``--clients``
@@ -30,6 +30,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fedsys_launch import recording  # noqa: E402
 
 
 def arm(tmp: Path, on: bool, rounds: int, clients: int, tag: str) -> list[dict[str, float]]:
@@ -39,7 +42,7 @@ def arm(tmp: Path, on: bool, rounds: int, clients: int, tag: str) -> list[dict[s
             "clients-per-round": clients, "num-server-rounds": rounds, "strategy": "fedavg",
             "engine": "flower", "local-epochs": 1, "batch-size": 32,
             "output-dir": str(tmp), "name": tag, "query-partitions": "false"}
-    cmd = [sys.executable, "-m", "launch", "run"]
+    cmd = [sys.executable, "-m", "fedsys_launch", "run"]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
     subprocess.run(cmd, env=env, cwd=ROOT, check=True, capture_output=True, timeout=1800)
@@ -78,24 +81,12 @@ def main() -> None:
     if not same:
         raise SystemExit("the arms' final metrics differ")
     if args.record:
-        doc = ROOT / "docs" / "performance.md"
-        text = doc.read_text()
-        marker = "<!-- flower_patches.py -->"
-        cmd = "python benchmarks/flower_patches.py " + " ".join(
-            a for a in sys.argv[1:] if a != "--record")
-        block = (f"{marker}\nCommand: `{cmd.strip()}`  \nMachine: {os.uname().machine}, "
-                 f"{os.cpu_count()} cores, {__import__('datetime').date.today()}\n\n{table}\n"
-                 "Both arms ended with the same metrics, bit for bit.\n{marker}")
-        block = block.replace("{marker}", marker)
-        if marker in text:
-            a = text.index(marker)
-            b = text.index(marker, a + len(marker)) + len(marker)
-            text = text[:a] + block + text[b:]
-        else:
-            text = text.rstrip("\n") + "\n\n" + block + "\n"
-        doc.write_text(text)
-        print(f"wrote {doc}")
-
+        cmd = " ".join(["python benchmarks/flower_patches.py",
+                        *(x for x in sys.argv[1:] if x != "--record")])
+        recording.write_subsection(
+            ROOT / "docs" / "performance.md", "## What each patch of Flower buys",
+            "### `prompt-dispatch`, on against off", recording.stamp(cmd) + table
+            + "\nBoth arms ended with the same metrics, bit for bit.\n")
 
 if __name__ == "__main__":
     main()

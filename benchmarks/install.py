@@ -37,7 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedsys import metrics  # noqa: E402
+
+from fedsys_launch import recording  # noqa: E402
 
 UV_REQ = "uv>=0.12.20,<0.13"  # as the Makefile
 BASE = "fedsys-base:bookworm"
@@ -153,7 +154,7 @@ def main() -> None:
                 "/proc/stat (niced work left out). In the image most of what is left is "
                 "Docker committing a 6 GB layer.\n\n" + table + "\n\n" + note + "\n")
         doc = ROOT / "docs" / "performance.md"
-        metrics.record_section(doc, "## Setting up", cmd, body)
+        recording.record_section(doc, "## Setting up", cmd, body)
         print(f"recorded in {doc}")
 
 

@@ -83,7 +83,7 @@ def one(method: str, case: str, model_name: str, pool: int) -> dict[str, float]:
     from fedsys.options import parse_group
     from fedsys.params import from_torch, num_bytes
     from fedsys.task import client_data, dataset
-    from launch.registry import load
+    from fedsys_launch.registry import load
 
     torch.set_num_threads(1)
     cfg = load(ROOT / "configs" / PRESET[method])
@@ -141,7 +141,7 @@ def one(method: str, case: str, model_name: str, pool: int) -> dict[str, float]:
 
 def main() -> None:
     """Run every case in its own process and print (and optionally record) the table."""
-    from fedsys.metrics import record_section
+    from fedsys_launch.recording import record_section
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--method", default="fedelmy", choices=tuple(CASES))

@@ -39,7 +39,8 @@ from fedsys.config import RunConfig  # noqa: E402
 from fedsys.params import from_torch, mean, to_torch  # noqa: E402
 from fedsys.seeding import derive_seed  # noqa: E402
 from fedsys.task import dataset, evaluate, model, partitions  # noqa: E402
-from launch.registry import build  # noqa: E402
+from fedsys_launch import recording  # noqa: E402
+from fedsys_launch.registry import build  # noqa: E402
 
 
 def plain(cfg: RunConfig) -> list[float]:
@@ -72,7 +73,7 @@ def plain(cfg: RunConfig) -> list[float]:
 
 def flower(cfg: RunConfig) -> tuple[list[float], float]:
     """Per-round times (from the run's metrics) and total wall time, Flower simulation."""
-    from launch.simulation import simulate
+    from fedsys_launch.simulation import simulate
 
     t0 = time.perf_counter()
     simulate(cfg)
@@ -113,7 +114,7 @@ def main() -> None:
     if args.record:
         cmd = "python benchmarks/overhead.py " + " ".join(sys.argv[1:])
         doc = ROOT / "docs" / "performance.md"
-        metrics.record_section(
+        recording.record_section(
             doc, "## Flower overhead (FMNIST CNN, 4 clients, 1 local epoch, iid, 2000 test samples)",
             cmd, f"{table}\n", f"torch {torch.__version__}")
         print(f"recorded in {doc}")

@@ -6,7 +6,7 @@ load falls on all of them:
 
 * ``own``: the run starts its private Ray cluster and stops it, as a user's run does;
 * ``joined``: ``RAY_ADDRESS`` names a cluster with every core, started once beforehand
-  (:func:`launch.raycluster.ray_cluster`);
+  (:func:`fedsys_launch.raycluster.ray_cluster`);
 * ``joined-1cpu``: the same with a one-CPU cluster, as the test suite's runs do: Flower
   starts one ClientApp actor per CPU of the cluster, so these runs start one.
 
@@ -38,8 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedsys import metrics  # noqa: E402
-from launch.raycluster import ray_cluster  # noqa: E402
+from fedsys_launch import recording  # noqa: E402
+from fedsys_launch.raycluster import ray_cluster  # noqa: E402
 
 RUN = ["--set=dataset=synthetic", "--set=model=mlp", "--set=partition=iid",
        "--set=num-clients=3", "--set=clients-per-round=3", "--set=num-server-rounds=2",
@@ -80,7 +80,7 @@ def one_run(out: Path, name: str, address: str | None) -> tuple[float, float, fl
         env["RAY_ADDRESS"] = address
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "launch", "run", *RUN,
+        proc = subprocess.Popen([sys.executable, "-m", "fedsys_launch", "run", *RUN,
                                  f"--set=output-dir={out}", f"--set=name={name}"],
                                 env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
         cpu = _cpu_during(proc)
@@ -138,7 +138,7 @@ def main() -> None:
                 "missed the actors (it gave 16.7 and 10.5 s).\n\n"
                 + table + "\n\n" + note + "\n")
         doc = ROOT / "docs" / "performance.md"
-        metrics.record_section(doc, "## Ray cluster per run", cmd, body)
+        recording.record_section(doc, "## Ray cluster per run", cmd, body)
         print(f"recorded in {doc}")
 
 

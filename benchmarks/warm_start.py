@@ -1,4 +1,4 @@
-"""App processes forked warm (``launch.superexec``) against started cold (Flower's own
+"""App processes forked warm (``fedsys_launch.superexec``) against started cold (Flower's own
 ``flower-superexec``: a fresh interpreter per message), on a real local deployment.
 
 Each arm brings up ``fedsys deploy``'s topology (SuperLink, server SuperExec, N
@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from launch import superexec  # noqa: E402
-from launch.deploy import LocalDeployment, node_name  # noqa: E402
+from fedsys_launch import superexec  # noqa: E402
+from fedsys_launch.deploy import LocalDeployment, node_name  # noqa: E402
 
 STRATEGIES = ("fedavg", "fedcross")
 
@@ -129,7 +129,7 @@ def main() -> None:
             f"{args.rounds} rounds, synthetic data, the MLP: {apps:.0f} app processes a run "
             "(one per message a SuperNode received, and the ServerApp).  Cold: Flower's "
             "`flower-superexec` starts a fresh interpreter for each; warm: "
-            "`launch.superexec` forks it from a fork server that imported torch and NumPy "
+            "`fedsys_launch.superexec` forks it from a fork server that imported torch and NumPy "
             f"once (`FEDSYS_APP_PRELOAD`).  {args.pairs} pairs, arms alternating.\n\n"
             f"{table}\n\n{verdict}\n")
         text = doc.read_text()

@@ -35,7 +35,7 @@ variant's overrides may hold ``/``) must lie under ``FEDSYS_ROOTS``.  A site's o
 ClientApp adds it to the directories it may read (:meth:`Policy.reading`).
 
 Not confined: fedsys's own simulation (``fedsys run`` / ``resume`` / ``seeds``,
-``launch.simulation.simulate``), where the user who writes the config runs the
+``fedsys_launch.simulation.simulate``), where the user who writes the config runs the
 processes; it hands Flower app objects built for it in process, which no run config
 can name.  Every other way of running the apps (``flwr run`` against any SuperLink,
 Flower's own local simulation included) applies the policy, set or not.

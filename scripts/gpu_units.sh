@@ -9,7 +9,7 @@
 # metrics.jsonl is there is skipped.  Checkpoints and models are emptied after a unit (the
 # report needs the records; keep the box's results small).  On an offline GPU box, first
 # `source .gpu/setup.sh` (../shared/gpu/README.md); FEDSYS then defaults to
-# `python3 -m launch.cli`.
+# `python3 -m fedsys_launch.cli`.
 # DEVICE (cuda), GPUS (1: a client's share of the GPU as Ray counts it; 1 starts one ClientApp
 # actor per run, so that 10 runs at once hold 10 actors, not 100) and EXTRA (more --set flags) change
 # the runs; a smoke test on the CPU: DEVICE=cpu GPUS=0 EXTRA="--set samples-per-client=100".
@@ -18,7 +18,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 method=${1:?usage: gpu_units.sh METHOD SETTING...}; shift
-FEDSYS=${FEDSYS:-python3 -m launch.cli}
+FEDSYS=${FEDSYS:-python3 -m fedsys_launch.cli}
 OUT=${OUT_RUNS:-runs/$method}
 DEVICE=${DEVICE:-cuda} GPUS=${GPUS:-1} EXTRA=${EXTRA:-}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} FEDSYS OUT method DEVICE GPUS EXTRA
@@ -26,7 +26,7 @@ units=$(STRATEGIES=${STRATEGIES:-} python3 - "$method" "${SEEDS:-0 1 2}" "$@" <<
 import os
 import sys
 from pathlib import Path
-from launch import registry
+from fedsys_launch import registry
 from fedsys.config import parse_strategy
 method, seeds, settings = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
 keep = os.environ["STRATEGIES"].split()

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from fedsys.partition import size_spread  # noqa: E402
 from fedsys.task import partitions  # noqa: E402
-from launch import registry  # noqa: E402
+from fedsys_launch import registry  # noqa: E402
 
 #: (preset, the Dirichlet alphas of its rows)
 PRESETS = [("configs/fedcda-fmnist.yaml", (0.1, 0.3, 0.5)),

@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import single_runs  # noqa: E402
 
 from fedsys import metrics  # noqa: E402
+from fedsys_launch import recording  # noqa: E402
 
 #: A paper's claim judged on the seeds: (claim, setting, method, baseline's setting,
 #: baseline, statistic, ">" or "<"), see :func:`claims_table`.
@@ -962,7 +963,7 @@ def write(group: str, runs: Path | None, out: Path, plot: bool) -> str:
     body = section(page, group, found, out, plot)
     doc = out / f"{page.doc or group}.md"
     text = doc.read_text() if doc.exists() else f"# {group}\n"
-    doc.write_text(metrics.replace_section(text, page.section, "\n" + body))
+    doc.write_text(recording.replace_section(text, page.section, "\n" + body))
     return body
 
 

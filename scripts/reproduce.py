@@ -267,7 +267,7 @@ def pending(exp: Experiment, seed: int | None) -> list[list[str]]:
         return [exp.command(run, seed) for run in exp.runs]
     sys.path.insert(0, str(ROOT))
     from fedsys.config import parse_strategy
-    from launch import registry
+    from fedsys_launch import registry
 
     out = []
     for run in exp.runs:
@@ -281,7 +281,7 @@ def pending(exp: Experiment, seed: int | None) -> list[list[str]]:
 def strategies_of(exp: Experiment) -> int:
     """How many strategy records one seed of ``exp`` archives (its presets' strategies)."""
     sys.path.insert(0, str(ROOT))
-    from launch import registry
+    from fedsys_launch import registry
 
     return sum(len(registry.load(Path(r.preset), [*r.sets]).variants()) for r in exp.runs)
 
@@ -289,7 +289,7 @@ def strategies_of(exp: Experiment) -> int:
 def strategy_dirs(exp: Experiment, run: Run, seed: int | None) -> dict[str, tuple[Path, int]]:
     """Each strategy of ``run``'s directory for ``seed`` under ``runs/`` and its rounds, by label."""
     sys.path.insert(0, str(ROOT))
-    from launch import registry
+    from fedsys_launch import registry
 
     cfg = registry.load(Path(run.preset), [a for a in exp.command(run, seed)[3::2] if "=" in a])
     base = cfg.run_dir / ("" if seed is None else f"seed-{seed}")

@@ -3,7 +3,7 @@ descriptions read by ``scripts/report.py`` (issue 43 item 3).
 
 Their runs (``python scripts/reproduce.py singles``) are ``runs/<run>/<strategy>/``, their
 records ``docs/results/data/<run>.jsonl`` (all strategies of a run in one file,
-:func:`fedsys.metrics.kept_records`).  Each :class:`Table` is written between the lines
+:func:`fedsys_launch.recording.kept_records`).  Each :class:`Table` is written between the lines
 ``<!-- report: KEY -->`` and ``<!-- /report -->`` of its page, so the prose around it stays
 the page author's; each :class:`Plot` is drawn from the same records.
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsys import metrics
+from fedsys_launch import recording
 
 Records = list[dict[str, Any]]
 #: a table row's sources: (run, strategy) each
@@ -183,7 +184,7 @@ KINDS: dict[str, Callable[[Table, Mapping[str, list[Records]]], list[str]]] = {
 
 def records(runs: Path, data: Path, sources: Sources) -> list[Records]:
     """The records of ``sources``, from ``runs`` (copied to ``data``) or from ``data``."""
-    return [metrics.kept_records(runs, data, run, strategy) for run, strategy in sources]
+    return [recording.kept_records(runs, data, run, strategy) for run, strategy in sources]
 
 
 def render(table: Table, runs: Path, data: Path) -> str:
@@ -198,7 +199,7 @@ def render(table: Table, runs: Path, data: Path) -> str:
 
 
 def draw(plot: Plot, runs: Path, data: Path, out: Path) -> Path:
-    curves = {label: [r for r in metrics.kept_records(runs, data, run, strategy)
+    curves = {label: [r for r in recording.kept_records(runs, data, run, strategy)
                       if r["round"] >= plot.first]
               for label, (run, strategy) in plot.curves.items()}
     return metrics.plot_curves({k: v for k, v in curves.items() if v}, out / plot.file, plot.title)

@@ -16,17 +16,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def synced(text: str, toml: str) -> str:
+    """``text`` (pyproject.toml) with every ``tool.flwr.app.config`` table replaced by the
+    tables of ``toml`` (``fedsys keys --toml``)."""
+    start = text.index("[tool.flwr.app.config]")
+    heads = [m for m in re.finditer(r"^\[([^\]]+)\]", text, re.M) if m.start() > start]
+    end = next((m.start() for m in heads if not m.group(1).startswith("tool.flwr.app.config")),
+               len(text))
+    return text[:start] + toml.rstrip("\n") + "\n" + ("\n" if end < len(text) else "") + text[end:]
+
+
 def main() -> None:
     """Replace every ``tool.flwr.app.config`` table with the generated ones."""
-    toml = subprocess.run([sys.executable, "-m", "launch", "keys", "--toml"], capture_output=True,
-                          text=True, check=True, cwd=ROOT).stdout
+    toml = subprocess.run([sys.executable, "-m", "fedsys_launch", "keys", "--toml"],
+                          capture_output=True, text=True, check=True, cwd=ROOT).stdout
     p = ROOT / "pyproject.toml"
-    s = p.read_text()
-    start = s.index("[tool.flwr.app.config]")
-    heads = [m for m in re.finditer(r"^\[([^\]]+)\]", s, re.M) if m.start() > start]
-    end = next((m.start() for m in heads if not m.group(1).startswith("tool.flwr.app.config")),
-               len(s))
-    p.write_text(s[:start] + toml.rstrip("\n") + "\n" + ("\n" if end < len(s) else "") + s[end:])
+    new = synced(p.read_text(), toml)
+    if new == p.read_text():
+        print(f"{p} already holds the tables")
+        return
+    p.write_text(new)
     print(f"updated {p}")
 
 

@@ -120,7 +120,7 @@ class FedsysStrategy(Wrapping, RoundEngine):
         partition is the ``partition-id`` its first train reply reports, if any.
         Sampling by partition-id from round 1, the same for a seed whatever node ids
         Flower assigned, needs it on; fedsys's own ServerApp turns it on (its ClientApp
-        answers queries, :mod:`launch.client_app`).
+        answers queries, :mod:`fedsys_launch.client_app`).
     train_loss_key : str, default "train_loss"
         The train-reply metric holding the client's training loss (the name Flower's
         app template reports and Flower's ``QFedAvg`` reads; fedsys's own ClientApp
@@ -382,7 +382,7 @@ class FedsysStrategy(Wrapping, RoundEngine):
     def branch_late_keys(self, rnd: int) -> frozenset[str]:
         """Config keys that have not acted by the end of round ``rnd``: a run branched
         from a checkpoint of that round may set them otherwise than its parent did
-        (``branch-from``, :func:`launch.lifecycle.branch_point`).  The strategy's own
+        (``branch-from``, :func:`fedsys_launch.lifecycle.branch_point`).  The strategy's own
         (none by default) and its wrappers'."""
         return frozenset().union(*(w.branch_late_keys(self, rnd) for w in self.wrappers))
 

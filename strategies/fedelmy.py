@@ -113,7 +113,7 @@ class FedElmyStrategy(FedsysStrategy):
                 raise ConfigError("chain.order 'list' names partition-ids, which the chain "
                                   "must know before its first hop: pass query_partitions=True "
                                   "(the nodes' ClientApp must answer fedsys's query, as "
-                                  "launch.client_app does)")
+                                  "fedsys_launch.client_app does)")
         self.pids: list[int] = []
         self.orders: list[list[int]] = []
         self.warmed = False

@@ -19,7 +19,7 @@ SETS = {"dataset": "synthetic", "model": "mlp", "partition": "iid", "num-clients
 
 
 def _run(tmp, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "launch", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "fedsys_launch", *args], capture_output=True,
                           text=True, timeout=600, check=False, cwd=tmp)
 
 

@@ -10,7 +10,7 @@ resume hint.
 Runs (`fedsys deploy run`, Fashion-MNIST, the results table, `status` after them) are
 proven over TLS with node authentication in tests/integration/test_deploy_tls.py, on one
 deployment that the same `fedsys deploy up` / `down` start and stop; the two modes differ
-only in the flags `launch.deploy.LocalDeployment.command` gives each process
+only in the flags `fedsys_launch.deploy.LocalDeployment.command` gives each process
 (tests/unit/test_deploy_cli.py).  The template shares this module's deployment (each
 deployment costs about 40 s of CPU to start and stop, docs/performance.md).
 """
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import pytest
 import yaml
 
-from launch.deploy import STATE_FILE, LocalDeployment, _alive, free_port
+from fedsys_launch.deploy import STATE_FILE, LocalDeployment, _alive, free_port
 from tests.integration.test_flower_template import APP, check
 
 if TYPE_CHECKING:

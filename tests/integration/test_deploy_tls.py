@@ -54,7 +54,7 @@ from fedsys import checkpoint, metrics
 from fedsys.chain import chain_order
 from fedsys.params import from_torch
 from fedsys.task import model
-from launch.deploy import (
+from fedsys_launch.deploy import (
     CONNECTION,
     SERVER_EXEC,
     STATE_FILE,
@@ -69,7 +69,7 @@ from launch.deploy import (
     node_name,
     started_run,
 )
-from launch.registry import build
+from fedsys_launch.registry import build
 
 if TYPE_CHECKING:
     from conftest import FedsysCLI
@@ -202,7 +202,7 @@ def simulated(reference: Reference, tmp_path_factory: pytest.TempPathFactory) ->
     """The reference config in Flower's simulation engine, uninterrupted."""
     out = tmp_path_factory.mktemp("sim")
     sim = subprocess.run(
-        [sys.executable, "-m", "launch", "run", str(reference.dir / "config.yaml"),
+        [sys.executable, "-m", "fedsys_launch", "run", str(reference.dir / "config.yaml"),
          "--set", "name=sim", "--set", f"output-dir={out}", "--set", "resume=false"],
         cwd=ROOT, env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}, capture_output=True,
         text=True, timeout=600, check=False)

@@ -24,9 +24,9 @@ from flwr.clientapp import ClientApp
 from fedsys import checkpoint, metrics, protocol
 from fedsys.fedcross import uniform_mean
 from fedsys.params import Params, checksum
-from launch import client_app as fedsys_client
-from launch.registry import build
-from launch.simulation import simulate
+from fedsys_launch import client_app as fedsys_client
+from fedsys_launch.registry import build
+from fedsys_launch.simulation import simulate
 from strategies.fedcross import FedCrossStrategy
 
 pytestmark = pytest.mark.slow
@@ -123,7 +123,7 @@ def test_each_node_trains_its_own_slot_and_a_failed_node_keeps_it(tmp_path, monk
 def _fedsys(log: Path, *args: str) -> subprocess.Popen[bytes]:
     """``fedsys ARGS`` in its own process group, its log in ``log`` (no pipe to fill)."""
     with log.open("wb") as err:
-        return subprocess.Popen([sys.executable, "-m", "launch", *args], start_new_session=True,
+        return subprocess.Popen([sys.executable, "-m", "fedsys_launch", *args], start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=err)
 
 

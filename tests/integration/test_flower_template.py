@@ -47,7 +47,7 @@ from pathlib import Path
 import pytest
 
 from fedsys.config import toml_text
-from launch.simulation import FLWR_ENV, ray_init_args
+from fedsys_launch.simulation import FLWR_ENV, ray_init_args
 
 pytestmark = pytest.mark.slow
 

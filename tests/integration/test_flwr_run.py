@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fedsys import metrics
-from launch.deploy import _alive
+from fedsys_launch.deploy import _alive
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""fedsys runs on its in-process engine (``engine: inprocess``, ``launch/inprocess.py``):
+"""fedsys runs on its in-process engine (``engine: inprocess``, ``fedsys_launch/inprocess.py``):
 the same numbers as Flower's simulation engine, a ClientApp that raises handled as a failed
 client, and no Ray needed (synthetic data).  Resume after SIGKILL on this engine:
 ``test_killed_run.py``; the Grid itself: ``tests/unit/test_inprocess.py``."""
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from fedsys import metrics
-from launch.cli import main
-from launch.registry import build
-from launch.simulation import simulate
+from fedsys_launch.cli import main
+from fedsys_launch.registry import build
+from fedsys_launch.simulation import simulate
 from tests.integration.test_simulation import BASE, faulty
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,13 +129,13 @@ def test_fedsys_run_in_process_needs_no_ray(tmp_path, monkeypatch, capsys):
 
 def test_a_flower_whose_task_identity_moved_runs_the_flower_engine(tmp_path, monkeypatch, caplog):
     """The in-process engine rests on one patch of Flower's (``task-identity``,
-    launch/flower_patches.py): where a Flower release has changed it, ``engine: inprocess``
+    fedsys_launch/flower_patches.py): where a Flower release has changed it, ``engine: inprocess``
     runs on Flower's engine instead, saying so, and gives that engine's numbers."""
     import logging
 
     import flwr.supercore.task_identity as module
 
-    from launch import flower_patches
+    from fedsys_launch import flower_patches
 
     class Moved:  # a later Flower's, say
         pass

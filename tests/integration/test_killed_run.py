@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 
 def _fedsys(*args: str, **kw: object) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "launch", *args], start_new_session=True,
+    return subprocess.Popen([sys.executable, "-m", "fedsys_launch", *args], start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)  # type: ignore[call-overload]
 
 

@@ -23,7 +23,7 @@ def test_lss_runs_under_every_server_strategy(tmp_path):
             "local-epochs": 1, "lss.ingredients": 2, "lss.affinity": 0.1, "lss.diversity": 0.1,
             "strategy": strategies, "output-dir": tmp_path, "name": "pairs",
             "fedcda.batches": 1, "fedcda.memory": 2}
-    run = subprocess.run([sys.executable, "-m", "launch", "run",
+    run = subprocess.run([sys.executable, "-m", "fedsys_launch", "run",
                           *[f"--set={k}={v}" for k, v in sets.items()]],
                          capture_output=True, text=True, timeout=900, check=False, cwd=tmp_path)
     out = run.stdout + run.stderr

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fedsys import metrics
-from launch.results import load_seeded
+from fedsys_launch.results import load_seeded
 
 pytestmark = pytest.mark.slow
 SETS = {"dataset": "synthetic", "model": "mlp", "partition": "dirichlet", "num-clients": 3,
@@ -70,7 +70,7 @@ def test_seeds_run_resume_branch_and_compare(tmp_path, fedsys_cli):
         recs = metrics.read_jsonl(tmp_path / "branch" / f"seed-{k}" / "fedavg" / "metrics.jsonl")
         assert [r["round"] for r in recs] == [0, 1, 2, 3, 4]
 
-    cmp = subprocess.run([sys.executable, "-m", "launch", "compare", str(run),
+    cmp = subprocess.run([sys.executable, "-m", "fedsys_launch", "compare", str(run),
                           str(tmp_path / "branch"), "--out", str(tmp_path / "c.png")],
                          capture_output=True, text=True, timeout=120, check=False)
     assert cmp.returncode == 0, cmp.stderr[-2000:]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fedsys import checkpoint, metrics
+from fedsys_launch import recording
 
 
 def test_checkpoint_roundtrip(tmp_path):
@@ -105,23 +106,23 @@ def test_work_traffic_and_hops_in_the_summary_the_table_and_the_curve(tmp_path):
 
 def test_replace_section_keeps_the_document_order():
     doc = "# P\n\nintro\n\n## A\n\nold a\n\n### A1\n\nold a1\n\n## B\n\nb\n"
-    got = metrics.replace_section(doc, "### A1", "new a1")
+    got = recording.replace_section(doc, "### A1", "new a1")
     assert got == "# P\n\nintro\n\n## A\n\nold a\n\n### A1\n\nnew a1\n\n## B\n\nb\n"
-    got = metrics.replace_section(doc, "## A", "new a")  # a level-2 section takes its subsections
+    got = recording.replace_section(doc, "## A", "new a")  # a level-2 section takes its subsections
     assert got == "# P\n\nintro\n\n## A\n\nnew a\n\n## B\n\nb\n"
-    assert metrics.replace_section(doc, "## C", "c").endswith("## B\n\nb\n\n## C\n\nc\n")
-    assert metrics.replace_section(doc, "## B", "b2").endswith("## B\n\nb2\n")
+    assert recording.replace_section(doc, "## C", "c").endswith("## B\n\nb\n\n## C\n\nc\n")
+    assert recording.replace_section(doc, "## B", "b2").endswith("## B\n\nb2\n")
 
 
 def test_replace_subsection_places_new_subsections_under_their_parent():
     doc = "# P\n\n## A\n\nintro\n\n### A1\n\na1\n\n## B\n\nb\n"
-    got = metrics.replace_subsection(doc, "## A", "### A2", "a2")  # new: at the end of ## A
+    got = recording.replace_subsection(doc, "## A", "### A2", "a2")  # new: at the end of ## A
     assert got == "# P\n\n## A\n\nintro\n\n### A1\n\na1\n\n### A2\n\na2\n\n## B\n\nb\n"
-    assert metrics.replace_subsection(got, "## A", "### A1", "new") == got.replace("a1\n", "new\n", 1)
-    assert metrics.replace_subsection(doc, "## C", "### C1", "c1").endswith(
+    assert recording.replace_subsection(got, "## A", "### A1", "new") == got.replace("a1\n", "new\n", 1)
+    assert recording.replace_subsection(doc, "## C", "### C1", "c1").endswith(
         "## B\n\nb\n\n## C\n\n### C1\n\nc1\n")
     deeper = "# P\n\n### A\n\nx\n\n## A\n\ny\n"  # "## A" must not match inside "### A"
-    assert metrics.replace_subsection(deeper, "## A", "### A1", "z") == (
+    assert recording.replace_subsection(deeper, "## A", "### A1", "z") == (
         "# P\n\n### A\n\nx\n\n## A\n\ny\n\n### A1\n\nz\n")
 
 
@@ -130,14 +131,14 @@ def test_kept_records_are_copied_and_read_back_when_the_run_is_gone(tmp_path):
     for strat, acc in (("fedavg", 0.5), ("fedcda", 0.6)):
         (runs / "r" / strat).mkdir(parents=True)
         metrics.write_jsonl(runs / "r" / strat / "metrics.jsonl", [{"round": 1, "accuracy": acc}])
-        assert metrics.kept_records(runs, data, "r", strat) == [{"round": 1, "accuracy": acc}]
+        assert recording.kept_records(runs, data, "r", strat) == [{"round": 1, "accuracy": acc}]
     metrics.write_jsonl(runs / "r" / "fedavg" / "metrics.jsonl", [{"round": 2, "accuracy": 0.7}])
-    metrics.kept_records(runs, data, "r", "fedavg")  # a newer run replaces its old copy
+    recording.kept_records(runs, data, "r", "fedavg")  # a newer run replaces its old copy
     shutil.rmtree(runs)
-    assert metrics.kept_records(runs, data, "r", "fedavg") == [
+    assert recording.kept_records(runs, data, "r", "fedavg") == [
         {"round": 2, "accuracy": 0.7, "strategy": "fedavg"}]
-    assert metrics.kept_records(runs, data, "r", "fedcda")[0]["accuracy"] == 0.6
-    assert metrics.kept_records(runs, data, "missing", "fedavg") == []
+    assert recording.kept_records(runs, data, "r", "fedcda")[0]["accuracy"] == 0.6
+    assert recording.kept_records(runs, data, "missing", "fedavg") == []
 
 
 # ---------------------------------------------------------------- broken files
@@ -206,7 +207,7 @@ def test_a_checkpoint_of_another_format_is_refused_with_the_versions_named(tmp_p
 
 def test_a_run_config_that_was_truncated_or_edited_is_refused(tmp_path):
     from fedsys.config import ConfigError, verify_saved
-    from launch.registry import build
+    from fedsys_launch.registry import build
 
     path = tmp_path / "config.yaml"
     build({"dataset": "synthetic", "model": "mlp", "num-clients": 3,
@@ -290,7 +291,7 @@ def test_record_section_stamps_command_and_machine_and_keeps_the_order(tmp_path)
 
     doc = tmp_path / "performance.md"
     doc.write_text("# Performance\n\n## A\n\nold a\n\n## B\n\nb\n")
-    metrics.record_section(doc, "## A", "python benchmarks/x.py --pairs 2", "| t |\n")
+    recording.record_section(doc, "## A", "python benchmarks/x.py --pairs 2", "| t |\n")
     lines = doc.read_text().split("\n")
     assert lines[:3] == ["# Performance", "", "## A"]
     assert lines[4] == "Command: `python benchmarks/x.py --pairs 2`  "
@@ -307,13 +308,13 @@ def test_record_section_puts_details_before_the_date_and_adds_a_missing_section(
 
     doc = tmp_path / "performance.md"
     doc.write_text("# Performance\n\n## A\n\na\n")
-    metrics.record_section(doc, "## C", "python benchmarks/y.py", "| u |\n", "torch 9.9", "1 thread")
+    recording.record_section(doc, "## C", "python benchmarks/y.py", "| u |\n", "torch 9.9", "1 thread")
     text = doc.read_text()
     assert text.startswith("# Performance\n\n## A\n\na\n")
     assert (f"## C\n\nCommand: `python benchmarks/y.py`  \nMachine: {platform.machine()}, "
             f"{os.cpu_count()} cores, torch 9.9, 1 thread, {time.strftime('%Y-%m-%d')}\n\n| u |\n") in text
     assert text.count("## C") == 1
-    metrics.record_section(doc, "## C", "python benchmarks/y.py", "| v |\n")
+    recording.record_section(doc, "## C", "python benchmarks/y.py", "| v |\n")
     assert doc.read_text().count("## C") == 1 and "| u |" not in doc.read_text()
 
 
@@ -344,7 +345,7 @@ def test_refused_replies_are_counted_in_the_run_table_and_over_seeds():
 def test_write_subsection_replaces_one_subsection_in_place(tmp_path, capsys):
     doc = tmp_path / "performance.md"
     doc.write_text("# P\n\n## S\n\n### a\n\nold\n\n### b\n\nkeep\n\n## T\n\nt\n")
-    metrics.write_subsection(doc, "## S", "### a", "new\n")
+    recording.write_subsection(doc, "## S", "### a", "new\n")
     text = doc.read_text()
     assert "old" not in text and text.index("new") < text.index("### b") < text.index("## T")
     assert "keep" in text and f"recorded in {doc}" in capsys.readouterr().out
@@ -369,7 +370,7 @@ def test_a_torn_last_record_is_dropped_and_any_other_bad_line_named(tmp_path):
 
 
 def test_compare_names_a_spoilt_metrics_line_and_run_refuses_empty_seeds(tmp_path, capsys):
-    from launch.cli import main
+    from fedsys_launch.cli import main
 
     (tmp_path / "r" / "fedavg").mkdir(parents=True)
     (tmp_path / "r" / "fedavg" / "metrics.jsonl").write_text('{"round": 0\n{"round": 1}\n')

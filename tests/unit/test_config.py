@@ -12,7 +12,7 @@ import pytest
 
 from fedsys import config as core
 from fedsys.config import ConfigError, RunConfig
-from launch import registry
+from fedsys_launch import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = ROOT / "pyproject.toml"
@@ -60,12 +60,13 @@ def test_defaults_cover_every_option_with_right_type():
 def test_pyproject_run_config_equals_defaults():
     data = tomllib.loads(PYPROJECT.read_text())
     table = _flatten(data["tool"]["flwr"]["app"]["config"])
+    fix = "; run python scripts/sync_pyproject_config.py"
     assert set(table) == set(DEFAULTS), (
         f"only in pyproject: {sorted(set(table) - set(DEFAULTS))}; "
-        f"only in config.py: {sorted(set(DEFAULTS) - set(table))}"
+        f"only in config.py: {sorted(set(DEFAULTS) - set(table))}{fix}"
     )
     for key, default in DEFAULTS.items():
-        assert table[key] == default, key
+        assert table[key] == default, key + fix
         assert type(table[key]) is type(default), f"{key}: {type(table[key])} vs {type(default)}"
 
 
@@ -575,7 +576,7 @@ def test_fedcda_presets_equal_the_documented_commands(preset, overrides):
 
 def test_a_variant_may_name_its_results_directory():
     from fedsys.config import parse_strategy
-    from launch.registry import schema
+    from fedsys_launch.registry import schema
 
     vs = parse_strategy("fedavg[trainer=lss;lr=0.001] as fedavg+lss, fedavg", schema())
     assert [v.label for v in vs] == ["fedavg+lss", "fedavg"]
@@ -589,8 +590,8 @@ def test_a_variant_may_name_its_results_directory():
 
 def test_seeds_parse_and_each_seed_is_a_run_of_its_own(tmp_path):
     from fedsys.config import parse_seeds
-    from launch.cli import seed_config
-    from launch.registry import build
+    from fedsys_launch.cli import seed_config
+    from fedsys_launch.registry import build
 
     assert parse_seeds("") == [] and parse_seeds("2, 0,1") == [2, 0, 1]
     for bad in ["a", "1,1", "-1"]:
@@ -608,3 +609,20 @@ def test_seeds_parse_and_each_seed_is_a_run_of_its_own(tmp_path):
     assert b.branch_from == "runs/p/seed-2/x.pt"
     with pytest.raises(ConfigError, match="may not change 'seeds'"):
         build({"strategy": "fedavg[seeds=1]"})
+
+
+def test_the_sync_script_makes_the_committed_tables_and_replaces_stale_ones():
+    """scripts/sync_pyproject_config.py (what docs/extending.md asks a new method's author
+    to run) rewrites the tables from the schema: on the committed file it changes nothing,
+    and a stale table comes back as the schema's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sync", ROOT / "scripts" / "sync_pyproject_config.py")
+    assert spec is not None and spec.loader is not None
+    sync = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sync)
+    toml = core.to_toml(registry.schema())
+    text = PYPROJECT.read_text()
+    assert sync.synced(text, toml) == text
+    stale = text.replace("[tool.flwr.app.config.fedavgm]\n", "[tool.flwr.app.config.fedavgm]\nold-key = 1\n")
+    assert stale != text and sync.synced(stale, toml) == text

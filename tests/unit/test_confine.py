@@ -16,8 +16,8 @@ from fedsys import confine
 from fedsys import protocol as proto
 from fedsys.config import ConfigError, RunConfig
 from fedsys.data import DEBIAN_FMNIST
-from launch import client_app, server_app
-from launch.registry import build, from_run_config, schema
+from fedsys_launch import client_app, server_app
+from fedsys_launch.registry import build, from_run_config, schema
 
 BASE = {"dataset": "synthetic", "model": "mlp", "num-clients": 2, "clients-per-round": 2,
         "partition": "iid", "strategy": "fedavg"}
@@ -289,7 +289,7 @@ def test_fedsys_run_is_not_confined(tmp_path, monkeypatch, own_ray_cluster):
     operator, both apps (the clients in Ray actors, which inherit this environment) run
     unconfined and the run finishes."""
     from fedsys import metrics
-    from launch.cli import main
+    from fedsys_launch.cli import main
 
     data = tmp_path / "data"
     data.mkdir()

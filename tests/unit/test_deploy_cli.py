@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from launch import cli
-from launch.deploy import (
+from fedsys_launch import cli
+from fedsys_launch.deploy import (
     CONNECTION,
     PROXY,
     SCRIPTS,
@@ -245,7 +245,7 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_deploy_help_lists_the_actions() -> None:
-    out = subprocess.run([sys.executable, "-m", "launch", "deploy", "--help"],
+    out = subprocess.run([sys.executable, "-m", "fedsys_launch", "deploy", "--help"],
                          capture_output=True, text=True, check=True).stdout
     for action in ("up", "run", "status", "down"):
         assert action in out
@@ -266,7 +266,7 @@ def test_the_staged_app_builds_the_same_fab_from_a_few_files(tmp_path: Path) -> 
     gitignored and non-matching files stay out, and the copy is made once per content."""
     from flwr.cli.build import build_fab_from_disk
 
-    from launch.deploy import staged_app
+    from fedsys_launch.deploy import staged_app
 
     app = tmp_path / "app"
     (app / "pkg" / "sub").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""``launch.flower_patches.prompt_dispatch``: Flower's simulation runtime takes a stored
+"""``fedsys_launch.flower_patches.prompt_dispatch``: Flower's simulation runtime takes a stored
 message at once (its own loop looks every 0.1 s), one message per node at a time as
 Flower's loop does, and Flower's function is back afterwards."""
 
@@ -9,7 +9,7 @@ import threading
 
 from flwr.server.superlink.fleet.vce import vce_api
 
-from launch import flower_patches
+from fedsys_launch import flower_patches
 
 
 class _State:

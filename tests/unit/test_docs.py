@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from launch import registry
-from launch.cli import main
+from fedsys_launch import registry
+from fedsys_launch.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

@@ -38,8 +38,8 @@ from fedsys.dp import (
 from fedsys.robust import coordinate_median
 from fedsys.seeding import derive_seed
 from fedsys.validation import ClientUpdate
-from launch.cli import main
-from launch.registry import build, make_strategy
+from fedsys_launch.cli import main
+from fedsys_launch.registry import build, make_strategy
 from strategies import REGISTRY
 from strategies.dp import DP, NOISE_TAG
 from strategies.fedavg import FedAvgStrategy

@@ -17,7 +17,7 @@ from fedsys.config import ConfigError
 from fedsys.model_cache import ModelCache
 from fedsys.params import Params, mean
 from fedsys.validation import ClientUpdate
-from launch.registry import build
+from fedsys_launch.registry import build
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedcda import FedCDAStrategy
 

@@ -1,4 +1,4 @@
-"""launch/flower_patches.py: every change fedsys makes to Flower's code, each checked
+"""fedsys_launch/flower_patches.py: every change fedsys makes to Flower's code, each checked
 against its target when applied.  Here, for each patch, a Flower whose target does not
 match (as a later release might change it): the patch is not applied, Flower's own
 behaviour stays, and one WARNING per process says which patch and why.  That each patch
@@ -15,7 +15,7 @@ import pytest
 from flwr.supercore.corestate.in_memory_corestate import InMemoryCoreState
 from flwr.supercore.corestate.sql_corestate import SqlCoreState
 
-from launch import flower_patches, superexec
+from fedsys_launch import flower_patches, superexec
 
 
 @pytest.fixture(autouse=True)

@@ -14,8 +14,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 
 from fedsys import protocol
 from fedsys.config import ConfigError
-from launch import registry
-from launch.cli import main
+from fedsys_launch import registry
+from fedsys_launch.cli import main
 from strategies import REGISTRY
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedcda import FedCDAStrategy

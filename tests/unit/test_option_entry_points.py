@@ -15,7 +15,7 @@ import pytest
 
 from fedsys.config import ConfigError, is_shared, parse_strategy
 from fedsys.options import REGISTERED_STRATEGIES, SWITCH_WORDS, Option
-from launch import registry
+from fedsys_launch import registry
 
 SCHEMA = registry.schema()
 METHOD_OPTIONS = [o for o in SCHEMA.options if "." in o.key]

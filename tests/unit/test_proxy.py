@@ -1,4 +1,4 @@
-"""The sites' port (:mod:`launch.proxy`): nginx forwards Flower's Fleet API and nothing else.
+"""The sites' port (:mod:`fedsys_launch.proxy`): nginx forwards Flower's Fleet API and nothing else.
 
 A real nginx in front of a stand-in upstream on loopback that records every request it
 gets: the Fleet API's ``POST /v1/fleet/<endpoint>`` reaches it, unchanged; the Control
@@ -20,8 +20,8 @@ from typing import ClassVar
 
 import pytest
 
-from launch.deploy import SCRIPTS, free_port, nginx_bin, wait_port
-from launch.proxy import FLEET_PATH, ProxyTLS, compose_conf, nginx_conf, write_conf
+from fedsys_launch.deploy import SCRIPTS, free_port, nginx_bin, wait_port
+from fedsys_launch.proxy import FLEET_PATH, ProxyTLS, compose_conf, nginx_conf, write_conf
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -134,7 +134,7 @@ def test_the_tls_configuration_is_valid_nginx(tmp_path: Path) -> None:
 
 
 def test_no_nginx_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    from launch.deploy import DeployError
+    from fedsys_launch.deploy import DeployError
     monkeypatch.setattr(shutil, "which", lambda _name: None)
     monkeypatch.setattr(Path, "exists", lambda _self: False)
     with pytest.raises(DeployError, match=r"nginx is not installed.*apt-get install nginx-light"):

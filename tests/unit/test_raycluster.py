@@ -1,4 +1,4 @@
-"""``launch.raycluster.ray_cluster`` tries a start that Ray gave up on again, and says
+"""``fedsys_launch.raycluster.ray_cluster`` tries a start that Ray gave up on again, and says
 why when none started; no process of any attempt is left running."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from launch import raycluster
-from launch.deploy import _alive
+from fedsys_launch import raycluster
+from fedsys_launch.deploy import _alive
 
 GAVE_UP = "echo 'Exception: The current node timed out during startup.'; exit 1"
 STARTED = "echo 'Ray runtime started.'; exec sleep 600"

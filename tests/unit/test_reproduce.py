@@ -41,7 +41,7 @@ echo "$ARGS archived=$n" >> "$STUB_LOG"
 exec "$PY" - "$preset" "${set[output-dir]}/${set[name]}/seed-$seed" "$seed" "${set[strategy]}" <<'PY'
 import json, sys
 from pathlib import Path
-from launch import registry
+from fedsys_launch import registry
 preset, run_dir, seed, strategy = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 for label, _ in registry.load(preset, [f"strategy={strategy}"] if strategy else []).variants():
     d = run_dir / label
@@ -140,7 +140,7 @@ def test_the_driver_runs_only_the_missing_seed_and_archives_it(tmp_path: Path) -
 
 def registry_variants(preset: Path) -> list[tuple[str, object]]:
     sys.path.insert(0, str(ROOT))
-    from launch import registry
+    from fedsys_launch import registry
 
     return list(registry.load(preset).variants())
 
@@ -148,7 +148,7 @@ def registry_variants(preset: Path) -> list[tuple[str, object]]:
 def registry_specs(preset: Path) -> list[str]:
     sys.path.insert(0, str(ROOT))
     from fedsys.config import parse_strategy
-    from launch import registry
+    from fedsys_launch import registry
 
     cfg = registry.load(preset)
     return [v.spec for v in parse_strategy(cfg.strategy, cfg.schema)]
@@ -163,7 +163,7 @@ def test_a_strategy_run_alone_is_the_same_run_as_in_its_whole_command(
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(reproduce, "DATA", Path("no-such-archive"))  # nothing archived
     sys.path.insert(0, str(ROOT))
-    from launch import registry
+    from fedsys_launch import registry
 
     split = 0
     for exp in reproduce.experiments():
@@ -236,7 +236,7 @@ def test_list_says_how_far_each_seed_is(scripts: tuple[ModuleType, ModuleType], 
     monkeypatch.chdir(tmp_path)
     exp = next(e for e in reproduce.experiments() if e.key == "fedelmy/domain")
     sys.path.insert(0, str(ROOT))
-    from launch import registry
+    from fedsys_launch import registry
 
     variants = registry.load(Path(exp.runs[0].preset), list(exp.runs[0].sets)).variants()
     assert len(variants) == 4

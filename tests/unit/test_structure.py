@@ -12,7 +12,7 @@ import pytest
 from fedsys import protocol
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("fedsys", "strategies", "clients", "launch")
+PACKAGES = ("fedsys", "strategies", "clients", "fedsys_launch")
 
 
 def _modules() -> dict[str, Path]:
@@ -44,8 +44,9 @@ def _graph() -> dict[str, set[str]]:
 def test_the_core_imports_nothing_above_it_and_the_sides_not_the_launchers():
     for mod, deps in _graph().items():
         top = mod.split(".")[0]
-        above = {"fedsys": ("strategies", "clients", "launch"), "strategies": ("launch", "clients"),
-                 "clients": ("launch", "strategies"), "launch": ()}[top]
+        above = {"fedsys": ("strategies", "clients", "fedsys_launch"),
+                 "strategies": ("fedsys_launch", "clients"),
+                 "clients": ("fedsys_launch", "strategies"), "fedsys_launch": ()}[top]
         bad = sorted(d for d in deps if d.split(".")[0] in above)
         assert not bad, f"{mod} imports {bad} (layer {top} may not)"
 
@@ -102,7 +103,7 @@ MESSAGE_KEYS = {v for k, v in vars(protocol).items()
 def test_the_keys_shared_with_the_config_are_config_keys():
     """The exemption above cannot hide a message key: each one is a config key (``config``
     aside, the YAML argument)."""
-    from launch.registry import schema
+    from fedsys_launch.registry import schema
 
     keys = set(schema().by_key)
     assert {k for k in SHARED_WITH_CONFIG if k not in keys} == {protocol.CONFIG}
@@ -110,7 +111,7 @@ def test_the_keys_shared_with_the_config_are_config_keys():
 
 
 def test_config_validation_imports_neither_torch_nor_ray():
-    code = ("import sys; from launch import registry; "
+    code = ("import sys; from fedsys_launch import registry; "
             "c = registry.load('configs/default.yaml', ['fedcda.memory=4']); "
             "registry.make_strategy(c.variants()[2][1]); "
             "bad = [m for m in ('torch', 'ray') if m in sys.modules]; "
@@ -128,7 +129,7 @@ def test_commands_without_data_start_without_torch():
     """``fedsys --help``, ``keys`` and the ``deploy`` actions (up, status, down, the
     submission) read no data: building the parser and the error handling of ``main`` import
     no torch (about 3 s of CPU for every command otherwise, measured 2026-11-27)."""
-    code = ("import sys; from launch import cli, deploy_cli, results; cli.parser(); "
+    code = ("import sys; from fedsys_launch import cli, deploy_cli, results; cli.parser(); "
             "from fedsys.data import DataError; from fedsys.partition import PartitionError; "
             "bad = [m for m in ('torch', 'ray', 'torchvision') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")

@@ -1,4 +1,4 @@
-"""launch/superexec.py: Flower's SuperExec with its app processes forked from a warm
+"""fedsys_launch/superexec.py: Flower's SuperExec with its app processes forked from a warm
 fork server.  The deployments in tests/integration run every app process this way
 (deployment equals simulation, resume after a killed ServerApp, killed sites); here the
 parts: which modules are imported ahead, what a forked app process looks like, and
@@ -15,7 +15,7 @@ from flwr.supercore.constant import TaskType
 from flwr.supercore.superexec.executor import subprocess_executor
 from flwr.supercore.superexec.executor.types import ExecutionSpec
 
-from launch import superexec
+from fedsys_launch import superexec
 
 
 def test_preload_defaults_empty_and_refusals():
@@ -24,17 +24,18 @@ def test_preload_defaults_empty_and_refusals():
     assert superexec.preload_modules({superexec.ENV: " numpy , json "}) == ["numpy", "json"]
     with pytest.raises(SystemExit, match=f"{superexec.ENV}: not_a_module_here is not installed"):
         superexec.preload_modules({superexec.ENV: "numpy,not_a_module_here"})
-    for own in ("launch.client_app", "fedsys", "numpy,strategies.fedavg"):
+    for own in ("fedsys_launch.client_app", "fedsys", "numpy,strategies.fedavg"):
         with pytest.raises(SystemExit, match=f"{superexec.ENV}: .*fedsys's own code"):
             superexec.preload_modules({superexec.ENV: own})
 
 
 def test_own_packages_are_dropped_and_libraries_kept():
-    modules = {"launch": 1, "launch.client_app": 2, "fedsys.task": 3, "strategies": 4,
-               "clients.base": 5, "torch": 6, "launcher": 7, "fedsysx": 8}
+    modules = {"fedsys_launch": 1, "fedsys_launch.client_app": 2, "fedsys.task": 3,
+               "strategies": 4, "clients.base": 5, "torch": 6, "launch": 7, "fedsysx": 8,
+               "fedsys_launcher": 9}
     assert sorted(superexec.drop_own_modules(modules)) == [
-        "clients.base", "fedsys.task", "launch", "launch.client_app", "strategies"]
-    assert modules == {"torch": 6, "launcher": 7, "fedsysx": 8}
+        "clients.base", "fedsys.task", "fedsys_launch", "fedsys_launch.client_app", "strategies"]
+    assert modules == {"torch": 6, "launch": 7, "fedsysx": 8, "fedsys_launcher": 9}
 
 
 def test_console_entry_is_the_installed_script():
@@ -49,7 +50,7 @@ PROBE = """
 import os, sys
 from multiprocessing import active_children
 sys.path.insert(0, {root!r})
-from launch import superexec
+from fedsys_launch import superexec
 starter = superexec.WarmStarter(["numpy"])
 out = {out!r}
 # what a fresh fedsys process prints: a console script with its arguments, run in a child
@@ -104,7 +105,7 @@ def test_flowers_executor_launches_through_the_fork_server(monkeypatch):
 
 
 def test_it_is_flowers_superexec_with_its_arguments():
-    out = subprocess.run([sys.executable, "-m", "launch.superexec", "--help"],
+    out = subprocess.run([sys.executable, "-m", "fedsys_launch.superexec", "--help"],
                          capture_output=True, text=True, timeout=120, check=True,
                          env={**__import__("os").environ, superexec.ENV: ""}).stdout
     assert out.startswith("usage: flower-superexec") and "--runtime-api-address" in out

@@ -1,7 +1,7 @@
 """The fedsys ServerApp (``[tool.flwr.app.components] serverapp``) and its experiment
 runner: strategies one after another, with checkpoints.
 
-The runner builds each strategy from the run config (:func:`launch.registry.make_strategy`)
+The runner builds each strategy from the run config (:func:`fedsys_launch.registry.make_strategy`)
 and calls its Flower ``start`` with ``num_rounds``, ``timeout`` (``round-timeout``), the
 local-training keys as ``train_config`` and the central evaluation as ``evaluate_fn``.
 Before anything reads a path or imports a plugin, the run config is admitted under the
@@ -47,11 +47,11 @@ from fedsys.task import (
     pick_device,
     test_sets,
 )
-from launch import lifecycle, tracking
-from launch.lifecycle import kept_checkpoint
-from launch.registry import from_run_config, make_strategy, train_config
-from launch.runlock import FLWR_RENAME, holding
-from launch.tracking import Tracking, results_artifact
+from fedsys_launch import lifecycle, tracking
+from fedsys_launch.lifecycle import kept_checkpoint
+from fedsys_launch.registry import from_run_config, make_strategy, train_config
+from fedsys_launch.runlock import FLWR_RENAME, holding
+from fedsys_launch.tracking import Tracking, results_artifact
 from strategies.base import FedsysStrategy, NoUsableUpdateError
 from strategies.nodes import Known
 
@@ -248,7 +248,7 @@ def run_strategy(grid: Grid, cfg: RunConfig, name: str, position: str = "",
 
 
 #: Whether :func:`main` logs the results table at the end of a run: the only table
-#: ``flwr run`` shows; ``fedsys run`` (:func:`launch.simulation.simulate`) turns it off
+#: ``flwr run`` shows; ``fedsys run`` (:func:`fedsys_launch.simulation.simulate`) turns it off
 #: and prints the table itself, once.
 LOG_TABLE = True
 
@@ -257,7 +257,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, log_table: bool = True
                    ) -> dict[str, list[dict[str, Any]]]:
     """Run every strategy of ``cfg`` on identical partitions and seeds, then compare
     (the table into ``results.md``, and into the log with ``log_table``).  The run
-    directory is this process's while it runs (:func:`launch.runlock.holding`): a second
+    directory is this process's while it runs (:func:`fedsys_launch.runlock.holding`): a second
     ``flwr run`` of the same name is refused, naming the process that runs it."""
     with holding(cfg.run_dir, FLWR_RENAME):
         return _run_experiment(grid, cfg, log_table)
@@ -326,8 +326,8 @@ def run_config(context: Context, confined: bool = True) -> RunConfig:
 def make_app(confined: bool = True) -> ServerApp:
     """A fedsys ServerApp: read the run config (:func:`run_config`) and run the experiment.
 
-    :data:`app`, the one Flower loads (``launch.server_app:app``), is confined;
-    :func:`launch.simulation.simulate` builds an unconfined one for itself in process,
+    :data:`app`, the one Flower loads (``fedsys_launch.server_app:app``), is confined;
+    :func:`fedsys_launch.simulation.simulate` builds an unconfined one for itself in process,
     an object no run config can name.
     """
     server = ServerApp()

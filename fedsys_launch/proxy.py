@@ -21,7 +21,7 @@ the SuperLink through a Fleet location.  Bodies are streamed (no size limit: the
 bounds its messages) and long polls are allowed an hour.
 
 :func:`nginx_conf` renders the configuration for ``fedsys deploy``
-(:mod:`launch.deploy`) and for docker-compose (``deploy/proxy/nginx.conf``, checked
+(:mod:`fedsys_launch.deploy`) and for docker-compose (``deploy/proxy/nginx.conf``, checked
 against this renderer by ``tests/unit/test_proxy.py``, so the two cannot drift).
 """
 
@@ -87,7 +87,7 @@ def nginx_conf(listen: str, link: str, work: str, tls: ProxyTLS | None,
             proxy_ssl_server_name on;
             proxy_ssl_protocols TLSv1.2 TLSv1.3;""" if tls else "")
     access = "access_log off;" if access_log == "off" else f"access_log {access_log} fleet;"
-    return f"""# fedsys: the sites' port forwards Flower's Fleet API only (launch/proxy.py renders this)
+    return f"""# fedsys: the sites' port forwards Flower's Fleet API only (fedsys_launch/proxy.py renders this)
 worker_processes 1;
 pid {work}/nginx.pid;
 error_log {error_log} warn;

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsys.config import ConfigError, RunConfig
-from launch import registry
+from fedsys_launch import registry
 
 
 def pretrain(cfg: RunConfig) -> Path:

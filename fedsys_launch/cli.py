@@ -13,9 +13,9 @@ from typing import Any
 
 from fedsys import config as cfgmod
 from fedsys import metrics
-from launch import registry
-from launch.results import load_runs, table
-from launch.runlock import holding
+from fedsys_launch import registry
+from fedsys_launch.results import load_runs, table
+from fedsys_launch.runlock import holding
 
 EPILOG = """examples:
   fedsys run configs/default.yaml                     every method on Fashion-MNIST
@@ -40,21 +40,21 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
     import torch
 
     from fedsys.task import dataset, initial_params, partitions
-    from launch.simulation import ray_address_problem
+    from fedsys_launch.simulation import ray_address_problem
 
     if (cfg.client_num_gpus > 0 or cfg.device == "cuda") and not torch.cuda.is_available():
         key = "client-num-gpus" if cfg.client_num_gpus > 0 else "device"
         raise cfgmod.ConfigError(
             f"config key '{key}' asks for a GPU but torch sees no CUDA device; "
             "use client-num-gpus=0 and device=auto (or cpu)")
-    from launch import tracking
+    from fedsys_launch import tracking
 
     tracking.check(cfg)
     dataset(cfg)
     partitions(cfg)
     for _, vcfg in cfg.variants():  # a saved start that does not fit fails here, not in Ray
         initial_params(vcfg)
-    from launch import lifecycle
+    from fedsys_launch import lifecycle
 
     for label, vcfg in cfg.variants():  # strategy-specific checks (search sizes, K >= 2, ...)
         strategy = registry.make_strategy(vcfg)
@@ -100,7 +100,7 @@ def run_seeds(args: argparse.Namespace, cfg: cfgmod.RunConfig, seeds: list[int])
                 print(f"  the run over seeds {seeds} stopped at seed {scfg.seed}; 'fedsys "
                       f"resume {cfg.run_dir}' continues it.", file=sys.stderr)
                 return rc
-    from launch.results import seeds_table, write_seeded
+    from fedsys_launch.results import seeds_table, write_seeded
 
     runs = write_seeded(cfg.run_dir, cfg.name)
     seeds_table(runs, f"{cfg.name}: seeds {seeds} ({time.time() - t0:.0f} s)")
@@ -129,7 +129,7 @@ def cmd_run(args: argparse.Namespace, cfg: cfgmod.RunConfig | None = None,
 def simulate_and_report(args: argparse.Namespace, cfg: cfgmod.RunConfig) -> int:
     """One run in the simulation engine, then its table; a failed run says whether its
     checkpoints can continue it."""
-    from launch.simulation import simulate
+    from fedsys_launch.simulation import simulate
 
     t0 = time.time()
     print(f"fedsys: running {cfg.strategies} on {cfg.dataset} ({cfg.num_clients} clients, "
@@ -174,7 +174,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     """``fedsys compare``: one table and one plot over run directories (runs over seeds:
     mean ± std across seeds)."""
-    from launch.results import load_seeded, seeds_table
+    from fedsys_launch.results import load_seeded, seeds_table
 
     seeded: dict[str, dict[int, list[dict[str, Any]]]] = {}
     missing, empty = [], []
@@ -278,7 +278,7 @@ def versions() -> str:
     import torch
 
     from fedsys import __version__
-    from launch.flower_patches import flower_version
+    from fedsys_launch.flower_patches import flower_version
 
     py = ".".join(map(str, sys.version_info[:3]))
     return f"fedsys {__version__} (Flower {flower_version()}, torch {torch.__version__}, Python {py})"
@@ -374,12 +374,12 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--no-apt", action="store_true", help="never call apt-get")
     f.set_defaults(fn=cmd_data)
 
-    from launch import landscape_tool, pretrain_tool
+    from fedsys_launch import landscape_tool, pretrain_tool
 
     landscape_tool.add_parser(sub)
     pretrain_tool.add_parser(sub)
 
-    from launch import deploy_cli
+    from fedsys_launch import deploy_cli
 
     deploy_cli.add_parser(sub)
 
@@ -421,10 +421,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``fedsys`` command; errors in the input exit 2 with one line.
 
     Called as the command (``argv`` from the command line), output that goes to a file
-    or a pipe carries no colour codes (:func:`launch.console.plain_when_redirected`).
+    or a pipe carries no colour codes (:func:`fedsys_launch.console.plain_when_redirected`).
     """
     if argv is None:
-        from launch.console import plain_when_redirected
+        from fedsys_launch.console import plain_when_redirected
 
         plain_when_redirected()
         # Ctrl-C and 'kill -INT' stop a run (with its checkpoint) even where SIGINT came

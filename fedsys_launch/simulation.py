@@ -18,7 +18,7 @@ from logging import WARNING
 from pathlib import Path
 
 from fedsys.config import RunConfig, toml_text
-from launch import flower_patches
+from fedsys_launch import flower_patches
 
 FLWR_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",
@@ -44,7 +44,7 @@ FLWR_ENV = {
     # stop' and a batch scheduler's time limit printed a stack dump and ended the run
     # without a word on how to continue (ray-project/ray#64830: it may also abort a slow
     # shutdown 3 s on).  Without it, ray.init's Python handler raises SystemExit(SIGTERM),
-    # which launch.cli.main turns into Ctrl-C's stop: exit 143, the checkpoint whole
+    # which fedsys_launch.cli.main turns into Ctrl-C's stop: exit 143, the checkpoint whole
     # (tests/integration/test_interrupt.py).
     "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1",
 }
@@ -56,8 +56,8 @@ def write_app_dir(cfg: RunConfig, directory: Path) -> Path:
         "project": {"name": "fedsys", "version": "0.1.0"},
         "tool": {"flwr": {"app": {
             "publisher": "fedsys",
-            "components": {"serverapp": "launch.server_app:app",
-                           "clientapp": "launch.client_app:app"},
+            "components": {"serverapp": "fedsys_launch.server_app:app",
+                           "clientapp": "fedsys_launch.client_app:app"},
             "config": cfg.to_dict()}}},
     }))
     return directory
@@ -125,20 +125,20 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
     """Run ``cfg`` with ``num-clients`` simulated SuperNodes (Ray backend, ``engine: flower``).
 
     ``client_app`` replaces the fedsys ClientApp (tests use it to inject faults).  The
-    ServerApp does not log the results table (``launch.server_app.LOG_TABLE``): the
+    ServerApp does not log the results table (``fedsys_launch.server_app.LOG_TABLE``): the
     caller prints it, so a run shows one.
 
     The user is the operator here: both apps run unconfined (:mod:`fedsys.confine`), as
-    objects built here, in this process (:func:`launch.server_app.make_app`,
-    :class:`launch.client_app.UnconfinedClientApp`, which reaches the Ray actors pickled);
+    objects built here, in this process (:func:`fedsys_launch.server_app.make_app`,
+    :class:`fedsys_launch.client_app.UnconfinedClientApp`, which reaches the Ray actors pickled);
     nothing a config or Flower loads by name can be one of them.
 
     With ``engine: inprocess`` the run goes to fedsys's own engine instead
-    (:func:`launch.inprocess.simulate_inprocess`: every ClientApp called in this process).
+    (:func:`fedsys_launch.inprocess.simulate_inprocess`: every ClientApp called in this process).
     """
     if cfg.engine == "inprocess":
         if flower_patches.task_identity_usable():
-            from launch.inprocess import simulate_inprocess
+            from fedsys_launch.inprocess import simulate_inprocess
 
             simulate_inprocess(cfg, verbose=verbose, client_app=client_app)
             return
@@ -155,9 +155,9 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
     from flwr.simulation.run_simulation import _run_simulation
     from flwr.supercore.telemetry import EventType
 
-    from launch import server_app as server_module
-    from launch.client_app import UnconfinedClientApp
-    from launch.client_app import app as fedsys_client_app
+    from fedsys_launch import server_app as server_module
+    from fedsys_launch.client_app import UnconfinedClientApp
+    from fedsys_launch.client_app import app as fedsys_client_app
 
     # more actors than simulated nodes never train at once
     init_args = ray_init_args(os.environ, cfg.num_clients * cfg.client_num_cpus, cfg.ray_address)

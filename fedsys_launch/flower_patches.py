@@ -14,8 +14,8 @@ timeouts.  ``FEDSYS_FLOWER_PATCHES`` turns patches off by name (comma-separated,
 Not patches, because they use Flower's public API only: :func:`fedsys.transport.
 send_and_receive` (a round's messages over ``Grid.push_messages``/``pull_messages``, which
 reads one name of Flower's, the class name ``InMemoryGrid``, to poll its own process
-faster) and the in-process engine's ``Grid`` (:mod:`launch.inprocess`).  Not Flower's: the
-shim that keeps a Ray node joining on 127.0.0.1 (``launch.raycluster._JOIN_ON_LOOPBACK``,
+faster) and the in-process engine's ``Grid`` (:mod:`fedsys_launch.inprocess`).  Not Flower's: the
+shim that keeps a Ray node joining on 127.0.0.1 (``fedsys_launch.raycluster._JOIN_ON_LOOPBACK``,
 for the tests of a two-node cluster on one machine).
 
 ``make test-flwr-next`` runs the unit tests and one simulation against the newest Flower
@@ -289,7 +289,7 @@ def check_executor() -> str | None:
 def warm_app_processes(start: Callable[[], Callable[..., Any]],
                        environ: Mapping[str, str] = os.environ) -> bool:
     """Route Flower's ``SubprocessExecutor`` through the ``Popen`` (``subprocess.Popen``'s
-    arguments) that ``start()`` returns (:class:`launch.superexec.WarmStarter`'s, its fork
+    arguments) that ``start()`` returns (:class:`fedsys_launch.superexec.WarmStarter`'s, its fork
     server started only when the patch goes in); whether it went in."""
     if not _usable("warm-app-processes", check_executor(), environ):
         return False

@@ -8,7 +8,7 @@ replies as :mod:`fedsys.protocol` says.
 
 Before it reads data or imports a plugin it admits the run config under the site
 operator's policy (:mod:`fedsys.confine`: ``FEDSYS_ROOTS``, ``FEDSYS_PLUGINS``, the node
-config's ``data-dir`` allowed), except where :func:`launch.simulation.simulate` runs it
+config's ``data-dir`` allowed), except where :func:`fedsys_launch.simulation.simulate` runs it
 (:class:`UnconfinedClientApp`).
 """
 
@@ -36,15 +36,15 @@ from fedsys.models import build_model
 from fedsys.options import parse_group
 from fedsys.seeding import derive_seed
 from fedsys.task import client_data, dataset, evaluate, pick_device
-from launch.registry import from_run_config
+from fedsys_launch.registry import from_run_config
 
 if TYPE_CHECKING:
-    from launch.ray_workers import RayWorkers
+    from fedsys_launch.ray_workers import RayWorkers
 
 app = ClientApp()
 
 #: True while :class:`UnconfinedClientApp` handles a message (fedsys's own simulation):
-#: set in this process by the object :func:`launch.simulation.simulate` built, never by a
+#: set in this process by the object :func:`fedsys_launch.simulation.simulate` built, never by a
 #: config.
 _UNCONFINED: contextvars.ContextVar[bool] = contextvars.ContextVar("fedsys_unconfined",
                                                                    default=False)
@@ -54,10 +54,10 @@ class UnconfinedClientApp(ClientApp):
     """``inner`` (a ClientApp) as fedsys's own simulation runs it: the fedsys handlers
     admit the run config without the operator's policy (:mod:`fedsys.confine`).
 
-    :func:`launch.simulation.simulate` builds one in process and hands it to Flower's
+    :func:`fedsys_launch.simulation.simulate` builds one in process and hands it to Flower's
     simulation engine, which pickles it to its Ray actors (``engine: inprocess``:
-    :func:`launch.inprocess.simulate_inprocess` calls it in process); there is no
-    module-level instance, so a deployment (which loads ``launch.client_app:app``) cannot
+    :func:`fedsys_launch.inprocess.simulate_inprocess` calls it in process); there is no
+    module-level instance, so a deployment (which loads ``fedsys_launch.client_app:app``) cannot
     get one.
     """
 
@@ -268,7 +268,7 @@ def train(msg: Message, context: Context) -> Message:
 
 class BatchTraining:
     """The train handler of the fedsys ClientApp (:func:`train`) for many nodes at once,
-    in three parts, for the in-process engine (:class:`launch.inprocess.InProcessGrid`):
+    in three parts, for the in-process engine (:class:`fedsys_launch.inprocess.InProcessGrid`):
     :meth:`prepare` reads each node's instruction (:func:`train_call`), :meth:`train`
     trains the round's jobs, those that agree together (:func:`clients.batched.train_together`,
     the rest one at a time), :meth:`reply` makes each node's reply (:func:`train_reply`).
@@ -325,7 +325,7 @@ class BatchTraining:
               ) -> Sequence[tuple[TrainResult | Exception, dict[str, torch.Tensor]]]:
         """Train a group of prepared calls of one :meth:`key` together, spread over the
         devices (:func:`clients.batched.train_on_devices`) or the Ray workers
-        (:class:`launch.ray_workers.RayWorkers`)."""
+        (:class:`fedsys_launch.ray_workers.RayWorkers`)."""
         from clients.batched import devices_for, train_on_devices
 
         self.decoded.clear()

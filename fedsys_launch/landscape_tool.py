@@ -25,7 +25,7 @@ from fedsys.landscape import (
 )
 from fedsys.params import Params, check_update, flatten, from_torch, to_torch, unflatten
 from fedsys.pretrain import read_state_dict
-from launch import registry
+from fedsys_launch import registry
 
 
 def add_parser(sub: Any) -> None:

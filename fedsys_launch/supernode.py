@@ -21,9 +21,9 @@ ClientApp that dies before it checks in now holds its message for the whole wind
 instead of 30 s.  Then it runs Flower's own ``flower-supernode`` with the same
 arguments.
 
-The change is a patch of Flower's own code, in :mod:`launch.flower_patches`
+The change is a patch of Flower's own code, in :mod:`fedsys_launch.flower_patches`
 (``supernode-start-window``): a Flower release it does not fit keeps its own window, with a
-WARNING.  Used by ``fedsys deploy`` (:mod:`launch.deploy`) as ``python -m launch.supernode``.
+WARNING.  Used by ``fedsys deploy`` (:mod:`fedsys_launch.deploy`) as ``python -m fedsys_launch.supernode``.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from collections.abc import Mapping
 
 from flwr.supernode.cli import flower_supernode
 
-from launch import flower_patches
-from launch.console import hand_over
+from fedsys_launch import flower_patches
+from fedsys_launch.console import hand_over
 
 ENV = "FEDSYS_CLIENTAPP_START_S"
 DEFAULT_S = 300.0

@@ -14,15 +14,15 @@ this entry point sets the busy timeout to ``FEDSYS_SQLITE_BUSY_TIMEOUT_MS`` (def
 request timeout and some replies are still dropped, which the SuperLink then reports as
 lost and the ServerApp asks for again (``transport-retries``, strategies/base.py).
 
-It also gives the ServerApp the same start window as :mod:`launch.supernode` gives a
+It also gives the ServerApp the same start window as :mod:`fedsys_launch.supernode` gives a
 ClientApp (``FEDSYS_CLIENTAPP_START_S``, default 300 s instead of Flower's 30 s): a
 ``flwr-serverapp`` that has not checked in 30 s after its run's task was claimed is
 otherwise started a second time beside the first, two ServerApps then driving one run.
 
-Both changes are patches of Flower's own code, in :mod:`launch.flower_patches`
+Both changes are patches of Flower's own code, in :mod:`fedsys_launch.flower_patches`
 (``sqlite-busy-timeout``, ``superlink-start-window``): a Flower release they do not fit
-keeps its own behaviour, with a WARNING.  Used by ``fedsys deploy`` (:mod:`launch.deploy`)
-as ``python -m launch.superlink``.
+keeps its own behaviour, with a WARNING.  Used by ``fedsys deploy`` (:mod:`fedsys_launch.deploy`)
+as ``python -m fedsys_launch.superlink``.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from collections.abc import Mapping
 
 from flwr.superlink.cli import flower_superlink
 
-from launch import flower_patches
-from launch.console import hand_over
-from launch.supernode import env_positive, start_window_s
+from fedsys_launch import flower_patches
+from fedsys_launch.console import hand_over
+from fedsys_launch.supernode import env_positive, start_window_s
 
 ENV = "FEDSYS_SQLITE_BUSY_TIMEOUT_MS"
 DEFAULT_MS = 120_000

@@ -4,7 +4,7 @@
 wall time and 4 s of CPU per run on 2 cores (``benchmarks/ray_cluster.py``).  Many short runs
 in a row (the test suite, a benchmark) can instead share one cluster: each run is still a Ray
 job of its own, with fresh worker processes, so its numbers do not change
-(:func:`launch.simulation.ray_init_args` decides which way a run goes).
+(:func:`fedsys_launch.simulation.ray_init_args` decides which way a run goes).
 
 Usage::
 
@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from launch.deploy import _alive, descendants, free_port
-from launch.simulation import FLWR_ENV
+from fedsys_launch.deploy import _alive, descendants, free_port
+from fedsys_launch.simulation import FLWR_ENV
 
 
 @contextmanager

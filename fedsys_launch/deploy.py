@@ -19,7 +19,7 @@ SuperExec).  Everything lives in one deployment directory::
     logs/<component>.log   each component's output
     superlink.db           SuperLink state (runs, registered nodes)
 
-Used by ``fedsys deploy`` (:mod:`launch.deploy_cli`) and the deployment tests.
+Used by ``fedsys deploy`` (:mod:`fedsys_launch.deploy_cli`) and the deployment tests.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from fedsys.config import ConfigError, toml_text
-from launch.proxy import ProxyTLS, nginx_conf, write_conf
-from launch.simulation import FLWR_ENV
+from fedsys_launch.proxy import ProxyTLS, nginx_conf, write_conf
+from fedsys_launch.simulation import FLWR_ENV
 
 HOST = "127.0.0.1"
 CONNECTION = "fedsys-local"
@@ -186,7 +186,7 @@ class LocalDeployment:
     auth : bool
         SuperNode authentication (registered keys only) and a SuperExec secret.
     port : int
-        The sites' port: the reverse proxy (:mod:`launch.proxy`) that forwards Flower's
+        The sites' port: the reverse proxy (:mod:`fedsys_launch.proxy`) that forwards Flower's
         Fleet API, and nothing else, to the SuperLink; 0 picks a free one.
     link_port : int
         The SuperLink's own port on loopback (Fleet, Control and Runtime APIs): the
@@ -342,9 +342,9 @@ class LocalDeployment:
                     str(certs / "server.pem"), "--ssl-keyfile", str(certs / "server.key")]
                    if self.tls else ["--insecure"])
             auth = ["--enable-supernode-auth", *secret] if self.auth else []
-            # Flower's flower-superlink with a longer SQLite busy timeout (launch/superlink.py),
+            # Flower's flower-superlink with a longer SQLite busy timeout (fedsys_launch/superlink.py),
             # on loopback only: the sites reach it through the proxy
-            return [sys.executable, "-m", "launch.superlink", *tls, *auth, "--isolation", "process",
+            return [sys.executable, "-m", "fedsys_launch.superlink", *tls, *auth, "--isolation", "process",
                     "--database", str(self.root / "superlink.db"),
                     "--disable-runtime-dependency-installation",
                     "--host", HOST, "--port", str(self.link_port)], {}
@@ -354,11 +354,11 @@ class LocalDeployment:
                     "-g", "daemon off;"], {}
         policy = {"FEDSYS_PLUGINS": self.plugins} if self.plugins else {}
         if name == SERVER_EXEC:
-            # Flower's flower-superexec, its app processes forked warm (launch/superexec.py);
+            # Flower's flower-superexec, its app processes forked warm (fedsys_launch/superexec.py);
             # the operator's confinement of submitted run configs (fedsys.confine)
             if self.roots:
                 policy["FEDSYS_ROOTS"] = self.roots
-            return [sys.executable, "-m", "launch.superexec", *self._client_tls("--root-certificates"),
+            return [sys.executable, "-m", "fedsys_launch.superexec", *self._client_tls("--root-certificates"),
                     *secret, "--runtime-api-address", self.control_address], policy
         kind, _, idx = name.rpartition("-")
         i = int(idx)
@@ -368,8 +368,8 @@ class LocalDeployment:
             if self.data_dir:
                 cfg += f' data-dir="{self.data_dir}"'
             auth = ["--auth-supernode-private-key", str(self.key_file(i))] if self.auth else []
-            # Flower's flower-supernode with a wider ClientApp start window (launch/supernode.py)
-            return [sys.executable, "-m", "launch.supernode",
+            # Flower's flower-supernode with a wider ClientApp start window (fedsys_launch/supernode.py)
+            return [sys.executable, "-m", "fedsys_launch.supernode",
                     *self._client_tls("--root-certificates"), *auth,
                     "--superlink", self.address, "--isolation", "process",
                     "--host", HOST, "--port", str(self.node_ports[i]), *site_secret,
@@ -378,11 +378,11 @@ class LocalDeployment:
         if self.gpus:
             ids = [g.strip() for g in self.gpus.split(",") if g.strip()]
             env["CUDA_VISIBLE_DEVICES"] = ids[i % len(ids)]
-        return [sys.executable, "-m", "launch.superexec", "--insecure", *site_secret,
+        return [sys.executable, "-m", "fedsys_launch.superexec", "--insecure", *site_secret,
                 "--runtime-api-address", f"{HOST}:{self.node_ports[i]}"], env
 
     def write_proxy_conf(self) -> Path:
-        """Render the proxy's ``nginx.conf`` (:func:`launch.proxy.nginx_conf`) under
+        """Render the proxy's ``nginx.conf`` (:func:`fedsys_launch.proxy.nginx_conf`) under
         ``proxy/``: the sites' port forwards the Fleet API to the SuperLink's loopback port."""
         work = self.root / "proxy"
         for sub in ("", "body", "proxy", "fastcgi", "uwsgi", "scgi"):

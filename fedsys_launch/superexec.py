@@ -23,8 +23,8 @@ before the fork: each app process picks its GPU (``CUDA_VISIBLE_DEVICES``) as be
 process as Flower does.  Then it runs Flower's own ``flower-superexec`` with the same
 arguments.
 
-Used by ``fedsys deploy`` (:mod:`launch.deploy`) and the images' SuperExecs as
-``python -m launch.superexec``.
+Used by ``fedsys deploy`` (:mod:`fedsys_launch.deploy`) and the images' SuperExecs as
+``python -m fedsys_launch.superexec``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import setproctitle
 ENV = "FEDSYS_APP_PRELOAD"
 DEFAULT_PRELOAD = ("torch", "numpy")
 #: fedsys's own top-level packages: the app process imports them from its FAB
-OWN_PACKAGES = frozenset({"launch", "fedsys", "strategies", "clients"})
+OWN_PACKAGES = frozenset({"fedsys_launch", "fedsys", "strategies", "clients"})
 
 
 def preload_modules(environ: Mapping[str, str] = os.environ) -> list[str]:
@@ -131,10 +131,10 @@ def _installed(command: str) -> str:
 
 def apply(environ: Mapping[str, str] = os.environ) -> WarmStarter | None:
     """Start the fork server and route Flower's ``SubprocessExecutor`` through it (the
-    patch ``warm-app-processes`` of :mod:`launch.flower_patches`); none when
+    patch ``warm-app-processes`` of :mod:`fedsys_launch.flower_patches`); none when
     ``FEDSYS_APP_PRELOAD`` names nothing installed, or the patch does not fit this Flower
     (a WARNING: every app process then starts as Flower starts it)."""
-    from launch import flower_patches
+    from fedsys_launch import flower_patches
 
     preload = preload_modules(environ)
     if not preload:
@@ -153,7 +153,7 @@ def main() -> None:
     """Start the fork server, then hand over to Flower's ``flower-superexec``."""
     from flwr.supercore.cli import flower_superexec
 
-    from launch.console import hand_over
+    from fedsys_launch.console import hand_over
 
     apply()
     hand_over("flower-superexec", flower_superexec)

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from launch import registry
-from launch.deploy import (
+from fedsys_launch import registry
+from fedsys_launch.deploy import (
     CONNECTION,
     SUPERLINK,
     DeployError,
@@ -28,7 +28,7 @@ from launch.deploy import (
     connection_toml,
     run_config_toml,
 )
-from launch.runlock import busy, in_use
+from fedsys_launch.runlock import busy, in_use
 
 DEFAULT_DIR = "runs/deploy"
 APP_DIR = Path(__file__).resolve().parents[1]
@@ -198,7 +198,7 @@ def _remote(args: argparse.Namespace) -> LocalDeployment:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``fedsys deploy run CONFIG``."""
-    from launch.results import load_runs, table
+    from fedsys_launch.results import load_runs, table
 
     cfg = registry.load(Path(args.config), args.set or [])
     for _, vcfg in cfg.variants():  # strategy-specific checks before anything is sent

@@ -1,0 +1,7 @@
+"""``python -m fedsys_launch``: the ``fedsys`` command."""
+
+import sys
+
+from fedsys_launch.cli import main
+
+sys.exit(main())
