@@ -13,7 +13,14 @@ clients of 600 samples, all 100 a round.  One run each, one after the other, eac
   ``ray-address``, ``fedsys_launch/ray_workers.py``): what sending the shares to workers costs;
 - the floor: a plain PyTorch loop in this process, one thread, training the same clients
   on the same data one after another (``torch.optim.SGD``, the weighted mean after), with
-  no evaluation, no messages, no checkpoints.
+  no evaluation, no messages, no checkpoints;
+- the floor of a round with real messages: the same loop, the broadcast model written to
+  an ``ArrayRecord`` and read back once for all the round's clients, and each client's
+  trained model sent back as one (Flower's ``Array``,
+  the bytes of ``numpy.save``; the engines send real ``Message`` objects), read
+  back on the server; and with that, the round's central evaluation on ``test-subset``
+  images, which every engine's ``round-time`` includes: what no engine that keeps Flower's
+  messages and evaluates every round can go below.
 
 It prints per engine the median ``round-time`` of rounds 2.. (the run's own wall clock of
 a round: training, aggregation, central evaluation on ``test-subset`` images, the
@@ -84,14 +91,20 @@ def run_fedsys(sets: list[str], out: Path) -> tuple[list[float], float, float]:
     return [float(r["round-time"]) for r in recs if int(r["round"]) >= 1], wall, peak
 
 
-def floor(sets: list[str], rounds: int) -> list[float]:
+def floor(sets: list[str], rounds: int, messages: bool = False, evaluate: bool = False
+          ) -> list[float]:
     """Round times of the plain PyTorch loop: the config's sampled clients' data, trained
-    one after another from the global model, then their example-weighted mean."""
+    one after another from the global model, then their example-weighted mean; with
+    ``messages`` each client reads the broadcast model from an ``ArrayRecord`` and sends
+    its trained model back as one, which the server reads; with ``evaluate`` the new
+    global model is scored on the central test split."""
     import numpy as np
     import torch
 
+    from fedsys import protocol
     from fedsys.models import build_model
-    from fedsys.task import client_data, dataset
+    from fedsys.params import from_torch, to_torch
+    from fedsys.task import client_data, dataset, score, test_sets
     from fedsys_launch.registry import load
 
     torch.set_num_threads(1)
@@ -102,13 +115,17 @@ def floor(sets: list[str], rounds: int) -> list[float]:
     global_w = {k: v.clone() for k, v in net.state_dict().items()}
     rng = np.random.default_rng(cfg.seed)
     times = []
+    (_, x_test, y_test), = test_sets(cfg)[:1]
     for _ in range(rounds):
         t0 = time.perf_counter()
         total = {k: torch.zeros_like(v) for k, v in global_w.items()}
         n_all = 0
+        # the broadcast, read once for all the round's clients (the least a reader does)
+        start = (to_torch(protocol.from_record(protocol.to_record(from_torch(global_w))))
+                 if messages else global_w)
         for pid in rng.choice(cfg.num_clients, cfg.clients_per_round, replace=False):
             x, y = data[int(pid)]
-            net.load_state_dict(global_w)
+            net.load_state_dict(start)
             opt = torch.optim.SGD(net.parameters(), lr=cfg.lr, momentum=cfg.momentum)
             for _ in range(cfg.local_epochs):
                 perm = torch.randperm(len(y))
@@ -117,10 +134,17 @@ def floor(sets: list[str], rounds: int) -> list[float]:
                     opt.zero_grad()
                     torch.nn.functional.cross_entropy(net(ds.normalise(x[idx])), y[idx]).backward()
                     opt.step()
-            for k, v in net.state_dict().items():
+            trained = net.state_dict()
+            if messages:  # the reply's ArrayRecord, read back on the server
+                trained = to_torch(protocol.from_record(protocol.to_record(from_torch(trained))))
+            for k, v in trained.items():
                 total[k] += v * len(y)
             n_all += len(y)
         global_w = {k: v / n_all for k, v in total.items()}
+        if evaluate:
+            net.load_state_dict(global_w)
+            score(net, ds.normalise, x_test, y_test, cfg.eval_batch_size, torch.device("cpu"))
+            net.train()
         times.append(time.perf_counter() - t0)
     return times
 
@@ -145,6 +169,12 @@ def main() -> None:
     base = statistics.median(fl[1:] or fl)
     print(f"floor (plain PyTorch loop, 1 thread): {base:.3f} s a round", flush=True)
     rows = [("floor: plain PyTorch loop, one thread", base, 1.0, float("nan"), float("nan"))]
+    for label, kw in (("floor + Flower's messages", {"messages": True}),
+                      ("floor + messages + central evaluation", {"messages": True, "evaluate": True})):
+        more = floor(sets, args.rounds, **kw)
+        rt = statistics.median(more[1:] or more)
+        print(f"{label}: {rt:.3f} s a round", flush=True)
+        rows.append((label, rt, rt / base, float("nan"), float("nan")))
     with contextlib.ExitStack() as stack:
         variants = dict(VARIANTS)
         if args.ray_nodes > 0:
