@@ -27,24 +27,23 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from flwr.app import ConfigRecord
-from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fedsys import protocol as proto
 from fedsys.options import ConfigError, parse_group, suggest
-from fedsys.params import copy
+from fedsys.params import Params, copy
 from strategies.exchange import TRAFFIC_KEYS
 from strategies.nodes import EVAL_TAG, SAMPLE_TAG, NodeDirectory, NodesUnavailableError
 from strategies.replies import ReplyPolicy, why_refused
 from strategies.rounds import EvaluateFn, MetricsAggrFn, RoundEngine
-from strategies.wrapper import StrategyWrapper, Wrapping
+from strategies.wrapper import StrategyWrapper
 
 if TYPE_CHECKING:
     from fedsys.config import RunConfig
@@ -63,7 +62,7 @@ class NoOptions:
     """A method without options of its own."""
 
 
-class FedsysStrategy(Wrapping, RoundEngine):
+class FedsysStrategy(RoundEngine):
     """Base class of every fedsys strategy (see the module docstring).
 
     Parameters
@@ -224,7 +223,6 @@ class FedsysStrategy(Wrapping, RoundEngine):
             arrayrecord_key=arrayrecord_key, configrecord_key=configrecord_key,
             train_metrics_aggr_fn=train_metrics_aggr_fn,
             evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn, **keys)
-        self.wrappers: list[StrategyWrapper] = []
         self.workdir: Path | None = None
         #: The name a run gives this strategy (its results directory), used in the logs.
         self.run_label = ""
@@ -301,12 +299,21 @@ class FedsysStrategy(Wrapping, RoundEngine):
             self._told.add(key)
             log(level, msg, *args)
 
-    def sample(self, grid: Grid, server_round: int, k: int | None, tag: int = SAMPLE_TAG) -> dict[int, int]:
-        """Pick ``k`` nodes (``{node_id: partition_id}``): :meth:`NodeDirectory.sample`
-        (``k=None``: Flower's rule, ``fraction_train`` of the connected nodes, at least
-        ``min_train_nodes``).  A method with its own draw overrides this."""
-        return self.nodes.sample(grid, server_round, k, self.label, self.round_timeout,
-                                 self.poll_interval, tag)
+    def wrap(self, wrapper: StrategyWrapper) -> Self:
+        """Attach a :class:`StrategyWrapper` (after any attached before); returns ``self``."""
+        self.wrappers.append(wrapper)
+        return self
+
+    def finish(self, server_round: int, models: dict[int, Params]) -> dict[int, Params]:
+        """The models the method has just made, through its wrappers
+        (:meth:`WrapperChain.finish`): what a method's :meth:`aggregate` returns."""
+        return self.wrappers.finish(server_round, models)
+
+    def average(self, server_round: int, models: Sequence[Params],
+                weights: Sequence[float] | None = None) -> Params:
+        """The method's mean of the round's models, or a wrapper's rule in its place
+        (:meth:`WrapperChain.average`)."""
+        return self.wrappers.average(server_round, models, weights)
 
     # ------------------------------------------------------------------ config
 

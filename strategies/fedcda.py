@@ -256,7 +256,7 @@ class FedCDAStrategy(FedsysStrategy):
         if warm and self.options.warmup_mode == "fedavg":
             new = self.average(server_round, [u.params for u in updates],
                                [u.num_examples for u in updates])
-        elif self.replaces_mean:  # a robust rule over the selected models (Alg. 1 line 10)
+        elif self.wrappers.replaces_mean:  # a robust rule over the selected models (Alg. 1 line 10)
             new = self.average(server_round, self.selected_models())
         else:
             new = self.global_model()

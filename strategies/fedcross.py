@@ -260,7 +260,7 @@ class FedCrossStrategy(FedsysStrategy):
         weights = np.eye(self.K)  # new slot i = sum_j weights[i, j] Z_j
         if phase == "warmup":  # every slot, with or without an upload, := mean of uploads
             ups = [by_slot[i] for i in ok]
-            avg = self.average(server_round, ups) if self.replaces_mean else maths.uniform_mean(ups)
+            avg = self.average(server_round, ups) if self.wrappers.replaces_mean else maths.uniform_mean(ups)
             for slot in self.slots:
                 for key, v in avg.items():
                     np.copyto(slot[key], v)
@@ -280,7 +280,7 @@ class FedCrossStrategy(FedsysStrategy):
                 self.slots[i] = done[i]
             if replaced:  # the base's own global model unless a slot was replaced
                 glob = mean(self.slots)
-        if self.replaces_mean:  # a robust rule over the K slots as every wrapper left them
+        if self.wrappers.replaces_mean:  # a robust rule over the K slots as every wrapper left them
             glob = self.average(server_round, self.slots)
         return glob
 

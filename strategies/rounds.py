@@ -38,6 +38,7 @@ from fedsys.validation import ClientUpdate, Rejection
 from strategies.exchange import Exchange, Traffic
 from strategies.nodes import EVAL_TAG, SAMPLE_TAG, NodeDirectory
 from strategies.replies import ReplyPolicy, why_refused
+from strategies.wrapper import WrapperChain
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 #: Flower's ``train_metrics_aggr_fn`` / ``evaluate_metrics_aggr_fn``: the replies' contents
@@ -108,6 +109,9 @@ class RoundEngine(Strategy):
         self.round_timeout = 3600.0
         self.round = 0
         self.params: Params | None = None
+        #: What acts on the models the strategy makes (IMA, robust rules, DP), in order
+        #: (:meth:`strategies.base.FedsysStrategy.wrap` attaches them).
+        self.wrappers = WrapperChain()
         #: The record last made of :attr:`params` (:meth:`model_record`): a model given
         #: to ``configure_train`` that is this object is the strategy's own.
         self.own_record: ArrayRecord | None = None
@@ -137,8 +141,11 @@ class RoundEngine(Strategy):
         return type(self).__name__
 
     def sample(self, grid: Grid, server_round: int, k: int | None, tag: int = SAMPLE_TAG) -> dict[int, int]:
-        """Pick ``k`` nodes of the round (``{node_id: key}``)."""
-        raise NotImplementedError
+        """Pick ``k`` nodes (``{node_id: partition_id}``): :meth:`NodeDirectory.sample`
+        (``k=None``: Flower's rule, ``fraction_train`` of the connected nodes, at least
+        ``min_train_nodes``).  A method with its own draw overrides this."""
+        return self.nodes.sample(grid, server_round, k, self.label, self.round_timeout,
+                                 self.poll_interval, tag)
 
     def round_config(self, server_round: int, config: ConfigRecord | Mapping[str, Any]) -> dict[str, Any]:
         """The train settings of one round from the caller's ``config``."""
@@ -151,10 +158,6 @@ class RoundEngine(Strategy):
 
     def payload_models(self, node_id: int, partition_id: int, server_round: int) -> dict[str, Params]:
         """Further named models sent to one node (anchors; none here)."""
-        return {}
-
-    def wrapper_metrics(self) -> dict[str, float]:
-        """Round metrics of what acts on the aggregated models (none)."""
         return {}
 
     def prepare(self, num_rounds: int) -> None:
@@ -292,18 +295,12 @@ class RoundEngine(Strategy):
         updates and logged rejections (:meth:`strategies.replies.ReplyPolicy.sort`)."""
         ex = self.last_exchange if exchange is None else exchange
         ok, bad = self.replies.sort(replies, ex, self.nodes.known, self.label)
-        ok, more = self.screen(ok, ex.payloads)
+        ok, more = self.wrappers.screen(ok, ex.payloads)
         for rj in more:
             log(WARNING, "[%s] rejected reply of client %d (node %d): %s",
                 self.label, rj.partition_id, rj.node_id, rj.reason)
         self.last_rejections = bad = bad + more
         return ok, bad
-
-    def screen(self, updates: list[ClientUpdate], references: Mapping[int, Params]
-               ) -> tuple[list[ClientUpdate], list[Rejection]]:
-        """The validated updates as the method will use them, and any refused on the way
-        (a wrapper's hook: DP's clipping); here unchanged."""
-        return updates, []
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
         """Return the new global model from validated updates (subclasses)."""
@@ -338,7 +335,7 @@ class RoundEngine(Strategy):
             if self.params is not None:  # how far the broadcast model moved this round
                 self.round_metrics["global-step"] = distance(new, self.params)
             self.params = new
-            self.round_metrics.update(self.wrapper_metrics())
+            self.round_metrics.update(self.wrappers.metrics())
             if self.estimator_fn is not None:
                 self.round_metrics.update(self.estimator_fn(server_round, updates, new))
         self.last_updates = updates

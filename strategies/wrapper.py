@@ -1,6 +1,7 @@
 """What acts on the models a strategy makes, whatever the strategy: a
 :class:`StrategyWrapper` (IMA, the robust aggregators; later server-side DP), attached with
-:meth:`strategies.base.FedsysStrategy.wrap`.
+:meth:`strategies.base.FedsysStrategy.wrap`, into the strategy's
+:class:`WrapperChain`.
 
 A wrapper sees the strategy it wraps only as :class:`Wrapped` (its name and schedule), so
 this module imports no strategy and any strategy can carry any wrapper.
@@ -8,8 +9,8 @@ this module imports no strategy and any strategy can carry any wrapper.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Protocol, Self, cast
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Protocol, cast
 
 from fedsys.params import Params, mean
 from fedsys.validation import ClientUpdate, Rejection
@@ -127,17 +128,28 @@ class StrategyWrapper:
         """Restore :meth:`state_dict` output."""
 
 
-class Wrapping:
-    """A strategy's wrappers and the hooks through which they act: :meth:`finish` on the
-    models it makes, :meth:`average` on its mean of the round's models (the base of every
-    fedsys strategy)."""
+class WrapperChain:
+    """A strategy's wrappers, in the order they were attached, and what they do together:
+    :meth:`finish` on the models the strategy makes, :meth:`average` in place of its mean
+    of the round's models, :meth:`screen` on the validated updates, :meth:`metrics` into
+    the round's record.  A strategy holds one (``strategy.wrappers``; empty: every call
+    leaves the models as they are); iterating gives the wrappers."""
 
-    wrappers: list[StrategyWrapper]
+    def __init__(self) -> None:
+        self.items: list[StrategyWrapper] = []
 
-    def wrap(self, wrapper: StrategyWrapper) -> Self:
-        """Attach a :class:`StrategyWrapper`; returns ``self``."""
-        self.wrappers.append(wrapper)
-        return self
+    def append(self, wrapper: StrategyWrapper) -> None:
+        """Attach ``wrapper`` after the others."""
+        self.items.append(wrapper)
+
+    def __iter__(self) -> Iterator[StrategyWrapper]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> StrategyWrapper:
+        return self.items[i]
 
     def finish(self, server_round: int, models: dict[int, Params]) -> dict[int, Params]:
         """Pass the models the strategy has just made through every wrapper.
@@ -145,7 +157,7 @@ class Wrapping:
         ``models`` maps a slot (0 for a single global model) to a model; each wrapper
         may return another model for a slot (see :class:`StrategyWrapper`).
         """
-        for w in self.wrappers:
+        for w in self.items:
             models = {i: w.transform(server_round, i, m) for i, m in sorted(models.items())}
         return models
 
@@ -153,7 +165,7 @@ class Wrapping:
                 weights: Sequence[float] | None = None) -> Params:
         """The mean of the round's models (weighted by ``weights``), or the first
         wrapper's replacement for it (:meth:`StrategyWrapper.combine`: a robust rule)."""
-        for w in self.wrappers:
+        for w in self.items:
             if w.replaces_mean and (got := w.combine(server_round, models, weights)) is not None:
                 return got
         return mean(models, weights)
@@ -162,23 +174,24 @@ class Wrapping:
     def replaces_mean(self) -> bool:
         """Whether a wrapper replaces :meth:`average` (a strategy whose own mean takes a
         faster path, FedCDA's, then forms the models)."""
-        return any(w.replaces_mean for w in self.wrappers)
+        return any(w.replaces_mean for w in self.items)
 
     def screen(self, updates: list[ClientUpdate], references: Mapping[int, Params]
                ) -> tuple[list[ClientUpdate], list[Rejection]]:
-        """Pass the validated updates through every wrapper's :meth:`StrategyWrapper.screen`."""
+        """Pass the validated updates through every wrapper's :meth:`StrategyWrapper.screen`
+        (``references``: node -> the model it was sent)."""
         refused: list[Rejection] = []
-        for w in self.wrappers:
+        for w in self.items:
             updates, more = w.screen(updates, references)
             refused += more
         return updates, refused
 
-    def wrapper_metrics(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, float]:
         """Every wrapper's round metrics, in the order they were attached."""
         out: dict[str, float] = {}
-        for w in self.wrappers:
+        for w in self.items:
             out.update(w.round_metrics())
         return out
 
 
-__all__ = ["StrategyWrapper", "Wrapped", "Wrapping"]
+__all__ = ["StrategyWrapper", "Wrapped", "WrapperChain"]

@@ -81,7 +81,7 @@ def test_fedavg_with_a_rule_ignores_a_scaled_model_and_any_claim(rule: str, want
     ups = [upd(0, 1.0), upd(1, 2.0, ex=1000), upd(2, 1.0), upd(3, 100.0), upd(4, 2.0)]
     got = s.aggregate(1, ups)
     assert got is not None and np.allclose(got["w"], want)               # the 100 is out
-    metrics = s.wrapper_metrics()
+    metrics = s.wrappers.metrics()
     assert metrics["robust-kept"] == (4.0 if rule == "multi-krum" else 5.0)
     assert metrics["robust-fallback"] == 0.0
 
@@ -141,7 +141,7 @@ def test_multi_krum_over_n_at_most_2f_plus_2_stands_in_the_median_with_a_warning
     assert ("round 3: multi-Krum with robust.krum-f=2 needs more than 2f + 2 = 6 models "
             "(Blanchard et al. 2017, Prop. 1), not 5: the coordinate-wise median instead"
             ) in caplog.text
-    assert s.wrapper_metrics()["robust-fallback"] == 1.0
+    assert s.wrappers.metrics()["robust-fallback"] == 1.0
     # with f = 2 of 4 no rule holds, and the warning says so
     Robust(rule="multi-krum", krum_f=2).combine(1, [u.params for u in ups[1:]], None)
     assert "with f = 2 of 4 models no rule holds" in caplog.text
@@ -195,7 +195,7 @@ def test_a_round_too_small_for_the_krum_keep_keeps_n_minus_f_with_a_warning(capl
     with caplog.at_level(logging.WARNING):
         got = s.aggregate(2, ups)                                        # 5: keep <= 4
     assert got is not None and np.allclose(got["w"], 1.0)                # all 5 before: 20.8
-    assert s.wrapper_metrics()["robust-kept"] == 4.0
+    assert s.wrappers.metrics()["robust-kept"] == 4.0
     assert "robust.krum-keep=5 averages more than n - f = 4 of 5 models" in caplog.text
 
 
@@ -234,6 +234,6 @@ def test_fedcross_keeps_the_rules_global_model_when_ima_replaces_its_slots(keys,
     assert s.composition == composition
     for rnd in (1, 2):
         got = s.aggregate(rnd, [upd(0, 1.5), upd(1, 2.5), upd(2, 3.5), upd(3, 400.0)])
-        assert got is not None and s.wrapper_metrics()["ima-active"] == 1.0
+        assert got is not None and s.wrappers.metrics()["ima-active"] == 1.0
         assert np.array_equal(got["w"], coordinate_median(s.slots)["w"])
         assert float(got["w"][0]) < 10 < 100 < float(np.mean([m["w"][0] for m in s.slots]))
