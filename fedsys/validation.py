@@ -1,8 +1,10 @@
-"""Whether a client's reply is used: a train reply becomes a :class:`ClientUpdate`, or a
-:class:`Rejection` that names the node, its client and the reason (wrong records, shapes,
-dtypes, NaN or Inf, a partition-id it may not claim, a count it cannot have); a round's
-example counts are bounded (:func:`weight_refusals`) and its silent nodes named
-(:func:`missing_nodes`).  The keys are :mod:`fedsys.protocol`'s.
+"""What the reply pipeline (:mod:`strategies.replies`) judges replies into and the
+arithmetic of its bounds: a train reply becomes a :class:`ClientUpdate` or a
+:class:`Rejection` that names the node, its client and the reason; a round's claimed
+weights are bounded (:func:`weight_refusals`, :func:`capped_claims`), its update norms
+(:func:`norm_refusals`, with the history of :func:`history_norms`) and its silent nodes
+named (:func:`missing_nodes`).  Pure functions with golden tests
+(``tests/unit/test_update_bounds.py``).
 """
 
 from __future__ import annotations
@@ -11,21 +13,9 @@ import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 from flwr.app import Message
 
-from fedsys.params import Params, check_update
-from fedsys.protocol import (
-    ARRAYS,
-    MODEL_PREFIX,
-    NUM_EXAMPLES,
-    PARTITION_ID,
-    TRAINED_EXAMPLES,
-    extra_models,
-    from_record,
-    metrics_of,
-    model_key,
-)
+from fedsys.params import Params
 
 
 @dataclass
@@ -59,131 +49,6 @@ class Rejection:
 def lacks(key: str) -> str:
     """The refusal of a reply without the metric ``key``."""
     return f"reply metrics lack '{key}'"
-
-
-def parse_train_reply(
-    reply: Message,
-    sent: Mapping[str, Message],
-    expected_pid: Mapping[int, int],
-    reference: Params | None,
-    reported: Mapping[int, int] | None = None,
-    weighted_by_key: str = NUM_EXAMPLES,
-    read: Collection[str] | None = None,
-    arrays_key: str = ARRAYS,
-) -> ClientUpdate | Rejection:
-    """Validate one train reply against the model the node was sent.
-
-    A reply's model may leave arrays out (layers its client keeps, as Flower's FedBN
-    how-to does with batch normalisation): the update holds the values it was sent for
-    them (:attr:`ClientUpdate.local`); a model holding none of the arrays is refused.
-    The reply's records as Flower's strategies take them: one model ArrayRecord
-    (``arrays_key``, else the one whatever its name: :func:`fedsys.protocol.model_key`)
-    beside any named extra models (``model.<name>``), one MetricRecord whatever its name,
-    and any ConfigRecords, which are the client's own and not read.
-
-    ``expected_pid`` maps node ids to the keys they were sampled under this round
-    (partition-ids, or node ids for nodes that reported none).  ``reported`` maps
-    node ids to the partition-id each reported first (``None``: ``expected_pid``
-    holds them): a reply echoing another ``partition-id`` than its node's first, or
-    one that another node reported, is refused; a node's first report is its key; a
-    reply echoing none is keyed as sampled.  ``reference`` is the model whose keys,
-    shapes and dtypes the update must match (the instruction's own arrays when
-    ``None``).  ``weighted_by_key`` names the example count (Flower's keyword).
-    ``read`` lists the metrics the strategy reads: a value of one of them that is
-    not a finite number refuses the reply; any other metric that is not a finite
-    number is left out of :attr:`ClientUpdate.metrics` (``None``: every metric is
-    read).
-    """
-    instr = sent.get(reply.metadata.reply_to_message_id)
-    node = instr.metadata.dst_node_id if instr is not None else reply.metadata.src_node_id
-    pid = expected_pid.get(node, -1)
-    if reported is None:
-        reported = {n: p for n, p in expected_pid.items() if n == node}
-    if instr is None and sent:
-        return Rejection(node, pid, "reply to a message this round did not send")
-    if reply.has_error():
-        err = reply.error
-        return Rejection(node, pid, f"error reply (code {err.code}): {str(err.reason)[-300:]}")
-    content = reply.content
-    main = model_key(content, arrays_key)
-    models_in = [k for k in content.array_records if not k.startswith(MODEL_PREFIX)]
-    if main is None and not models_in:
-        return Rejection(node, pid, f"reply holds no ArrayRecord '{arrays_key}'")
-    odd = [k for k in models_in if k != main]
-    if odd:
-        return Rejection(node, pid, f"reply holds unexpected ArrayRecord(s) {odd} (expected "
-                         f"one model, '{arrays_key}', and named models '{MODEL_PREFIX}<name>')")
-    assert main is not None
-    if len(content.metric_records) > 1:
-        return Rejection(node, pid, f"reply holds more than one MetricRecord "
-                         f"{list(content.metric_records)} (expected one, as Flower's "
-                         f"strategies)")
-
-    def is_read(k: str) -> bool:
-        return read is None or k in read
-
-    for rec in content.metric_records.values():
-        typed = [k for k, v in rec.items()
-                 if is_read(k) and (not isinstance(v, int | float) or isinstance(v, bool))]
-        if typed:
-            return Rejection(node, pid, f"metric(s) {typed} are not numbers")
-    metrics = {k: v for k, v in metrics_of(content).items() if is_read(k) or np.isfinite(v)}
-    w = weighted_by_key
-    if w not in metrics:
-        held = [k for k, r in content.config_records.items() if w in r]
-        if held and not content.metric_records:
-            return Rejection(node, pid, f"reply holds no MetricRecord ('{w}' is in ConfigRecord "
-                             f"'{held[0]}'; numbers to aggregate travel in a MetricRecord)")
-        return Rejection(node, pid, lacks(w))
-    n = metrics[w]
-    if np.isfinite(n) and n != int(n):
-        return Rejection(node, pid, f"{w} is {n:g}, not a whole number")
-    if PARTITION_ID in metrics:
-        claim = metrics[PARTITION_ID]
-        if not np.isfinite(claim) or claim != int(claim):
-            return Rejection(node, pid, f"{PARTITION_ID} is {claim:g}, not a whole number")
-        first = reported.get(node)
-        if first is not None and int(claim) != first:
-            return Rejection(node, pid, f"reply echoes {PARTITION_ID} {int(claim)}, expected "
-                             f"{first} (the node's first report; a partition does not change)")
-        holder = next((m for m, p in reported.items() if p == int(claim) and m != node), None)
-        if holder is not None:
-            return Rejection(node, pid, f"reply echoes {PARTITION_ID} {int(claim)}, which node "
-                             f"{holder} reported")
-        pid = int(claim)
-    elif node in reported:
-        pid = reported[node]
-    if not np.isfinite(metrics[w]) or metrics[w] <= 0:
-        return Rejection(node, pid, f"{w} is {metrics[w]}")
-    try:
-        params = from_record(content.array_records[main])
-        models = extra_models(content)
-    except Exception as exc:
-        return Rejection(node, pid, f"arrays cannot be decoded: {exc}")
-    sent_key = model_key(instr.content, arrays_key) if instr is not None else None
-    if reference is None and instr is not None and sent_key is not None:
-        reference = from_record(instr.content.array_records[sent_key])
-    local: list[str] = []
-    if reference is not None:
-        local = [k for k in reference if k not in params]
-        if local and len(local) == len(reference):
-            return Rejection(node, pid, f"reply's model holds none of the arrays it was sent "
-                             f"(it holds {sorted(params)[:3]}, expected {list(reference)[:3]}...)")
-        if local:  # layers the client keeps (Flower's FedBN how-to): the values it was sent
-            params = {**{k: params[k] if k in params else reference[k].copy() for k in reference},
-                      **{k: v for k, v in params.items() if k not in reference}}
-        for name, m in [("", params), *models.items()]:
-            why = check_update(m, reference)
-            if why is not None:
-                return Rejection(node, pid, f"model '{name}': {why}" if name else why)
-    bad = [k for k, v in metrics.items() if not np.isfinite(v)]
-    if bad:
-        return Rejection(node, pid, f"metric(s) {bad} are NaN or Inf")
-    if metrics.get(TRAINED_EXAMPLES, 0) < 0:  # the work the results compare methods on
-        return Rejection(node, pid, f"{TRAINED_EXAMPLES} is {metrics[TRAINED_EXAMPLES]:g}")
-    return ClientUpdate(node, pid, params, int(metrics[w]), metrics, models, tuple(local))
-
-
 
 
 def weight_refusals(claims: Mapping[int, float], declared: Mapping[int, int],
@@ -329,4 +194,4 @@ def missing_nodes(sent: Mapping[str, Message], replies: Iterable[Message]) -> li
 
 
 __all__ = ["ClientUpdate", "Rejection", "capped_claims", "history_norms", "lacks", "missing_nodes",
-           "norm_refusals", "parse_train_reply", "share_cap_level", "weight_refusals"]
+           "norm_refusals", "share_cap_level", "weight_refusals"]

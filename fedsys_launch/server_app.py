@@ -180,7 +180,7 @@ class RoundRecorder:
         if strategy.params is not None:
             torch.save(to_torch(strategy.params), d / f"global-r{rnd:04d}.pt")
         if self.cfg.save_models == "all":
-            for u in strategy.last_updates:
+            for u in strategy.verdict.updates:
                 torch.save(to_torch(u.params), d / f"client-r{rnd:04d}-p{u.partition_id:04d}.pt")
 
     def save(self, strategy: FedsysStrategy) -> None:

@@ -408,7 +408,7 @@ class FedsysStrategy(RoundEngine):
             "params": copy(self.params) if self.params is not None else None,
             "history": [dict(h) for h in self.history],
             "usable_rounds": self.usable_rounds,
-            "update_norms": list(self.replies.earlier),
+            "update_norms": list(self.update_norms),
             **self.traffic.state(),
             "wrappers": {w.name: w.state_dict() for w in self.wrappers},
         }
@@ -431,7 +431,7 @@ class FedsysStrategy(RoundEngine):
         self.params = copy(state["params"]) if state["params"] is not None else None
         self.history = [dict(h) for h in state["history"]]
         self.usable_rounds = int(state.get("usable_rounds", self.round))
-        self.replies.earlier[:] = [float(v) for v in state.get("update_norms", [])]
+        self.update_norms = [float(v) for v in state.get("update_norms", [])]
         self.traffic.load(state)
         for w in self.wrappers:
             w.load_state_dict((wrapped or {})[w.name])

@@ -46,6 +46,7 @@ from fedsys.seeding import derive_seed
 from fedsys.validation import ClientUpdate
 from strategies.base import FedsysStrategy
 from strategies.exchange import Exchange
+from strategies.replies import Verdict
 
 INIT_TAG = 0x1417
 
@@ -189,8 +190,10 @@ class FedElmyStrategy(FedsysStrategy):
             cfg[proto.WARMUP_EPOCHS] = self.options.warmup_epochs
         return cfg
 
-    def run_hop(self, grid: Grid, rnd: int, pid: int, cfg: dict[str, Any]) -> tuple[ClientUpdate | None, int, str]:
-        """One hop with its retries: ``(update or None, tries, why it failed)``."""
+    def run_hop(self, grid: Grid, rnd: int, pid: int, cfg: dict[str, Any]
+                ) -> tuple[Verdict | None, int, str]:
+        """One hop with its retries: ``(the verdict of its one update or None, tries, why
+        it failed)``."""
         assert self.params is not None
         why = ""
         for attempt in range(1, self.options.retries + 2):
@@ -198,10 +201,10 @@ class FedElmyStrategy(FedsysStrategy):
             if node is None:
                 why = f"no connected node holds partition {pid}"
             else:
-                upd = self.train_hop(grid, rnd, node, pid, self.params, cfg)
-                if upd is not None:
-                    return upd, attempt, ""
-                why = self.last_rejections[0].reason if self.last_rejections else "no reply"
+                verdict = self.train_hop(grid, rnd, node, pid, self.params, cfg)
+                if verdict.updates:
+                    return verdict, attempt, ""
+                why = verdict.refused[0].reason if verdict.refused else "no reply"
             if attempt <= self.options.retries:
                 log(WARNING, "[%s] round %d: client %d failed (%s); trying again", self.label,
                     rnd, pid, why)
@@ -212,21 +215,21 @@ class FedElmyStrategy(FedsysStrategy):
         p, h = self.where(rnd)
         pid = self.order_of(p)[h]
         warm = not self.warmed and p == 0 and self.options.warmup_epochs > 0
-        upd, tries, why = self.run_hop(grid, rnd, pid, self.hop_config(rnd, train_config, warm))
+        verdict, tries, why = self.run_hop(grid, rnd, pid, self.hop_config(rnd, train_config, warm))
         record: dict[str, Any] = {"pass": p + 1, "hop": h + 1, "client": pid, "hop-tries": tries}
-        if upd is None:
+        if verdict is None:
             self.skip(rnd, f"client {pid}", why)
             record.update({"clients-ok": 0, "clients-rejected": 1, "hop-skipped": 1})
             return record
+        (upd,) = verdict.updates
         self.warmed = self.warmed or warm
         self.params = self.finish(rnd, {0: upd.params})[0]
-        self.last_updates = [upd]
         self.warn_held(rnd, [upd])
         record.update({"clients-ok": 1, "clients-rejected": 0, "hop-skipped": 0})
         if self.train_metrics_aggr_fn is None:  # the hop's one reply: its metrics as they are
             record.update({k: v for k, v in upd.metrics.items() if k != proto.PARTITION_ID})
         else:
-            self.add_client_metrics(record, [upd], self.last_replies)
+            self.add_client_metrics(record, verdict)
         return record
 
     def warn_held(self, rnd: int, updates: list[ClientUpdate]) -> None:
@@ -308,8 +311,8 @@ class FedSeqStrategy(FedElmyStrategy):
 class ParallelStrategy(FedElmyStrategy):
     """Base of the one-shot parallel baselines: a parallel round per pass."""
 
-    def parallel(self, grid: Grid, rnd: int, cfg: dict[str, Any]) -> list[ClientUpdate]:
-        """Send the current model to every partition's node at once; the good replies."""
+    def parallel(self, grid: Grid, rnd: int, cfg: dict[str, Any]) -> Verdict:
+        """Send the current model to every partition's node at once; the replies, judged."""
         assert self.params is not None
         nodes = {n: p for p in self.pids if (n := self.node_of(grid, p)) is not None}
         settings = self.round_config(rnd, cfg)
@@ -319,10 +322,7 @@ class ParallelStrategy(FedElmyStrategy):
             if proto.INIT_SEED in s:
                 s[proto.INIT_SEED] = derive_seed(int(s[proto.INIT_SEED]), p)
             ex.outbox.append(self.instruction(n, MessageType.TRAIN, self.params, s))
-        self.last_replies = self.exchange(grid, ex)
-        ok, _ = self.validate(self.last_replies, ex)
-        self.last_updates = ok
-        return ok
+        return self.validate(self.exchange(grid, ex), ex)
 
     def combine(self, rnd: int, updates: list[ClientUpdate]) -> Params:
         """The server's mean of the replies (:meth:`average`: a robust wrapper's rule)."""
@@ -330,7 +330,8 @@ class ParallelStrategy(FedElmyStrategy):
 
     def parallel_step(self, grid: Grid, rnd: int, cfg: dict[str, Any], p: int) -> dict[str, Any]:
         """One parallel round: every client, then :meth:`combine`."""
-        ok = self.parallel(grid, rnd, cfg)
+        verdict = self.parallel(grid, rnd, cfg)
+        ok = verdict.updates
         record: dict[str, Any] = {"pass": p + 1, "hop": 0, "client": -1,
                                   "clients-ok": len(ok),
                                   "clients-rejected": len(self.pids) - len(ok)}
@@ -344,7 +345,7 @@ class ParallelStrategy(FedElmyStrategy):
         if all(key in u.metrics for u in ok) and n > 0:
             record[key] = sum(u.metrics[key] * u.num_examples for u in ok) / n
         record[proto.TRAINED_EXAMPLES] = sum(u.metrics.get(proto.TRAINED_EXAMPLES, 0) for u in ok)
-        self.add_client_metrics(record, ok, self.last_replies)
+        self.add_client_metrics(record, verdict)
         return record
 
     def evaluate_now(self, rnd: int) -> bool:
@@ -372,8 +373,9 @@ class OneShotFedAvgStrategy(ParallelStrategy):
             order = self.order_of(0)
             for pid in order:  # the warm-up moves on when a client fails
                 cfg = {**self.hop_config(rnd, train_config, True), proto.LOCAL_EPOCHS: 0}
-                upd, tries, why = self.run_hop(grid, rnd, pid, cfg)
-                if upd is not None:
+                verdict, tries, why = self.run_hop(grid, rnd, pid, cfg)
+                if verdict is not None:
+                    (upd,) = verdict.updates
                     self.params, self.warmed = upd.params, True
                     return {"pass": 0, "hop": 1, "client": pid, "clients-ok": 1,
                             "clients-rejected": 0, "hop-tries": tries,

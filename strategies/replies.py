@@ -1,28 +1,51 @@
-"""What a strategy accepts of its nodes' replies and what it reads from them: the
-:class:`ReplyPolicy` (refusals of train replies, with reasons), the round's train metrics
-(:func:`train_metrics`) and the federated evaluation's mean (:func:`evaluate_mean`).
+"""The reply pipeline: whether a strategy uses each train reply of an exchange, judged in
+one walk, in the order a reply is judged, its refusals one list (:func:`judge`).
 
-Checks of one reply alone (its shape, dtypes, finite values, a claimed weight) are
-:mod:`fedsys.validation`'s; this module applies them to one exchange's replies, adds what
-needs the exchange or the method (a node's second reply, a partition-id another node
-holds, a metric the method cannot work without) and logs every refusal.
+1. **decode** (:func:`decode`): the reply answers an instruction of this exchange and is
+   not an error; it holds one model ArrayRecord (``arrays_key``, else its one ArrayRecord
+   whatever its name, Flower's rule, :func:`fedsys.protocol.model_key`) beside named extra
+   models (``model.<name>``), at most one MetricRecord, the metrics the strategy reads as
+   numbers, the weight (``weighted_by_key``) as a whole number, and arrays that decode.
+   Its ConfigRecords are the client's own and not read.
+2. **identity** (:func:`identify`): who answered.  A reply's ``partition-id``, where it
+   reports one, must be its node's first report and no other node's; a node's first report
+   keys it from then on; a reply reporting none is keyed as its node was sampled.
+3. **shape and values** (:func:`check_values`): a positive weight; the model matches the
+   one its node was sent (keys, shapes, dtypes, finite values; arrays left out are layers
+   the client keeps, as in Flower's FedBN how-to, and hold the values sent); finite
+   metrics; a non-negative ``trained-examples``; then (:func:`screen_reply`) a node's second
+   reply and a reply without a metric the method needs (:attr:`ReplyPolicy.required`).
+4. **bounds** (:func:`bound`): the round's usable replies against each other and the
+   run's earlier ones: a claimed weight beyond its partition's declared size or far above
+   the others' (:func:`fedsys.validation.weight_refusals`), an update norm far above the
+   others' (:func:`fedsys.validation.norm_refusals`), a claim that would take more than
+   ``max_weight_share`` of a weighted mean, cut (:func:`fedsys.validation.capped_claims`).
+   Under differential privacy none (no client's update decides another's inclusion).
+5. **wrappers**: the strategy's :meth:`strategies.wrapper.WrapperChain.screen` (DP clips
+   every update and refuses one trained from another model).
+
+The nodes sent an instruction that did not answer close the list.  Each step is a pure
+function of the reply (or the round's replies) and the round (:class:`RoundView`, what the
+exchange sent and what the run knows); :func:`judge` returns one :class:`Verdict` that also
+says what the run learnt (partition-ids first reported, update norms for the history),
+which the strategy keeps, and :func:`tell` logs it (each refusal once, with its reason).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from logging import ERROR, INFO, WARNING
-from typing import Any
 
+import numpy as np
 from flwr.app import Message
 from flwr.supercore import log
 
 from fedsys import protocol as proto
 from fedsys import validation
-from fedsys.params import distance
-from fedsys.validation import ClientUpdate, Rejection
+from fedsys.params import Params, check_update, distance
+from fedsys.validation import ClientUpdate, Rejection, lacks
 from strategies.exchange import Exchange
 from strategies.nodes import Known
 
@@ -31,6 +54,10 @@ EARLIER = 10
 
 #: ``tell(key, level, msg, *args)``: log ``msg`` once per ``key`` (the strategy's ``tell_once``).
 Tell = Callable[..., None]
+#: The wrappers' step: the round's usable updates and node -> the model it was sent ->
+#: the updates as the strategy uses them, and those refused there.
+Screen = Callable[[list[ClientUpdate], Mapping[int, Params]],
+                  tuple[list[ClientUpdate], list[Rejection]]]
 
 
 @dataclass(frozen=True)
@@ -55,9 +82,6 @@ class ReplyPolicy:
         why the method needs it).
     tell : Tell
         Logs a message once per key.
-    earlier : list of float
-        The update norms accepted in the last :data:`EARLIER` rounds or hops, the
-        yardstick of a round with fewer than three replies (part of the strategy's state).
     arrays_key : str
         The name the strategy sends its model under (Flower's ``arrayrecord_key``), read
         first in a reply (:func:`fedsys.protocol.model_key`).
@@ -66,7 +90,7 @@ class ReplyPolicy:
         compares one client's reply with another's, so that no client's update decides
         another's inclusion (``max-update-ratio``, the median rule of
         ``max-examples-ratio`` and ``max-weight-share`` are off; clipping bounds every
-        update and every update counts 1), and no update norm is kept in :attr:`earlier`.
+        update and every update counts 1), and no update norm joins the history.
     """
 
     method: str
@@ -77,7 +101,6 @@ class ReplyPolicy:
     max_weight_share: float
     required: Mapping[str, tuple[str, str]]
     tell: Tell
-    earlier: list[float] = field(default_factory=list)
     arrays_key: str = proto.ARRAYS
     private: bool = False
 
@@ -87,104 +110,332 @@ class ReplyPolicy:
         return {self.weighted_by_key, self.train_loss_key, proto.PARTITION_ID,
                 proto.TRAINED_EXAMPLES, *self.required}
 
-    def check(self, update: ClientUpdate, label: str) -> str | None:
-        """Why a well-formed update cannot be used by the method (``None``: it can): it
-        lacks a :attr:`required` metric (said once, as an ERROR naming the key and the
-        keyword that names it)."""
-        for key, (keyword, why) in self.required.items():
-            if key not in update.metrics:
-                self.tell(f"needs-{key}", ERROR, "[%s] %s needs the metric '%s' in every train "
-                          "reply (%s; keyword %s=%r names it); replies without it are refused",
-                          label, self.method, key, why, keyword, key)
-                return f"reply metrics lack '{key}', which {self.method} needs"
+    def needs(self, key: str) -> str:
+        """The refusal of a reply without ``key``, a metric the method needs."""
+        return f"{lacks(key)}, which {self.method} needs"
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """What one exchange's replies are judged against.
+
+    Attributes
+    ----------
+    sent : Mapping[str, Message]
+        Message id -> instruction, as accepted by the SuperLink.
+    expected : Mapping[int, int]
+        Node id -> the key it was sampled under (its partition-id, or its node id).
+    payloads : Mapping[int, Params]
+        Node id -> the model it was sent (what its update must match).
+    reported : Mapping[int, int]
+        Node id -> the partition-id it reported first, before this exchange.
+    declared : Mapping[int, int]
+        Node id -> its partition's declared size (its answer to the query).
+    earlier : tuple of float
+        The update norms accepted in the last :data:`EARLIER` rounds or hops.
+    """
+
+    sent: Mapping[str, Message]
+    expected: Mapping[int, int]
+    payloads: Mapping[int, Params]
+    reported: Mapping[int, int] = field(default_factory=dict)
+    declared: Mapping[int, int] = field(default_factory=dict)
+    earlier: tuple[float, ...] = ()
+
+    @classmethod
+    def of(cls, ex: Exchange, known: Known, earlier: Sequence[float] = ()) -> RoundView:
+        """The view of the exchange ``ex`` with what the run knows of its nodes."""
+        return cls(ex.sent(), dict(ex.expected), dict(ex.payloads), dict(known.partition_ids),
+                   dict(known.num_examples), tuple(earlier[-EARLIER:]))
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A reply's records, decoded (step 1): who it came to and what it holds."""
+
+    node: int
+    #: the key its node was sampled under (-1: none)
+    sampled: int
+    instruction: Message | None
+    params: Params
+    models: dict[str, Params]
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """The bounds step's outcome (step 4)."""
+
+    updates: list[ClientUpdate]
+    refused: list[Rejection]
+    #: node -> (its claimed weight, the weight it counts as), for the claims cut
+    #: (``max_weight_share``)
+    cut: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: the update norms the run's history keeps (:func:`fedsys.validation.history_norms`)
+    norms: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One exchange's replies, judged: the updates the strategy uses (by partition), the
+    refusals (one list, in the order of the steps, the nodes that did not answer last),
+    and what the run learnt."""
+
+    updates: list[ClientUpdate] = field(default_factory=list)
+    refused: list[Rejection] = field(default_factory=list)
+    #: the replies as received
+    replies: list[Message] = field(default_factory=list)
+    #: message id -> instruction, the exchange's (to tell which reply answered which)
+    sent: Mapping[str, Message] = field(default_factory=dict)
+    #: node -> partition-id, the first reports of nodes that had reported none
+    reported: dict[int, int] = field(default_factory=dict)
+    #: update norms for the history of :attr:`RoundView.earlier`
+    norms: list[float] = field(default_factory=list)
+    #: node -> (its claimed weight, the weight it counts as), for the claims cut
+    cut: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: how many updates the share cap weighed (the bounds step's usable ones)
+    capped_over: int = 0
+
+
+# ------------------------------------------------------------------ 1. decode
+
+def decode(reply: Message, rnd: RoundView, policy: ReplyPolicy) -> Decoded | Rejection:
+    """Step 1: the reply's records, or why they cannot be read (see the module docstring)."""
+    instr = rnd.sent.get(reply.metadata.reply_to_message_id)
+    node = instr.metadata.dst_node_id if instr is not None else reply.metadata.src_node_id
+    pid = rnd.expected.get(node, -1)
+    if instr is None and rnd.sent:
+        return Rejection(node, pid, "reply to a message this round did not send")
+    if reply.has_error():
+        err = reply.error
+        return Rejection(node, pid, f"error reply (code {err.code}): {str(err.reason)[-300:]}")
+    content = reply.content
+    key = policy.arrays_key
+    main = proto.model_key(content, key)
+    models_in = [k for k in content.array_records if not k.startswith(proto.MODEL_PREFIX)]
+    if main is None and not models_in:
+        return Rejection(node, pid, f"reply holds no ArrayRecord '{key}'")
+    odd = [k for k in models_in if k != main]
+    if odd:
+        return Rejection(node, pid, f"reply holds unexpected ArrayRecord(s) {odd} (expected "
+                         f"one model, '{key}', and named models '{proto.MODEL_PREFIX}<name>')")
+    assert main is not None
+    if len(content.metric_records) > 1:
+        return Rejection(node, pid, f"reply holds more than one MetricRecord "
+                         f"{list(content.metric_records)} (expected one, as Flower's "
+                         f"strategies)")
+    read = policy.read_keys()
+    for rec in content.metric_records.values():
+        typed = [k for k, v in rec.items()
+                 if k in read and (not isinstance(v, int | float) or isinstance(v, bool))]
+        if typed:
+            return Rejection(node, pid, f"metric(s) {typed} are not numbers")
+    metrics = {k: v for k, v in proto.metrics_of(content).items() if k in read or np.isfinite(v)}
+    w = policy.weighted_by_key
+    if w not in metrics:
+        held = [k for k, r in content.config_records.items() if w in r]
+        if held and not content.metric_records:
+            return Rejection(node, pid, f"reply holds no MetricRecord ('{w}' is in ConfigRecord "
+                             f"'{held[0]}'; numbers to aggregate travel in a MetricRecord)")
+        return Rejection(node, pid, lacks(w))
+    n = metrics[w]
+    if np.isfinite(n) and n != int(n):
+        return Rejection(node, pid, f"{w} is {n:g}, not a whole number")
+    try:
+        params = proto.from_record(content.array_records[main])
+        models = proto.extra_models(content)
+    except Exception as exc:
+        return Rejection(node, pid, f"arrays cannot be decoded: {exc}")
+    return Decoded(node, pid, instr, params, models, metrics)
+
+
+# ------------------------------------------------------------------ 2. identity
+
+def identify(d: Decoded, reported: Mapping[int, int]) -> int | Rejection:
+    """Step 2: the partition the reply is keyed by, or why its claim is refused
+    (``reported``: node -> its first report, this exchange's earlier replies included)."""
+    if proto.PARTITION_ID not in d.metrics:
+        return reported.get(d.node, d.sampled)
+    claim = d.metrics[proto.PARTITION_ID]
+    if not np.isfinite(claim) or claim != int(claim):
+        return Rejection(d.node, d.sampled, f"{proto.PARTITION_ID} is {claim:g}, not a whole number")
+    first = reported.get(d.node)
+    if first is not None and int(claim) != first:
+        return Rejection(d.node, d.sampled, f"reply echoes {proto.PARTITION_ID} {int(claim)}, "
+                         f"expected {first} (the node's first report; a partition does not change)")
+    holder = next((m for m, p in reported.items() if p == int(claim) and m != d.node), None)
+    if holder is not None:
+        return Rejection(d.node, d.sampled, f"reply echoes {proto.PARTITION_ID} {int(claim)}, "
+                         f"which node {holder} reported")
+    return int(claim)
+
+
+# ------------------------------------------------------------------ 3. shape and values
+
+def reference_of(d: Decoded, rnd: RoundView, arrays_key: str) -> Params | None:
+    """The model the reply's update must match: what its node was sent (the
+    instruction's own arrays where the exchange holds none)."""
+    if d.instruction is None:
         return None
+    ref = rnd.payloads.get(d.instruction.metadata.dst_node_id)
+    if ref is None and (key := proto.model_key(d.instruction.content, arrays_key)) is not None:
+        ref = proto.from_record(d.instruction.content.array_records[key])
+    return ref
 
-    def bound_updates(self, ok: list[ClientUpdate], ex: Exchange, label: str
-                      ) -> tuple[list[ClientUpdate], list[Rejection]]:
-        """Refuse the updates far longer than the others' and cut the claims that would
-        take most of a weighted mean (:func:`fedsys.validation.norm_refusals`,
-        :func:`fedsys.validation.capped_claims`); remember the accepted norms.  Under
-        :attr:`private`, none of this (the DP wrapper clips every update instead)."""
-        if self.private:
-            return ok, []
-        norms = {u.node_id: distance(u.params, ref) for u in ok
-                 if (ref := ex.payloads.get(u.node_id)) is not None}
-        far = validation.norm_refusals(norms, self.earlier[-EARLIER:], self.max_update_ratio)
-        bad = [Rejection(u.node_id, u.partition_id, far[u.node_id]) for u in ok if u.node_id in far]
-        ok = [u for u in ok if u.node_id not in far]
-        self.earlier.extend(validation.history_norms(  # only measured norms (issue 65 E)
-            norms, {u.node_id for u in ok}, self.earlier[-EARLIER:], self.max_update_ratio))
-        del self.earlier[:-EARLIER]
-        cut = validation.capped_claims({u.node_id: float(u.num_examples) for u in ok},
-                                       self.max_weight_share)
-        if cut and self.max_weight_share * len(ok) < 1:
-            self.tell("share-below-1/n", WARNING, "[%s] max-weight-share %g is below 1/%d: no "
-                      "weighting of a round of %d replies holds it; such a round counts every "
-                      "reply as its smallest claim (equal weights, the closest there is)", label,
-                      self.max_weight_share, len(ok), len(ok))
-        for u in ok:
-            if u.node_id in cut:
-                log(WARNING, "[%s] client %d (node %d) claims num-examples %d, more than "
-                    "max-weight-share %g of the round's weighted mean: counted as %d",
-                    label, u.partition_id, u.node_id, u.num_examples,
-                    self.max_weight_share, math.floor(cut[u.node_id]))
-        return [replace(u, num_examples=math.floor(cut[u.node_id])) if u.node_id in cut else u
-                for u in ok], bad
 
-    def sort(self, replies: Iterable[Message], ex: Exchange, known: Known, label: str
-             ) -> tuple[list[ClientUpdate], list[Rejection]]:
-        """Split the replies to ``ex`` into usable updates (by partition) and logged
-        refusals.
+def check_values(d: Decoded, pid: int, reference: Params | None, weighted_by_key: str
+                 ) -> ClientUpdate | Rejection:
+    """Step 3: the update, its model completed with the arrays its client keeps, or why
+    its weight, model or metrics cannot be used."""
+    w = weighted_by_key
+    if not np.isfinite(d.metrics[w]) or d.metrics[w] <= 0:
+        return Rejection(d.node, pid, f"{w} is {d.metrics[w]}")
+    params = d.params
+    local: list[str] = []
+    if reference is not None:
+        local = [k for k in reference if k not in params]
+        if local and len(local) == len(reference):
+            return Rejection(d.node, pid, f"reply's model holds none of the arrays it was sent "
+                             f"(it holds {sorted(params)[:3]}, expected {list(reference)[:3]}...)")
+        if local:  # layers the client keeps (Flower's FedBN how-to): the values it was sent
+            params = {**{k: params[k] if k in params else reference[k].copy() for k in reference},
+                      **{k: v for k, v in params.items() if k not in reference}}
+        for name, m in [("", params), *d.models.items()]:
+            why = check_update(m, reference)
+            if why is not None:
+                return Rejection(d.node, pid, f"model '{name}': {why}" if name else why)
+    bad = [k for k, v in d.metrics.items() if not np.isfinite(v)]
+    if bad:
+        return Rejection(d.node, pid, f"metric(s) {bad} are NaN or Inf")
+    if d.metrics.get(proto.TRAINED_EXAMPLES, 0) < 0:  # the work the results compare methods on
+        return Rejection(d.node, pid, f"{proto.TRAINED_EXAMPLES} is "
+                         f"{d.metrics[proto.TRAINED_EXAMPLES]:g}")
+    return ClientUpdate(d.node, pid, params, int(d.metrics[w]), dict(d.metrics), d.models,
+                        tuple(local))
 
-        A reply's ``partition-id``, where it reports one, is the node's key from then on
-        (the first report is kept in ``known``); a reply reporting another than the
-        node's first, or one another connected node holds, is refused, as are a node's
-        second reply, a reply :meth:`check` finds unusable, a claimed weight out of bounds
-        (:func:`fedsys.validation.weight_refusals`) and a missing reply.
-        """
-        replies = list(replies)
-        sent = ex.sent()
-        ok: list[ClientUpdate] = []
-        bad: list[Rejection] = []
-        seen: set[int] = set()
-        for r in replies:
-            res = validation.parse_train_reply(
-                r, sent, ex.expected, ex.reference(r, sent), reported=known.partition_ids,
-                weighted_by_key=self.weighted_by_key, read=self.read_keys(),
-                arrays_key=self.arrays_key,
-            )
-            if isinstance(res, ClientUpdate) and proto.PARTITION_ID in res.metrics:
-                known.partition_ids.setdefault(res.node_id, res.partition_id)  # its first report
-            if isinstance(res, ClientUpdate) and res.local:
-                self.tell("local-arrays", INFO, "[%s] train replies leave out arrays %s%s (kept "
-                          "on the clients, as in Flower's FedBN how-to): the server keeps the "
-                          "values it sent for them", label, list(res.local[:5]),
-                          " ..." if len(res.local) > 5 else "")
-            if isinstance(res, ClientUpdate) and res.node_id in seen:
-                res = Rejection(res.node_id, res.partition_id, "duplicate reply")
-            if isinstance(res, ClientUpdate) and (why := self.check(res, label)) is not None:
-                res = Rejection(res.node_id, res.partition_id, why)
-            if isinstance(res, Rejection) and res.reason == validation.lacks(self.weighted_by_key):
-                w = self.weighted_by_key
-                self.tell(f"needs-{w}", ERROR, "[%s] train replies lack the metric '%s' that "
-                          "updates are weighted by (keyword weighted_by_key=%r names it); "
-                          "replies without it are refused", label, w, w)
-            (ok if isinstance(res, ClientUpdate) else bad).append(res)  # type: ignore[arg-type]
-            seen.add(res.node_id)
-        refused = validation.weight_refusals({u.node_id: float(u.num_examples) for u in ok},
-                                             known.num_examples,
-                                             0.0 if self.private else self.max_examples_ratio)
-        bad += [Rejection(u.node_id, u.partition_id, refused[u.node_id]) for u in ok
-                if u.node_id in refused]
-        ok = [u for u in ok if u.node_id not in refused]
-        ok, far = self.bound_updates(ok, ex, label)
-        bad += far
-        for node in validation.missing_nodes(sent, replies):
-            bad.append(Rejection(node, ex.expected.get(node, -1), "no reply before round-timeout"))
-        for rj in bad:
-            log(WARNING, "[%s] rejected reply of client %d (node %d): %s",
-                label, rj.partition_id, rj.node_id, rj.reason)
-        return sorted(ok, key=lambda u: u.partition_id), bad
+
+def screen_reply(u: ClientUpdate, seen: Collection[int], policy: ReplyPolicy
+                 ) -> ClientUpdate | Rejection:
+    """The rest of step 3: a node's second reply (``seen``: the nodes whose replies came
+    before) and a reply without a metric the method needs are refused."""
+    if u.node_id in seen:
+        return Rejection(u.node_id, u.partition_id, "duplicate reply")
+    for key in policy.required:
+        if key not in u.metrics:
+            return Rejection(u.node_id, u.partition_id, policy.needs(key))
+    return u
+
+
+def judge_reply(reply: Message, rnd: RoundView, policy: ReplyPolicy,
+                reported: Mapping[int, int], seen: Collection[int] = ()
+                ) -> tuple[ClientUpdate | Rejection, int | None]:
+    """Steps 1 to 3 for one reply: the update or its refusal, and the partition-id it
+    reports where its model and values hold (a node's first report keys it, even where
+    the reply is then refused as its second or for a metric the method needs)."""
+    d = decode(reply, rnd, policy)
+    if isinstance(d, Rejection):
+        return d, None
+    pid = identify(d, reported)
+    if isinstance(pid, Rejection):
+        return pid, None
+    u = check_values(d, pid, reference_of(d, rnd, policy.arrays_key), policy.weighted_by_key)
+    if isinstance(u, Rejection):
+        return u, None
+    return screen_reply(u, seen, policy), (pid if proto.PARTITION_ID in u.metrics else None)
+
+
+# ------------------------------------------------------------------ 4. bounds
+
+def bound(updates: list[ClientUpdate], rnd: RoundView, policy: ReplyPolicy) -> Bounded:
+    """Step 4: the round's usable updates against each other and the run's earlier ones
+    (see the module docstring); under :attr:`ReplyPolicy.private`, only a node's declared
+    partition size bounds its claim."""
+    claims = {u.node_id: float(u.num_examples) for u in updates}
+    heavy = validation.weight_refusals(claims, rnd.declared,
+                                       0.0 if policy.private else policy.max_examples_ratio)
+    refused = [Rejection(u.node_id, u.partition_id, heavy[u.node_id]) for u in updates
+               if u.node_id in heavy]
+    ok = [u for u in updates if u.node_id not in heavy]
+    if policy.private:
+        return Bounded(ok, refused)
+    norms = {u.node_id: distance(u.params, ref) for u in ok
+             if (ref := rnd.payloads.get(u.node_id)) is not None}
+    far = validation.norm_refusals(norms, rnd.earlier, policy.max_update_ratio)
+    refused += [Rejection(u.node_id, u.partition_id, far[u.node_id]) for u in ok if u.node_id in far]
+    ok = [u for u in ok if u.node_id not in far]
+    keep = validation.history_norms(  # only measured norms (issue 65 E)
+        norms, {u.node_id for u in ok}, rnd.earlier, policy.max_update_ratio)
+    cut = validation.capped_claims({u.node_id: float(u.num_examples) for u in ok},
+                                   policy.max_weight_share)
+    cuts = {u.node_id: (u.num_examples, math.floor(cut[u.node_id])) for u in ok if u.node_id in cut}
+    ok = [replace(u, num_examples=cuts[u.node_id][1]) if u.node_id in cuts else u for u in ok]
+    return Bounded(ok, refused, cuts, keep)
+
+
+# ------------------------------------------------------------------ the walk
+
+def judge(replies: Iterable[Message], rnd: RoundView, policy: ReplyPolicy,
+          screen: Screen | None = None) -> Verdict:
+    """Every reply of one exchange through steps 1 to 5 (5: ``screen``, the wrappers'),
+    then the nodes that did not answer: the :class:`Verdict`."""
+    replies = list(replies)
+    reported = dict(rnd.reported)
+    ok: list[ClientUpdate] = []
+    refused: list[Rejection] = []
+    seen: set[int] = set()
+    for r in replies:
+        res, pid = judge_reply(r, rnd, policy, reported, seen)
+        if pid is not None:
+            reported.setdefault(res.node_id, pid)  # its first report
+        (ok if isinstance(res, ClientUpdate) else refused).append(res)  # type: ignore[arg-type]
+        seen.add(res.node_id)
+    b = bound(ok, rnd, policy)
+    refused += b.refused
+    over = len(b.updates)
+    ok = sorted(b.updates, key=lambda u: u.partition_id)
+    if screen is not None:
+        ok, more = screen(ok, rnd.payloads)
+        refused += more
+    refused += [Rejection(node, rnd.expected.get(node, -1), "no reply before round-timeout")
+                for node in validation.missing_nodes(rnd.sent, replies)]
+    learnt = {n: p for n, p in reported.items() if n not in rnd.reported}
+    return Verdict(ok, refused, replies, rnd.sent, learnt, b.norms, b.cut, over)
+
+
+def tell(verdict: Verdict, policy: ReplyPolicy, label: str) -> None:
+    """Log a verdict: what the method is told once (arrays the clients keep, a metric the
+    replies lack, a share cap no weighting holds), each cut claim and each refusal."""
+    kept = next((u.local for u in verdict.updates if u.local), ())
+    if kept:
+        policy.tell("local-arrays", INFO, "[%s] train replies leave out arrays %s%s (kept "
+                    "on the clients, as in Flower's FedBN how-to): the server keeps the "
+                    "values it sent for them", label, list(kept[:5]), " ..." if len(kept) > 5 else "")
+    reasons = {rj.reason for rj in verdict.refused}
+    for key, (keyword, why) in policy.required.items():
+        if policy.needs(key) in reasons:
+            policy.tell(f"needs-{key}", ERROR, "[%s] %s needs the metric '%s' in every train "
+                        "reply (%s; keyword %s=%r names it); replies without it are refused",
+                        label, policy.method, key, why, keyword, key)
+    w = policy.weighted_by_key
+    if lacks(w) in reasons:
+        policy.tell(f"needs-{w}", ERROR, "[%s] train replies lack the metric '%s' that "
+                    "updates are weighted by (keyword weighted_by_key=%r names it); "
+                    "replies without it are refused", label, w, w)
+    n = verdict.capped_over
+    if verdict.cut and policy.max_weight_share * n < 1:
+        policy.tell("share-below-1/n", WARNING, "[%s] max-weight-share %g is below 1/%d: no "
+                    "weighting of a round of %d replies holds it; such a round counts every "
+                    "reply as its smallest claim (equal weights, the closest there is)", label,
+                    policy.max_weight_share, n, n)
+    for u in verdict.updates:
+        if u.node_id in verdict.cut:
+            claimed, counted = verdict.cut[u.node_id]
+            log(WARNING, "[%s] client %d (node %d) claims num-examples %d, more than "
+                "max-weight-share %g of the round's weighted mean: counted as %d",
+                label, u.partition_id, u.node_id, claimed, policy.max_weight_share, counted)
+    for rj in verdict.refused:
+        log(WARNING, "[%s] rejected reply of client %d (node %d): %s",
+            label, rj.partition_id, rj.node_id, rj.reason)
 
 
 def why_refused(rejections: Iterable[Rejection]) -> str:
@@ -200,57 +451,6 @@ def why_refused(rejections: Iterable[Rejection]) -> str:
     return text + (f"; {len(top) - 3} other reasons" if len(top) > 3 else "")
 
 
-def train_metrics(updates: list[ClientUpdate], rejected: int, train_loss_key: str
-                  ) -> dict[str, float | int]:
-    """A round's train metrics: ``clients-ok``, ``clients-rejected``, the example-weighted
-    mean of ``train_loss_key`` over the updates reporting one, and the examples trained
-    (``trained-examples``) where any update reports them."""
-    out: dict[str, float | int] = {"clients-ok": len(updates), "clients-rejected": rejected}
-    with_loss = [u for u in updates if train_loss_key in u.metrics]
-    n = sum(u.num_examples for u in with_loss)
-    if with_loss and n > 0:
-        out[train_loss_key] = sum(u.metrics[train_loss_key] * u.num_examples for u in with_loss) / n
-    if any(proto.TRAINED_EXAMPLES in u.metrics for u in updates):
-        out[proto.TRAINED_EXAMPLES] = sum(u.metrics.get(proto.TRAINED_EXAMPLES, 0) for u in updates)
-    return out
-
-
-def weighted_means(rows: Sequence[Mapping[str, float]], weights: Sequence[float], skip: Iterable[str]
-                   ) -> dict[str, float]:
-    """Flower's default aggregation of client metrics (its ``aggregate_metricrecords``):
-    the mean of every metric that all ``rows`` report as a finite number, weighted by
-    ``weights``, but the keys in ``skip`` and the ``partition-id`` (empty when there is no
-    row or no weight)."""
-    left = set(skip) | {proto.PARTITION_ID}
-    n = sum(weights)
-    if not rows or n <= 0:
-        return {}
-    keys = [k for k in rows[0] if k not in left
-            and all(math.isfinite(r.get(k, math.nan)) for r in rows)]
-    return {k: sum(r[k] * w for r, w in zip(rows, weights, strict=True)) / n for k in keys}
-
-
-def client_means(updates: list[ClientUpdate], skip: Iterable[str]) -> dict[str, float]:
-    """What Flower's strategies report of their clients' train metrics by default: each
-    metric all ``updates`` report, weighted by the update's examples (:func:`weighted_means`;
-    ``skip``: the weight itself, what the round reports otherwise).  Flower's tutorial adds
-    a metric to the train reply ("training_time") and finds it "aggregated automatically"."""
-    return weighted_means([u.metrics for u in updates],
-                          [float(u.num_examples) for u in updates], skip)
-
-
-def evaluate_mean(replies: Iterable[Message], weighted_by_key: str) -> dict[str, Any] | None:
-    """Mean of the clients' evaluation metrics weighted by ``weighted_by_key``, as Flower's
-    FedAvg: every finite metric all usable replies report, but the weight and
-    ``partition-id`` (``None``: no usable reply)."""
-    w = weighted_by_key
-    good = [r for r in replies if not r.has_error() and r.content.metric_records]
-    rows = [m for m in (proto.metrics_of(r.content) for r in good)
-            if math.isfinite(m.get(w, math.nan)) and m[w] >= 0]
-    if not rows or sum(r[w] for r in rows) <= 0:
-        return None
-    return weighted_means(rows, [r[w] for r in rows], (w,))
-
-
-__all__ = ["ReplyPolicy", "Tell", "client_means", "evaluate_mean", "train_metrics", "weighted_means",
-           "why_refused"]
+__all__ = ["EARLIER", "Bounded", "Decoded", "ReplyPolicy", "RoundView", "Screen", "Tell", "Verdict",
+           "bound", "check_values", "decode", "identify", "judge", "judge_reply", "reference_of",
+           "screen_reply", "tell", "why_refused"]

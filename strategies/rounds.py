@@ -5,8 +5,10 @@ chain's hops, evaluation and the per-round records.
 
 It works on the parts a strategy is made of, each in a module of its own: the nodes and
 which a round samples (:class:`strategies.nodes.NodeDirectory`), one exchange of messages
-with its resends and traffic (:mod:`strategies.exchange`) and which replies are usable
-(:class:`strategies.replies.ReplyPolicy`), all handed in by the strategy's constructor.
+with its resends and traffic (:mod:`strategies.exchange`), which replies are usable (the
+reply pipeline, :mod:`strategies.replies`, under the strategy's
+:class:`~strategies.replies.ReplyPolicy`) and what a round reports of them
+(:mod:`strategies.client_metrics`), all handed in by the strategy's constructor.
 What a method decides, it asks through the hooks below (:meth:`~RoundEngine.aggregate`,
 :meth:`~RoundEngine.payload_for`, :meth:`~RoundEngine.sample`, ...), which
 :class:`strategies.base.FedsysStrategy` implements with the options, the wrappers and the
@@ -28,16 +30,17 @@ from flwr.serverapp.exception import AggregationError
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
+import strategies.client_metrics as client_metrics
 import strategies.exchange as exchange_ops
-import strategies.replies as replies_ops
+import strategies.replies as pipeline
 from fedsys import protocol as proto
 from fedsys import transport
 from fedsys.options import ConfigError
 from fedsys.params import Params, distance
-from fedsys.validation import ClientUpdate, Rejection
+from fedsys.validation import ClientUpdate
 from strategies.exchange import Exchange, Traffic
 from strategies.nodes import EVAL_TAG, SAMPLE_TAG, NodeDirectory
-from strategies.replies import ReplyPolicy, why_refused
+from strategies.replies import ReplyPolicy, RoundView, Verdict, why_refused
 from strategies.wrapper import WrapperChain
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
@@ -82,8 +85,8 @@ class RoundEngine(Strategy):
     train_metrics_aggr_fn, evaluate_metrics_aggr_fn : MetricsAggrFn, optional
         Flower's keywords: the round's client metrics from the used replies' contents
         and ``weighted_by_key``; without one, Flower's default, each metric's mean
-        weighted by the examples (:func:`strategies.replies.client_means`,
-        :func:`strategies.replies.evaluate_mean`).
+        weighted by the examples (:func:`strategies.client_metrics.client_means`,
+        :func:`strategies.client_metrics.evaluate_mean`).
     """
 
     def __init__(self, *, nodes: NodeDirectory, replies: ReplyPolicy,
@@ -119,13 +122,15 @@ class RoundEngine(Strategy):
         self.history: list[dict[str, Any]] = []
         #: Called with the strategy and each round's record (``RoundHook``).
         self.hooks: list[Callable[[Self, dict[str, Any]], None]] = []
-        #: The last exchange of training messages (:meth:`exchange`; Flower's
-        #: ``configure_train`` makes it, ``aggregate_train`` reads it).
-        self.last_exchange = Exchange()
-        self.last_rejections: list[Rejection] = []
+        #: The exchange of training messages under way (Flower's ``configure_train``
+        #: makes it, ``aggregate_train`` judges its replies: Flower calls them apart).
+        self.outgoing = Exchange()
+        #: The last exchange's replies, judged (:func:`strategies.replies.judge`).
+        self.verdict = Verdict()
+        #: Update norms accepted in the last rounds or hops (the yardstick of a round of
+        #: fewer than three replies, :func:`strategies.replies.bound`; in the checkpoint).
+        self.update_norms: list[float] = []
         self.round_metrics: dict[str, float] = {}
-        self.last_updates: list[ClientUpdate] = []
-        self.last_replies: list[Message] = []
         self.usable_rounds = 0
         #: Training traffic so far; every round's record carries its totals.
         self.traffic = Traffic()
@@ -202,7 +207,7 @@ class RoundEngine(Strategy):
                 f"strategy.prepare(num_rounds) before it (or give them in rounds)")
         self.take_model(server_round, arrays)
         if self.skips_training():  # as Flower's configure_train: nothing to send
-            self.last_exchange = Exchange()
+            self.outgoing = Exchange()
             return []
         chosen = self.sample(grid, server_round, self.clients_per_round)
         cfg = self.round_config(server_round, config)
@@ -211,9 +216,9 @@ class RoundEngine(Strategy):
         outbox = [self.instruction(n, MessageType.TRAIN, records[id(payloads[n])], cfg,
                                    self.payload_models(n, p, server_round))
                   for n, p in chosen.items()]
-        self.last_exchange = Exchange(chosen, payloads, outbox, {
+        self.outgoing = Exchange(chosen, payloads, outbox, {
             m.metadata.dst_node_id: m.content.array_records[self.arrayrecord_key] for m in outbox})
-        return list(self.last_exchange.outbox)
+        return list(self.outgoing.outbox)
 
     #: What a model given to ``configure_train`` that is not the strategy's own does (a
     #: round loop of the caller's that changed it between rounds): one line, said in the
@@ -289,18 +294,20 @@ class RoundEngine(Strategy):
                               else proto.from_record(rec))
         return Exchange(expected, payloads, messages, records)
 
-    def validate(self, replies: Iterable[Message], exchange: Exchange | None = None
-                 ) -> tuple[list[ClientUpdate], list[Rejection]]:
-        """Split the replies to ``exchange`` (default :attr:`last_exchange`) into usable
-        updates and logged rejections (:meth:`strategies.replies.ReplyPolicy.sort`)."""
-        ex = self.last_exchange if exchange is None else exchange
-        ok, bad = self.replies.sort(replies, ex, self.nodes.known, self.label)
-        ok, more = self.wrappers.screen(ok, ex.payloads)
-        for rj in more:
-            log(WARNING, "[%s] rejected reply of client %d (node %d): %s",
-                self.label, rj.partition_id, rj.node_id, rj.reason)
-        self.last_rejections = bad = bad + more
-        return ok, bad
+    def validate(self, replies: Iterable[Message], exchange: Exchange | None = None) -> Verdict:
+        """The replies to ``exchange`` (default :attr:`outgoing`) through the reply
+        pipeline (:func:`strategies.replies.judge`, the wrappers' screen its last step),
+        logged; what the run learnt is kept (a node's first partition-id, the update
+        norms).  The verdict is also :attr:`verdict`."""
+        ex = self.outgoing if exchange is None else exchange
+        verdict = pipeline.judge(replies, RoundView.of(ex, self.nodes.known, self.update_norms),
+                                 self.replies, self.wrappers.screen)
+        pipeline.tell(verdict, self.replies, self.label)
+        for node, pid in verdict.reported.items():
+            self.nodes.known.partition_ids.setdefault(node, pid)
+        self.update_norms = [*self.update_norms, *verdict.norms][-pipeline.EARLIER:]
+        self.verdict = verdict
+        return verdict
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
         """Return the new global model from validated updates (subclasses)."""
@@ -323,7 +330,8 @@ class RoundEngine(Strategy):
                 "configure_train: the strategy has no model, and no record of what it sent "
                 "to check the replies against; call configure_train first (as Flower's "
                 "Strategy.start does)")
-        updates, rejected = self.validate(replies)
+        verdict = self.validate(replies)
+        updates, rejected = verdict.updates, verdict.refused
         self.round_metrics = {}
         new = self.aggregate(server_round, updates) if updates else None
         if new is None:
@@ -338,20 +346,19 @@ class RoundEngine(Strategy):
             self.round_metrics.update(self.wrappers.metrics())
             if self.estimator_fn is not None:
                 self.round_metrics.update(self.estimator_fn(server_round, updates, new))
-        self.last_updates = updates
-        metrics = replies_ops.train_metrics(updates, len(rejected), self.train_loss_key)
-        self.add_client_metrics(metrics, updates, replies, own=self.round_metrics)
+        metrics = client_metrics.train_metrics(updates, len(rejected), self.train_loss_key)
+        self.add_client_metrics(metrics, verdict, own=self.round_metrics)
         metrics.update(self.round_metrics)
         return (self.model_record() if new is not None else None), proto.metric_record(metrics)
 
-    def add_client_metrics(self, record: dict[str, Any], updates: list[ClientUpdate],
-                           replies: list[Message], own: Iterable[str] = ()) -> None:
+    def add_client_metrics(self, record: dict[str, Any], verdict: Verdict,
+                           own: Iterable[str] = ()) -> None:
         """Put the round's client metrics (:meth:`client_metrics`) into ``record``, but
         where one shares a name with the record's own bookkeeping or with ``own`` (said
         once).  The clients' training loss and work, which the round reports from the
         replies, are the caller's ``train_metrics_aggr_fn``'s where it gives them (as on
         Flower's strategies, whose train metrics are what that function returns)."""
-        theirs = self.client_metrics(updates, replies)
+        theirs = self.client_metrics(verdict)
         taken = (set(record) | set(own)) - {self.train_loss_key, proto.TRAINED_EXAMPLES}
         clash = sorted(k for k in theirs if k in taken)
         if clash:
@@ -359,22 +366,22 @@ class RoundEngine(Strategy):
                            "the round's own; the round's are reported", self.label, clash)
         record.update({k: v for k, v in theirs.items() if k not in taken})
 
-    def client_metrics(self, updates: list[ClientUpdate], replies: list[Message]
-                       ) -> dict[str, float]:
+    def client_metrics(self, verdict: Verdict) -> dict[str, float]:
         """The round's client train metrics, as Flower's strategies report them: the
         caller's ``train_metrics_aggr_fn`` on the used replies' contents, else the mean of
         every metric all used replies report, weighted by their examples
-        (:func:`strategies.replies.client_means`).  Numbers only (a round record holds
-        numbers; a list value is left out, said once)."""
+        (:func:`strategies.client_metrics.client_means`).  Numbers only (a round record
+        holds numbers; a list value is left out, said once)."""
+        updates = verdict.updates
         if self.train_metrics_aggr_fn is None:
-            return replies_ops.client_means(updates, (
+            return client_metrics.client_means(updates, (
                 self.weighted_by_key, self.train_loss_key, proto.TRAINED_EXAMPLES))
         if not updates:
             return {}
         used = {u.node_id for u in updates}
-        sent = self.last_exchange.sent()
+        sent = verdict.sent
         contents: dict[int, RecordDict] = {}
-        for r in replies:
+        for r in verdict.replies:
             instr = sent.get(r.metadata.reply_to_message_id)
             node = instr.metadata.dst_node_id if instr is not None else r.metadata.src_node_id
             if node in used and r.has_content():
@@ -403,7 +410,7 @@ class RoundEngine(Strategy):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """The caller's ``evaluate_metrics_aggr_fn`` on the replies' contents (error
         replies left out), else the mean of the clients' evaluation metrics weighted by
-        ``weighted_by_key`` (:func:`strategies.replies.evaluate_mean`).  Error replies are
+        ``weighted_by_key`` (:func:`strategies.client_metrics.evaluate_mean`).  Error replies are
         a WARNING with their count and reason, and replies that give no mean (none holds
         the weight) one, so that a round without federated metrics says why."""
         replies = list(replies)
@@ -414,7 +421,7 @@ class RoundEngine(Strategy):
         good = [r.content for r in replies if not r.has_error() and r.has_content()]
         if self.evaluate_metrics_aggr_fn is not None:
             return self.evaluate_metrics_aggr_fn(good, self.weighted_by_key) if good else None
-        mean = replies_ops.evaluate_mean(replies, self.weighted_by_key)
+        mean = client_metrics.evaluate_mean(replies, self.weighted_by_key)
         if mean is None and good:
             self.tell_once("eval-weight", WARNING, "[%s] evaluate replies hold no finite '%s' "
                            "(weighted_by_key) to weigh their metrics by: no federated "
@@ -431,7 +438,7 @@ class RoundEngine(Strategy):
         """
         assert self.params is not None
         sent = list(self.configure_train(server_round, self.model_record(), train_config, grid))
-        ex = self.sent_as_returned(self.last_exchange, sent)
+        ex = self.sent_as_returned(self.outgoing, sent)
         replies = self.exchange(grid, ex)
         replies = self.resend_lost(grid, server_round, replies, ex)
         _, metrics = self.aggregate_train(server_round, replies)
@@ -439,8 +446,8 @@ class RoundEngine(Strategy):
 
     def exchange(self, grid: Grid, ex: Exchange) -> list[Message]:
         """Send ``ex``'s instructions, wait for the replies (``round_timeout``), count the
-        traffic; the replies.  ``ex`` becomes :attr:`last_exchange`."""
-        self.last_exchange = ex
+        traffic; the replies.  ``ex`` becomes :attr:`outgoing`."""
+        self.outgoing = ex
         return exchange_ops.send(grid, ex, self.traffic, self.round_timeout, self.poll_interval)
 
     def resend_lost(self, grid: Grid, server_round: int, replies: list[Message],
@@ -456,19 +463,17 @@ class RoundEngine(Strategy):
         self, grid: Grid, server_round: int, node_id: int, partition_id: int, params: Params,
         train_config: ConfigRecord | Mapping[str, Any] | None = None,
         models: Mapping[str, Params] | None = None,
-    ) -> ClientUpdate | None:
-        """Send ``params`` to one node, wait for its reply, validate it.
+    ) -> Verdict:
+        """Send ``params`` to one node, wait for its reply, judge it.
 
         The building block of sequential strategies (a chain of single-node hops,
-        FedSeq / FedELMY): returns the validated update, or ``None`` after logging
-        why the hop failed.
+        FedSeq / FedELMY): the verdict holds the one update, or why the hop failed
+        (logged).
         """
         cfg = self.round_config(server_round, train_config or {})
         ex = Exchange({node_id: partition_id}, {node_id: params},
                       [self.instruction(node_id, MessageType.TRAIN, params, cfg, models)])
-        replies = self.last_replies = self.exchange(grid, ex)
-        ok, _ = self.validate(replies, ex)
-        return ok[0] if ok else None
+        return self.validate(self.exchange(grid, ex), ex)
 
     def start(
         self,
@@ -515,7 +520,7 @@ class RoundEngine(Strategy):
         if self.usable_rounds == 0 and self.round > 0:
             log(ERROR, "[%s] no round of the run used a reply: %d rounds, every train reply "
                 "refused or missing (the last round's: %s); the model is the one it started "
-                "from", self.label, self.round, why_refused(self.last_rejections))
+                "from", self.label, self.round, why_refused(self.verdict.refused))
         result.arrays = proto.to_record(self.params)
         return result
 

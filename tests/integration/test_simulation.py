@@ -172,8 +172,8 @@ class ChainStrategy(FedAvgStrategy):
         chosen = self.sample(grid, server_round, self.clients_per_round)
         carry, ok = self.params, 0
         for node, pid in sorted(chosen.items(), key=lambda kv: kv[1]):
-            upd = self.train_hop(grid, server_round, node, pid, carry, {**train_config, "hop": ok})
-            if upd is not None:
+            verdict = self.train_hop(grid, server_round, node, pid, carry, {**train_config, "hop": ok})
+            for upd in verdict.updates:
                 carry, ok = upd.params, ok + 1
                 ChainStrategy.visits.append((server_round, pid))
         self.params = carry

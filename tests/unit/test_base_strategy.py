@@ -143,7 +143,7 @@ def test_malformed_update_is_rejected_and_the_round_goes_on(mutate, reason, capl
     arrays, metrics = s.aggregate_train(1, replies)
     assert arrays is not None
     assert metrics["clients-ok"] == 2 and metrics["clients-rejected"] == 1
-    (rj,) = s.last_rejections
+    (rj,) = s.verdict.refused
     assert rj.partition_id == bad_pid and reason in rj.reason
     assert any(reason in r.getMessage() and f"client {bad_pid}" in r.getMessage() for r in caplog.records)
 
@@ -159,7 +159,7 @@ def test_bad_metrics_are_rejected(metrics, reason, reply_grid):
     if metrics.get("partition-id") == NODES[msgs[0].metadata.dst_node_id]:
         metrics = {"partition-id": (metrics["partition-id"] + 1) % 4}
     s.aggregate_train(1, [reply(msgs[0], **metrics)])
-    assert reason in s.last_rejections[0].reason
+    assert reason in s.verdict.refused[0].reason
 
 
 def test_reply_without_arrays_or_keys_is_rejected(reply_grid):
@@ -170,14 +170,14 @@ def test_reply_without_arrays_or_keys_is_rejected(reply_grid):
     no_pid = Message(RecordDict({"arrays": protocol.to_record(model()),
                                  "metrics": MetricRecord({"num-examples": 5})}), reply_to=msgs[1])
     s.aggregate_train(1, [no_arrays, no_pid])
-    reasons = [r.reason for r in s.last_rejections]
+    reasons = [r.reason for r in s.verdict.refused]
     # the reply without partition-id is keyed as sampled; the third node never answered
     assert reasons == ["reply holds no ArrayRecord 'arrays'", "no reply before round-timeout"]
-    assert [u.partition_id for u in s.last_updates] == [NODES[msgs[1].metadata.dst_node_id]]
+    assert [u.partition_id for u in s.verdict.updates] == [NODES[msgs[1].metadata.dst_node_id]]
     no_n = Message(RecordDict({"arrays": protocol.to_record(model()),
                                "metrics": MetricRecord({"train-loss": 1.0})}), reply_to=msgs[2])
     s.aggregate_train(1, [no_n])
-    assert s.last_rejections[0].reason == "reply metrics lack 'num-examples'"
+    assert s.verdict.refused[0].reason == "reply metrics lack 'num-examples'"
 
 
 def test_error_reply_from_the_superlink_is_mapped_to_its_node(reply_grid):
@@ -187,7 +187,7 @@ def test_error_reply_from_the_superlink_is_mapped_to_its_node(reply_grid):
     err.metadata.__dict__["_src_node_id"] = 1  # the SuperLink answers for a dead node
     _arrays, metrics = s.aggregate_train(1, [err, *[reply(m) for m in msgs[1:]]])
     assert metrics["clients-ok"] == 2
-    (rj,) = s.last_rejections
+    (rj,) = s.verdict.refused
     assert rj.node_id == msgs[0].metadata.dst_node_id
     assert rj.partition_id == NODES[msgs[0].metadata.dst_node_id]
     assert "code 5" in rj.reason
@@ -199,7 +199,7 @@ def test_missing_reply_is_logged_and_all_rejected_keeps_the_model(reply_grid):
     before = {k: v.copy() for k, v in s.params.items()}
     arrays, metrics = s.aggregate_train(1, [])
     assert arrays is None and metrics["clients-rejected"] == 3
-    assert all("no reply" in r.reason for r in s.last_rejections)
+    assert all("no reply" in r.reason for r in s.verdict.refused)
     for k in before:
         np.testing.assert_array_equal(s.params[k], before[k])
 
@@ -404,7 +404,8 @@ def test_a_node_may_not_claim_more_than_it_declared(reply_grid):
     honest = [reply(m) for m in msgs[1:]]
     pid = NODES[msgs[0].metadata.dst_node_id]
     greedy = reply(msgs[0], **{"num-examples": 10 * (pid + 1) + 1})
-    updates, rejected = s.validate([*honest, greedy])
+    verdict = s.validate([*honest, greedy])
+    updates, rejected = verdict.updates, verdict.refused
     assert len(updates) == 2 and [r.node_id for r in rejected] == [msgs[0].metadata.dst_node_id]
     assert "but its partition holds" in rejected[0].reason
 
@@ -539,17 +540,17 @@ def test_a_nodes_first_partition_id_is_its_key_and_a_later_change_is_refused(rep
     grid = reply_grid(NODES, flower_client(sent, pid_of))
     s.params = model(0.0)
     assert s.run_round(grid, 1, ConfigRecord())["clients-ok"] == 4
-    assert s.nodes.known.partition_ids == NODES and [u.partition_id for u in s.last_updates] == [0, 1, 2, 3]
+    assert s.nodes.known.partition_ids == NODES and [u.partition_id for u in s.verdict.updates] == [0, 1, 2, 3]
     assert {s.nodes.key_of(n) for n in NODES} == set(NODES.values())  # sampled by partition-id now
     pid_of[101] = 7         # a node changes its partition-id: refused
     pid_of[205] = 2         # one claims another node's: refused (333 reported 2 first)
     del pid_of[478]         # one stops reporting: still keyed by what it reported first
     got = s.run_round(grid, 2, ConfigRecord())
     assert got["clients-ok"] == 2 and got["clients-rejected"] == 2
-    reasons = {rj.node_id: rj.reason for rj in s.last_rejections}
+    reasons = {rj.node_id: rj.reason for rj in s.verdict.refused}
     assert "echoes partition-id 7, expected 0" in reasons[101]
     assert "echoes partition-id 2, expected 1" in reasons[205]
-    assert sorted(u.partition_id for u in s.last_updates) == [2, 3]
+    assert sorted(u.partition_id for u in s.verdict.updates) == [2, 3]
     assert s.nodes.known.partition_ids == NODES
 
 
@@ -559,7 +560,7 @@ def test_a_new_node_may_not_take_a_partition_another_node_reported(reply_grid):
     grid = reply_grid({1: 0, 2: 1}, flower_client([], {1: 5, 2: 5}))
     got = s.run_round(grid, 1, ConfigRecord())
     (first,) = s.nodes.known.partition_ids  # whichever reply came first holds partition 5
-    (rj,) = s.last_rejections
+    (rj,) = s.verdict.refused
     assert got["clients-ok"] == 1 and s.nodes.known.partition_ids == {first: 5}
     assert rj.node_id != first and f"which node {first} reported" in rj.reason
 
@@ -571,7 +572,7 @@ def test_extra_numeric_metrics_are_never_a_reason_to_refuse(reply_grid, extra):
     s.params = model(0.0)
     assert s.run_round(reply_grid({9: 0}, flower_client([], extra=extra)), 1,
                        ConfigRecord())["clients-ok"] == 1
-    assert all(np.isfinite(v) for v in s.last_updates[0].metrics.values())
+    assert all(np.isfinite(v) for v in s.verdict.updates[0].metrics.values())
 
 
 def test_the_metric_keys_are_flowers_keywords_and_a_missing_one_is_one_error(reply_grid, caplog):
@@ -745,7 +746,7 @@ def test_what_a_configure_train_override_returns_is_what_is_sent(reply_grid, cap
     t.params = model(0.0)
     msgs = list(t.configure_train(1, protocol.to_record(model(0.0)), ConfigRecord(),
                                   reply_grid(NODES)))
-    assert t.sent_as_returned(t.last_exchange, msgs) is t.last_exchange
+    assert t.sent_as_returned(t.outgoing, msgs) is t.outgoing
 
 
 def test_fedprox_sends_mu_as_flowers_fedprox_does_and_fedadam_takes_flowers_names(reply_grid):
@@ -879,5 +880,5 @@ def test_a_model_without_its_batchnorm_layers_is_used_as_flowers_fedbn_sends_it(
     assert metrics["clients-ok"] == 3 and metrics["clients-rejected"] == 0
     new = protocol.from_record(arrays)
     assert np.all(new["w"] == 2.0) and np.all(new["b"] == 1.0)  # b as sent: model(1.0)
-    assert all(u.local == ("b",) for u in s.last_updates)
+    assert all(u.local == ("b",) for u in s.verdict.updates)
     assert len([r for r in caplog.records if "leave out arrays ['b']" in r.getMessage()]) == 1

@@ -352,7 +352,7 @@ def test_under_dp_no_clients_update_decides_anothers_inclusion(first: float, rep
         _, metrics = s.aggregate_train(1, [hostile(m, model(1.0 + n / 3), 10)
                                            for m, n in zip(msgs, norms, strict=True)])
         assert metrics is not None and metrics["clients-ok"] == want_ok, (strategy, first)
-    assert s.replies.earlier == [] and s.state_dict()["update_norms"] == []
+    assert s.update_norms == [] and s.state_dict()["update_norms"] == []
 
 
 def test_under_dp_a_claimed_weight_decides_nothing(reply_grid) -> None:
@@ -372,7 +372,7 @@ def test_an_update_without_its_reference_fails_closed(reply_grid, caplog) -> Non
     s = make_strategy(cfg(**{"dp.noise-multiplier": 0.01}))
     msgs = configured(s, reply_grid(NODES))
     lost = msgs[0].metadata.dst_node_id
-    del s.last_exchange.payloads[lost]
+    del s.outgoing.payloads[lost]
     _, metrics = s.aggregate_train(1, [hostile(msgs[0], model(3.0), 10),
                                        *[hostile(m, model(1.1), 10) for m in msgs[1:]]])
     assert metrics is not None and metrics["clients-ok"] == 2 and metrics["clients-rejected"] == 1

@@ -462,7 +462,7 @@ def test_a_malformed_upload_is_not_mixed_in(reply_grid):
     nan["fc.weight"][0, 0] = np.nan
     _, metrics = s.aggregate_train(1, [reply(msgs[0]), reply(msgs[1], nan), reply(msgs[2])])
     bad_slot = s.assignment[msgs[1].metadata.dst_node_id]
-    assert metrics["clients-rejected"] == 1 and "NaN" in s.last_rejections[0].reason
+    assert metrics["clients-rejected"] == 1 and "NaN" in s.verdict.refused[0].reason
     assert [a == b for a, b in zip(slot_sums(s), before, strict=True)] == [
         i == bad_slot for i in range(3)]
 

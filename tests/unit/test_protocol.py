@@ -23,6 +23,16 @@ def sent(m):
     return {"m1": m}
 
 
+def parse(reply, sent_map, expected, arrays_key: str = "arrays"):
+    """Steps 1-3 of the reply pipeline for one reply (strategies.replies.judge_reply)."""
+    from strategies.replies import ReplyPolicy, RoundView, judge_reply
+
+    policy = ReplyPolicy("test", "num-examples", "loss", 0.0, 0.0, 0.0, {}, lambda *a: None,
+                         arrays_key=arrays_key)
+    rnd = RoundView(sent_map, expected, {})
+    return judge_reply(reply, rnd, policy, rnd.reported)[0]
+
+
 def test_instruction_keeps_types_and_carries_named_models():
     m = protocol.message(5, MessageType.TRAIN, model(1.0),
                          {"lr": 0.5, "local-epochs": 2, "trainer": "sgd", "flag": True},
@@ -39,19 +49,19 @@ def test_a_reply_may_carry_a_pool_and_each_model_is_checked():
     sent(instr)  # the runtime gives the instruction its id before anyone replies
     ok = protocol.train_reply(instr, model(2.0), 10, {"train-loss": 0.3},
                               models={"pool-0": model(3.0), "pool-1": model(4.0)})
-    upd = validation.parse_train_reply(ok, sent(instr), {5: 1}, None)
+    upd = parse(ok, sent(instr), {5: 1})
     assert isinstance(upd, validation.ClientUpdate)
     assert upd.partition_id == 1 and upd.num_examples == 10 and sorted(upd.models) == ["pool-0",
                                                                                        "pool-1"]
     bad_pool = {"w": np.zeros((3, 3), np.float32), "n": np.array(7, dtype=np.int64)}
     bad = protocol.train_reply(instr, model(2.0), 10, {}, models={"pool-0": bad_pool})
-    rj = validation.parse_train_reply(bad, sent(instr), {5: 1}, None)
+    rj = parse(bad, sent(instr), {5: 1})
     assert isinstance(rj, validation.Rejection)
     assert rj.reason == "model 'pool-0': array 'w' has shape (3, 3), expected (2, 3)"
     nan = protocol.train_reply(instr, model(2.0), 10, {}, models={"p": model(float("nan"))})
-    assert "NaN" in validation.parse_train_reply(nan, sent(instr), {5: 1}, None).reason
+    assert "NaN" in parse(nan, sent(instr), {5: 1}).reason
     work = protocol.train_reply(instr, model(2.0), 10, {"trained-examples": -30})
-    assert validation.parse_train_reply(work, sent(instr), {5: 1}, None).reason == \
+    assert parse(work, sent(instr), {5: 1}).reason == \
         "trained-examples is -30"
 
 
@@ -110,7 +120,7 @@ def test_a_reply_that_is_not_exactly_what_is_expected_is_refused_naming_why(reco
             built[k] = ConfigRecord({"num-examples": 10})
         else:
             built[k] = MetricRecord(v)
-    rj = validation.parse_train_reply(_reply(instr, built), sent(instr), {5: 1}, None)
+    rj = parse(_reply(instr, built), sent(instr), {5: 1})
     assert isinstance(rj, validation.Rejection) and why in rj.reason, getattr(rj, "reason", rj)
 
 
@@ -133,7 +143,7 @@ def _built(records: dict) -> RecordDict:
 def test_a_reply_as_flowers_strategies_read_it_is_used(records):
     instr = protocol.message(5, MessageType.TRAIN, model(1.0), {})
     sent(instr)
-    upd = validation.parse_train_reply(_reply(instr, _built(records)), sent(instr), {5: 1}, None)
+    upd = parse(_reply(instr, _built(records)), sent(instr), {5: 1})
     assert isinstance(upd, validation.ClientUpdate), upd
     assert upd.num_examples == 10 and np.all(upd.params["w"] == 2.0)
 
@@ -149,15 +159,13 @@ def test_a_strategys_record_names_name_the_instruction_and_its_reply():
     assert np.all(protocol.model_record(instr.content).to_numpy_ndarrays()[0] == 1.0)
     # a reply naming the model as sent; the sent model is the update's yardstick
     ok = _reply(instr, _built({"weights": "M", "metrics": {"num-examples": 10}}))
-    assert isinstance(validation.parse_train_reply(ok, sent(instr), {5: 1}, None,
-                                                   arrays_key="weights"), validation.ClientUpdate)
+    assert isinstance(parse(ok, sent(instr), {5: 1}, arrays_key="weights"), validation.ClientUpdate)
     short = RecordDict({"weights": protocol.to_record({"w": np.zeros((2, 2), np.float32)}),
                         "metrics": _built({"m": {"num-examples": 10}})["m"]})
-    rj = validation.parse_train_reply(_reply(instr, short), sent(instr), {5: 1}, None,
-                                      arrays_key="weights")
+    rj = parse(_reply(instr, short), sent(instr), {5: 1}, arrays_key="weights")
     assert isinstance(rj, validation.Rejection) and "array 'w' has shape (2, 2)" in rj.reason, rj
     both = _reply(instr, _built({"weights": "M", "arrays": "M", "metrics": {"num-examples": 10}}))
-    rj = validation.parse_train_reply(both, sent(instr), {5: 1}, None, arrays_key="weights")
+    rj = parse(both, sent(instr), {5: 1}, arrays_key="weights")
     assert isinstance(rj, validation.Rejection) and "unexpected ArrayRecord(s) ['arrays']" in rj.reason
     with pytest.raises(KeyError, match="no model ArrayRecord 'arrays'"):
         protocol.model_record(_built({"a": "M", "b": "M"}))
@@ -169,7 +177,7 @@ def test_a_reply_to_another_message_is_refused():
     other = protocol.message(5, MessageType.TRAIN, model(1.0), {})
     other.metadata.__dict__["_message_id"] = "elsewhere"
     stray = protocol.train_reply(other, model(2.0), 10, {})
-    rj = validation.parse_train_reply(stray, sent(instr), {5: 1}, None)
+    rj = parse(stray, sent(instr), {5: 1})
     assert isinstance(rj, validation.Rejection) and "did not send" in rj.reason
 
 

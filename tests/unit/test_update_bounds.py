@@ -50,7 +50,7 @@ def test_capped_claims_golden() -> None:
 
 def shares(claims: dict[int, float], cap: float) -> dict[int, float]:
     """Each reply's share of the weighted mean after the cut, counted in whole examples
-    as :meth:`strategies.replies.ReplyPolicy.bound_updates` counts it."""
+    as :func:`strategies.replies.bound` counts it."""
     cut = {**claims, **{k: math.floor(v) for k, v in capped_claims(claims, cap).items()}}
     return {k: v / sum(cut.values()) for k, v in cut.items()}
 
@@ -136,7 +136,7 @@ def test_a_first_round_of_two_replies_does_not_open_the_bound_for_the_next(reply
     m3, m4 = configured(s, grid, 2)
     _, metrics = s.aggregate_train(2, [hostile(m3, model(10.0), 10), hostile(m4, model(1.001), 10)])
     assert metrics is not None and metrics["clients-rejected"] == 1 and metrics["clients-ok"] == 1
-    assert s.replies.earlier == [pytest.approx(seed), pytest.approx(seed)]
+    assert s.update_norms == [pytest.approx(seed), pytest.approx(seed)]
 
 
 def hostile(msg: Message, params: dict[str, np.ndarray], num_examples: float) -> Message:
@@ -192,7 +192,7 @@ def test_one_reply_a_round_is_bounded_by_the_updates_before_and_the_history_resu
         s.params = model(1.0)
         _, metrics = s.aggregate_train(rnd, [hostile(m, model(v), 10)])
         assert metrics is not None and metrics["clients-ok"] == 1
-    assert s.replies.earlier == [pytest.approx(distance(model(v), model(1.0))) for v in (1.2, 1.1)]
+    assert s.update_norms == [pytest.approx(distance(model(v), model(1.0))) for v in (1.2, 1.1)]
     again = FedAvgStrategy.from_config(cfg(**{"clients-per-round": 1}))
     again.load_state_dict(s.state_dict())
     for strat in (s, again):

@@ -1,0 +1,72 @@
+"""What a round reports of its clients' replies, as Flower's strategies report it: the
+round's train metrics (:func:`train_metrics`), the mean of every metric the used replies
+report (:func:`client_means`, Flower's default ``train_metrics_aggr_fn``) and the
+federated evaluation's mean (:func:`evaluate_mean`).  Which replies are used is
+:mod:`strategies.replies`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from flwr.app import Message
+
+from fedsys import protocol as proto
+from fedsys.validation import ClientUpdate
+
+
+def train_metrics(updates: list[ClientUpdate], rejected: int, train_loss_key: str
+                  ) -> dict[str, float | int]:
+    """A round's train metrics: ``clients-ok``, ``clients-rejected``, the example-weighted
+    mean of ``train_loss_key`` over the updates reporting one, and the examples trained
+    (``trained-examples``) where any update reports them."""
+    out: dict[str, float | int] = {"clients-ok": len(updates), "clients-rejected": rejected}
+    with_loss = [u for u in updates if train_loss_key in u.metrics]
+    n = sum(u.num_examples for u in with_loss)
+    if with_loss and n > 0:
+        out[train_loss_key] = sum(u.metrics[train_loss_key] * u.num_examples for u in with_loss) / n
+    if any(proto.TRAINED_EXAMPLES in u.metrics for u in updates):
+        out[proto.TRAINED_EXAMPLES] = sum(u.metrics.get(proto.TRAINED_EXAMPLES, 0) for u in updates)
+    return out
+
+
+def weighted_means(rows: Sequence[Mapping[str, float]], weights: Sequence[float], skip: Iterable[str]
+                   ) -> dict[str, float]:
+    """Flower's default aggregation of client metrics (its ``aggregate_metricrecords``):
+    the mean of every metric that all ``rows`` report as a finite number, weighted by
+    ``weights``, but the keys in ``skip`` and the ``partition-id`` (empty when there is no
+    row or no weight)."""
+    left = set(skip) | {proto.PARTITION_ID}
+    n = sum(weights)
+    if not rows or n <= 0:
+        return {}
+    keys = [k for k in rows[0] if k not in left
+            and all(math.isfinite(r.get(k, math.nan)) for r in rows)]
+    return {k: sum(r[k] * w for r, w in zip(rows, weights, strict=True)) / n for k in keys}
+
+
+def client_means(updates: list[ClientUpdate], skip: Iterable[str]) -> dict[str, float]:
+    """What Flower's strategies report of their clients' train metrics by default: each
+    metric all ``updates`` report, weighted by the update's examples (:func:`weighted_means`;
+    ``skip``: the weight itself, what the round reports otherwise).  Flower's tutorial adds
+    a metric to the train reply ("training_time") and finds it "aggregated automatically"."""
+    return weighted_means([u.metrics for u in updates],
+                          [float(u.num_examples) for u in updates], skip)
+
+
+def evaluate_mean(replies: Iterable[Message], weighted_by_key: str) -> dict[str, Any] | None:
+    """Mean of the clients' evaluation metrics weighted by ``weighted_by_key``, as Flower's
+    FedAvg: every finite metric all usable replies report, but the weight and
+    ``partition-id`` (``None``: no usable reply)."""
+    w = weighted_by_key
+    good = [r for r in replies if not r.has_error() and r.content.metric_records]
+    rows = [m for m in (proto.metrics_of(r.content) for r in good)
+            if math.isfinite(m.get(w, math.nan)) and m[w] >= 0]
+    if not rows or sum(r[w] for r in rows) <= 0:
+        return None
+    return weighted_means(rows, [r[w] for r in rows], (w,))
+
+
+__all__ = ["client_means", "evaluate_mean", "train_metrics", "weighted_means"]
