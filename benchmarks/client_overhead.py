@@ -130,6 +130,7 @@ def _probe_server(events: dict[str, dict[str, float]], rounds: list[dict[str, fl
 
     import fedsys.transport as transport
     from strategies.base import FedsysStrategy
+    from strategies.loop import RoundLoop
 
     push, pull = transport._push, transport._pull
     now = {"round": 0.0}
@@ -181,9 +182,9 @@ def _probe_server(events: dict[str, dict[str, float]], rounds: list[dict[str, fl
 
     def emitted(t: float, a: Any, out: Any) -> None:
         now["round"] = float(a[0]["round"]) + 1
-    wrap(FedsysStrategy, "_emit", emitted)
+    wrap(RoundLoop, "emit", emitted)
     wrap(FedsysStrategy, "aggregate_train", step("aggregation"))
-    wrap(FedsysStrategy, "evaluate_round", step("evaluation"))
+    wrap(RoundLoop, "evaluate", step("evaluation"))
 
 
 def child(spec: dict[str, Any], out: Path) -> None:

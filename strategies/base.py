@@ -18,9 +18,9 @@ How rounds run is :class:`strategies.rounds.RoundEngine`'s: Flower's template ``
 its message API and the loop, on the parts in modules of their own: the nodes
 (:mod:`strategies.nodes`: partition-ids a node reports, one QUERY per node only with
 ``query_partitions=True``), one exchange of messages with its resends and traffic
-(:mod:`strategies.exchange`) and which replies are usable (:mod:`strategies.replies`: error
-replies, missing keys, shape or dtype mismatch, NaN or Inf, a metric the method needs; each
-refusal logged, the round goes on).  Pure maths lives in :mod:`fedsys`.
+(:mod:`strategies.exchange`) and which replies are usable (the reply pipeline,
+:mod:`strategies.replies`: error replies, missing keys, shape or dtype mismatch, NaN or Inf,
+a metric the method needs, the bounds; each refusal logged, the round goes on).  Pure maths lives in :mod:`fedsys`.
 """
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ from fedsys import protocol as proto
 from fedsys.options import ConfigError, parse_group, suggest
 from fedsys.params import Params, copy
 from strategies.exchange import TRAFFIC_KEYS
+from strategies.loop import EvaluateFn
 from strategies.nodes import EVAL_TAG, SAMPLE_TAG, NodeDirectory, NodesUnavailableError
 from strategies.replies import ReplyPolicy, why_refused
-from strategies.rounds import EvaluateFn, MetricsAggrFn, RoundEngine
+from strategies.rounds import MetricsAggrFn, RoundEngine
 from strategies.wrapper import StrategyWrapper
 
 if TYPE_CHECKING:

@@ -127,4 +127,47 @@ def resend_lost(grid: Grid, ex: Exchange, replies: list[Message], traffic: Traff
     return replies
 
 
-__all__ = ["TRAFFIC_KEYS", "Exchange", "Traffic", "resend_lost", "send"]
+def shared_records(payloads: Iterable[Params | ArrayRecord]) -> dict[int, ArrayRecord]:
+    """Each payload's record by the payload's id, made once per payload: nodes sent the
+    same model (FedAvg's global) share one record, as Flower's strategies share theirs,
+    rather than each getting its own serialisation of it."""
+    out: dict[int, ArrayRecord] = {}
+    for p in payloads:
+        if id(p) not in out:
+            out[id(p)] = p if isinstance(p, ArrayRecord) else proto.to_record(p)
+    return out
+
+
+def as_returned(ex: Exchange, messages: list[Message], arrays_key: str,
+                partition_ids: Mapping[int, int]) -> Exchange:
+    """The exchange of the instructions ``configure_train`` returned (``ex``: the one it
+    made).  On Flower's strategies what it returns is what is sent, so a subclass's
+    override that drops, adds or changes instructions (another model for a node, a node
+    left out) is honoured here too: ``ex`` when they are its own, else an exchange of
+    exactly ``messages``, each reply checked against the model its instruction carried
+    (``arrays_key``: the strategy's record name; ``partition_ids``: node -> the key a node
+    the strategy did not sample is known by)."""
+    def sent_model(m: Message) -> ArrayRecord | None:
+        key = proto.model_key(m.content, arrays_key)
+        return None if key is None else m.content.array_records[key]
+
+    if len(messages) == len(ex.outbox) and all(
+            m is o and (rec := sent_model(m)) is not None
+            and rec is ex.records.get(m.metadata.dst_node_id)
+            for m, o in zip(messages, ex.outbox, strict=True)):
+        return ex
+    expected: dict[int, int] = {}
+    payloads: dict[int, Params] = {}
+    records: dict[int, ArrayRecord] = {}
+    for m in messages:
+        node = m.metadata.dst_node_id
+        expected[node] = ex.expected.get(node, partition_ids.get(node, node))
+        if (rec := sent_model(m)) is None:
+            continue
+        records[node] = rec
+        payloads[node] = (ex.payloads[node] if rec is ex.records.get(node) and node in ex.payloads
+                          else proto.from_record(rec))
+    return Exchange(expected, payloads, messages, records)
+
+
+__all__ = ["TRAFFIC_KEYS", "Exchange", "Traffic", "as_returned", "resend_lost", "send", "shared_records"]

@@ -18,7 +18,6 @@ state.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Iterable, Mapping
 from logging import ERROR, INFO, WARNING
 from typing import Any, ClassVar, Self
@@ -34,31 +33,20 @@ import strategies.client_metrics as client_metrics
 import strategies.exchange as exchange_ops
 import strategies.replies as pipeline
 from fedsys import protocol as proto
-from fedsys import transport
 from fedsys.options import ConfigError
 from fedsys.params import Params, distance
 from fedsys.validation import ClientUpdate
 from strategies.exchange import Exchange, Traffic
+from strategies.loop import EvaluateFn, RoundLoop
 from strategies.nodes import EVAL_TAG, SAMPLE_TAG, NodeDirectory
 from strategies.replies import ReplyPolicy, RoundView, Verdict, why_refused
 from strategies.wrapper import WrapperChain
 
-EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 #: Flower's ``train_metrics_aggr_fn`` / ``evaluate_metrics_aggr_fn``: the replies' contents
 #: and the weight's key -> the round's metrics
 MetricsAggrFn = Callable[[list[RecordDict], str], MetricRecord]
 
 
-
-def _shared_records(payloads: Iterable[Params | ArrayRecord]) -> dict[int, ArrayRecord]:
-    """Each payload's record by the payload's id, made once per payload: nodes sent the
-    same model (FedAvg's global) share one record, as Flower's strategies share theirs,
-    rather than each getting its own serialisation of it."""
-    out: dict[int, ArrayRecord] = {}
-    for p in payloads:
-        if id(p) not in out:
-            out[id(p)] = p if isinstance(p, ArrayRecord) else proto.to_record(p)
-    return out
 
 class RoundEngine(Strategy):
     """Flower's :class:`Strategy` API and the round loop over a strategy's parts.
@@ -212,7 +200,7 @@ class RoundEngine(Strategy):
         chosen = self.sample(grid, server_round, self.clients_per_round)
         cfg = self.round_config(server_round, config)
         payloads = {n: self.payload_for(n, p, server_round) for n, p in chosen.items()}
-        records = _shared_records(payloads.values())
+        records = exchange_ops.shared_records(payloads.values())
         outbox = [self.instruction(n, MessageType.TRAIN, records[id(payloads[n])], cfg,
                                    self.payload_models(n, p, server_round))
                   for n, p in chosen.items()]
@@ -265,34 +253,6 @@ class RoundEngine(Strategy):
         """Whether a round sends no train message: ``fraction_train=0.0`` without a fixed
         ``clients_per_round`` (Flower's strategies skip federated training so)."""
         return self.nodes.fraction_train == 0.0 and self.clients_per_round is None
-
-    def sent_as_returned(self, ex: Exchange, messages: list[Message]) -> Exchange:
-        """The exchange of the instructions ``configure_train`` returned.  On Flower's
-        strategies what it returns is what is sent, so a subclass's override that drops,
-        adds or changes instructions (another model for a node, a node left out) is
-        honoured here too: ``ex`` when they are its own, else an exchange of exactly
-        ``messages``, each reply checked against the model its instruction carried."""
-        def sent_model(m: Message) -> ArrayRecord | None:
-            key = proto.model_key(m.content, self.arrayrecord_key)
-            return None if key is None else m.content.array_records[key]
-
-        if len(messages) == len(ex.outbox) and all(
-                m is o and (rec := sent_model(m)) is not None
-                and rec is ex.records.get(m.metadata.dst_node_id)
-                for m, o in zip(messages, ex.outbox, strict=True)):
-            return ex
-        expected: dict[int, int] = {}
-        payloads: dict[int, Params] = {}
-        records: dict[int, ArrayRecord] = {}
-        for m in messages:
-            node = m.metadata.dst_node_id
-            expected[node] = ex.expected.get(node, self.nodes.known.partition_ids.get(node, node))
-            if (rec := sent_model(m)) is None:
-                continue
-            records[node] = rec
-            payloads[node] = (ex.payloads[node] if rec is ex.records.get(node) and node in ex.payloads
-                              else proto.from_record(rec))
-        return Exchange(expected, payloads, messages, records)
 
     def validate(self, replies: Iterable[Message], exchange: Exchange | None = None) -> Verdict:
         """The replies to ``exchange`` (default :attr:`outgoing`) through the reply
@@ -438,7 +398,8 @@ class RoundEngine(Strategy):
         """
         assert self.params is not None
         sent = list(self.configure_train(server_round, self.model_record(), train_config, grid))
-        ex = self.sent_as_returned(self.outgoing, sent)
+        ex = exchange_ops.as_returned(self.outgoing, sent, self.arrayrecord_key,
+                                      self.nodes.known.partition_ids)
         replies = self.exchange(grid, ex)
         replies = self.resend_lost(grid, server_round, replies, ex)
         _, metrics = self.aggregate_train(server_round, replies)
@@ -485,7 +446,8 @@ class RoundEngine(Strategy):
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: EvaluateFn | None = None,
     ) -> Result:
-        """Run rounds ``self.round + 1 .. num_rounds`` (resumes after a checkpoint).
+        """Run rounds ``self.round + 1 .. num_rounds`` (resumes after a checkpoint): the
+        round loop, :class:`strategies.loop.RoundLoop`.
 
         As Flower's :meth:`Strategy.start`: ``num_rounds`` sets the schedule (and what
         depends on it: IMA's start round, a warmup given as a fraction), ``timeout``
@@ -494,35 +456,8 @@ class RoundEngine(Strategy):
         ``evaluate_fn(round, arrays)`` evaluates the global model centrally, also
         before round 1.
         """
-        self.prepare(num_rounds)
-        self.round_timeout = float(timeout)
-        train_config = train_config if train_config is not None else ConfigRecord()
-        evaluate_config = evaluate_config if evaluate_config is not None else ConfigRecord()
-        if self.params is None:
-            self.params = proto.from_record(initial_arrays)
-        self.discover(grid)
-        self.summary()
-        result = Result()
-        self.evaluate_initial(evaluate_fn, result)
-        for rnd in range(self.round + 1, self.num_rounds + 1):
-            t0 = time.monotonic()
-            train = {**self.run_round(grid, rnd, train_config), **self.traffic.totals()}
-            if train.get("clients-ok", 0) > 0:
-                self.usable_rounds += 1
-            record: dict[str, Any] = {"round": rnd, **train}
-            if self.evaluate_now(rnd):
-                self.evaluate_round(grid, rnd, evaluate_config, evaluate_fn, result, record)
-            result.train_metrics_clientapp[rnd] = proto.metric_record(
-                {k: v for k, v in train.items() if isinstance(v, int | float)})
-            self.round = rnd
-            record["round-time"] = time.monotonic() - t0
-            self._emit(record)
-        if self.usable_rounds == 0 and self.round > 0:
-            log(ERROR, "[%s] no round of the run used a reply: %d rounds, every train reply "
-                "refused or missing (the last round's: %s); the model is the one it started "
-                "from", self.label, self.round, why_refused(self.verdict.refused))
-        result.arrays = proto.to_record(self.params)
-        return result
+        return RoundLoop(self, grid, timeout, train_config, evaluate_config,
+                         evaluate_fn).run(initial_arrays, num_rounds)
 
     def discover(self, grid: Grid) -> None:
         """Learn what the plan needs from the connected nodes before the first round
@@ -532,40 +467,6 @@ class RoundEngine(Strategy):
         """Whether round ``rnd`` ends with an evaluation (every round here)."""
         return True
 
-    def evaluate_round(self, grid: Grid, rnd: int, evaluate_config: ConfigRecord,
-                       evaluate_fn: EvaluateFn | None, result: Result,
-                       record: dict[str, Any]) -> None:
-        """Federated (``fed-*`` keys) and central evaluation of the current model into
-        ``record`` and ``result``."""
-        assert self.params is not None
-        fed = self.aggregate_evaluate(rnd, transport.send_and_receive(
-            grid, list(self.configure_evaluate(rnd, proto.to_record(self.params), evaluate_config, grid)),
-            self.round_timeout, self.poll_interval)[0])
-        if fed is not None:
-            result.evaluate_metrics_clientapp[rnd] = fed
-            record.update({f"fed-{k}": float(v) for k, v in fed.items()
-                           if isinstance(v, int | float) and not isinstance(v, bool)})
-        if evaluate_fn is not None:
-            res = evaluate_fn(rnd, proto.to_record(self.params))
-            if res is not None:
-                result.evaluate_metrics_serverapp[rnd] = res
-                record.update({k: float(v) for k, v in res.items()})  # type: ignore[arg-type]
-
-    def evaluate_initial(self, evaluate_fn: EvaluateFn | None, result: Result) -> None:
-        """Central evaluation of the starting model as round 0 (not after a resume)."""
-        if self.round == 0 and evaluate_fn is not None:
-            assert self.params is not None
-            res = evaluate_fn(0, proto.to_record(self.params))
-            if res is not None:
-                result.evaluate_metrics_serverapp[0] = res
-                self._emit({"round": 0, **{k: float(v) for k, v in res.items()},  # type: ignore[arg-type]
-                            "round-time": 0.0})
-
     def progress(self, record: dict[str, Any]) -> str:
         """Where the run stands after ``record``, for the progress line."""
         return f"round {int(record['round'])}/{self.num_rounds}"
-
-    def _emit(self: Self, record: dict[str, Any]) -> None:
-        self.history.append(record)
-        for hook in self.hooks:
-            hook(self, record)

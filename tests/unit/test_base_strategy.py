@@ -26,6 +26,7 @@ from fedsys import protocol
 from fedsys.params import mean
 from fedsys_launch.registry import build
 from strategies.base import FedsysStrategy, NodesUnavailableError
+from strategies.exchange import as_returned
 from strategies.fedavg import FedAvgStrategy
 
 NODES = {101: 0, 205: 1, 333: 2, 478: 3}  # node id -> partition id
@@ -746,7 +747,7 @@ def test_what_a_configure_train_override_returns_is_what_is_sent(reply_grid, cap
     t.params = model(0.0)
     msgs = list(t.configure_train(1, protocol.to_record(model(0.0)), ConfigRecord(),
                                   reply_grid(NODES)))
-    assert t.sent_as_returned(t.outgoing, msgs) is t.outgoing
+    assert as_returned(t.outgoing, msgs, "arrays", {}) is t.outgoing
 
 
 def test_fedprox_sends_mu_as_flowers_fedprox_does_and_fedadam_takes_flowers_names(reply_grid):

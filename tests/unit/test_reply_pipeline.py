@@ -161,5 +161,5 @@ def test_under_privacy_no_reply_bounds_another() -> None:
     # only the declared size bounds a claim; the far update stays, no norm is kept, no cut
     assert [u.node_id for u in v.updates] == [1, 2]
     assert [rj.reason.split(",")[0] for rj in v.refused] == ["claims num-examples 11"]
-    far = pipeline.judge(replies[:2] + [reply(sent["m3"], 101.0)], rnd, p)
+    far = pipeline.judge([*replies[:2], reply(sent["m3"], 101.0)], rnd, p)
     assert [u.node_id for u in far.updates] == [1, 2, 3] and far.norms == [] and far.cut == {}
