@@ -20,7 +20,7 @@ Usage::
     python scripts/report.py --check     # every page regenerated from docs/results/data
                                          # into a copy: byte-identical, or the differences
 
-GROUP is one of :data:`PAGES` (``fedcda-seeds``, ...), of ``single_runs.RUN_PAGES``
+GROUP is one of :data:`PAGES` (``fedcda-seeds``, ...), of ``RUN_PAGES``
 (``fedcda-runs``, ``fedcross-runs``, ``ima-runs``) or of :data:`ARCHIVE_ONLY` (records kept,
 no page).  ``--runs`` defaults to ``runs/<group>`` (single runs: ``runs``).
 """
@@ -34,20 +34,34 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import asdata  # noqa: E402
 import single_runs  # noqa: E402
 
 from fedsys import metrics  # noqa: E402
 from fedsys_launch import recording  # noqa: E402
 
-#: A paper's claim judged on the seeds: (claim, setting, method, baseline's setting,
-#: baseline, statistic, ">" or "<"), see :func:`claims_table`.
-Claim = tuple[str, str, str, str, str, str, str]
+
+class Claim(NamedTuple):
+    """A paper's claim judged on the seeds (:func:`claims_table`): ``method`` in ``setting``
+    against ``baseline`` in ``baseline_setting`` on ``statistic``, the claim holding when
+    the method's is above (``direction`` ``">"``) or below (``"<"``) the baseline's."""
+
+    claim: str
+    setting: str
+    method: str
+    baseline_setting: str
+    baseline: str
+    statistic: str
+    direction: str
+
+
+
 #: Strategy (a run's results directory) -> how the page names it.
 Names = Mapping[str, str]
 
@@ -123,349 +137,27 @@ class Page:
         return (c if isinstance(c, str) else c[setting]).format(group=group, setting=setting)
 
 
-def across_seeds(doc: str, section: str, settings: dict[str, str], names: dict[str, str],
-                 **extra: Any) -> Page:
-    """A round-based method's page: final and last-10 accuracy per seed, into the
-    section ``section`` of docs/results/``doc``.md."""
-    return Page(points=("final", "last10"), doc=doc, section=section, settings=settings,
-                names=names, **extra)
+#: The results pages' descriptions: ``docs/results/pages/<page>.yaml``, one entry per group.
+PAGE_DIR = ROOT / "docs" / "results" / "pages"
 
 
-def fedcda_claims(setting: str) -> list[Claim]:
-    """FedCDA's two claims of Table 1 in ``setting``: above FedAvg, and steadier."""
-    return [("FedCDA above FedAvg (Table 1)", setting, "fedcda", setting, "fedavg", "last10", ">"),
-            ("FedCDA steadier than FedAvg (Table 1's std)", setting, "fedcda", setting, "fedavg",
-             "last10-std", "<")]
+def load_pages(where: Path = PAGE_DIR) -> tuple[dict[str, Page], dict[str, single_runs.RunsPage]]:
+    """Every page's groups: those across seeds (:class:`Page`) and those of single runs
+    (an entry with ``tables``: :class:`single_runs.RunsPage`), each written into the page
+    its file names (``<page>.yaml``: ``docs/results/<page>.md``)."""
+    seeds: dict[str, Page] = {}
+    singles: dict[str, single_runs.RunsPage] = {}
+    for path in sorted(where.glob("*.yaml")):
+        for group, spec in asdata.read(path, dict).items():
+            kind: Any = single_runs.RunsPage if "tables" in spec else Page
+            got = asdata.load(kind, {**spec, "doc": path.stem}, f"{path.name}: {group}")
+            if group in seeds or group in singles:
+                raise asdata.DataError(f"{path.name}: group {group!r} is described twice")
+            (singles if "tables" in spec else seeds)[group] = got
+    return seeds, singles
 
 
-#: the source of a setting made by scripts/reproduce.py
-DRIVER = "python scripts/reproduce.py {group}/{setting}"
-
-FEDELMY_NAMES = {
-    "fedelmy": "FedELMY (S = 5)",
-    "fedelmy-scaling-false": "FedELMY, paper form without App. A scaling",
-    "fedelmy-s2": "FedELMY S = 2 (the paper's beta 1)",
-    "fedelmy-s2-beta-0.1": "FedELMY S = 2, beta 0.1",
-    "fedseq": "FedSeq, epoch-matched (E = 1)",
-    "fedseq-local-epochs-5": "FedSeq, compute-matched (E = 5)",
-    "fedseq-local-epochs-3": "FedSeq, epoch-matched (E = 3)",
-    "fedseq-local-epochs-15": "FedSeq, compute-matched (E = 15)",
-    "oneshot-fedavg": "one-shot parallel FedAvg",
-    "fedelmy-parallel": "parallel FedELMY (Alg. 3)",
-    "fedelmy-form-code": "FedELMY, official code's form",
-    "fedelmy-pool-size-1": "FedELMY S = 1",
-    "fedelmy-pool-size-3": "FedELMY S = 3",
-    "fedelmy-pool-size-8": "FedELMY S = 8",
-    "fedelmy-alpha-0.0-beta-0.0": "pool only (alpha = beta = 0)",
-    "fedelmy-alpha-0.0": "pool + d2 (alpha = 0)",
-    "fedelmy-beta-0.0": "pool + d1 (beta = 0)",
-    "fedelmy-passes-3": "FedELMY, T = 3",
-    "fedseq-passes-3": "FedSeq, T = 3",
-}
-
-
-def fedelmy_claims() -> list[Claim]:
-    """FedELMY's claims (Tables 1-3, 7-9, Figs. 6, 11, 12) on the final model, per regime."""
-    seq = {"dir0.5": ("fedseq", "fedseq-local-epochs-5"), "dir0.3": ("fedseq",
-           "fedseq-local-epochs-5"), "dir0.1": ("fedseq", "fedseq-local-epochs-5"),
-           "domain": ("fedseq", "fedseq-local-epochs-5"),
-           "e3": ("fedseq-local-epochs-3", "fedseq-local-epochs-15")}
-    out: list[tuple[str, str, str, str, str, str, str]] = []
-    for setting, (epoch, compute) in seq.items():
-        out += [("above FedSeq, epoch-matched (Tables 1, 7, 8)", setting, "fedelmy", setting,
-                 epoch, "final", ">"),
-                ("above FedSeq, compute-matched (Figs. 6, 12)", setting, "fedelmy", setting, compute,
-                 "final", ">"),
-                ("far above one-shot parallel FedAvg (Table 1)", setting, "fedelmy", setting,
-                 "oneshot-fedavg", "final", ">")]
-    for setting in ("dir0.5", "e3"):
-        out += [("the sequential chain far above parallel FedELMY (Alg. 3, Table 9)", setting,
-                 "fedelmy", setting, "fedelmy-parallel", "final", ">"),
-                ("App. A's scaling is part of the method (ours)", setting, "fedelmy", setting,
-                 "fedelmy-scaling-false", "final", ">")]
-    out += [("d1 and d2 together above the pool alone (Table 3)", "e3", "fedelmy", "e3",
-             "fedelmy-alpha-0.0-beta-0.0", "final", ">")]
-    out += [(f"{what} (Table 3)", "dir0.5", "fedelmy", "ablation", base, "final", ">")
-            for what, base in (("d1 and d2 together above the pool alone",
-                                "fedelmy-alpha-0.0-beta-0.0"),
-                               ("d1 helps: full above pool + d2", "fedelmy-alpha-0.0"),
-                               ("d2 helps: full above pool + d1", "fedelmy-beta-0.0"))]
-    out += [("accuracy rises with S: S = 3 above S = 1 (Fig. 11)", "pool",
-             "fedelmy-pool-size-3", "pool", "fedelmy-pool-size-1", "final", ">"),
-            ("accuracy rises with S: S = 5 above S = 3 (Fig. 11)", "dir0.5", "fedelmy", "pool",
-             "fedelmy-pool-size-3", "final", ">"),
-            ("... and saturates: S = 8 above S = 5 (Fig. 11; within noise = saturated)", "pool",
-             "fedelmy-pool-size-8", "dir0.5", "fedelmy", "final", ">"),
-            ("few-shot improves FedELMY: T = 3 above T = 1 (Table 2)", "fewshot",
-             "fedelmy-passes-3", "dir0.5", "fedelmy", "final", ">"),
-            ("FedELMY above FedSeq at T = 3 (Table 2)", "fewshot", "fedelmy-passes-3",
-             "fewshot", "fedseq-passes-3", "final", ">"),
-            *[(f"on the template CNN{at}: above FedSeq, epoch-matched (Table 1)", "small", s,
-               "small", "fedseq", "final", ">")
-              for at, s in (("", "fedelmy-s2"), (" at beta 0.1", "fedelmy-s2-beta-0.1"))],
-            ("on the template CNN: beta 0.1 above the paper's beta 1 (ours)", "small",
-             "fedelmy-s2-beta-0.1", "small", "fedelmy-s2", "final", ">")]
-    return out
-
-
-FEDELMY_CLAIMS = fedelmy_claims()
-
-
-def lss_claims() -> list[Claim]:
-    """LSS's claims (Table 1, Fig. 4, Tables 3, 11) in the premise regime, after round 1
-    unless said: above the baselines, its gap largest at R = 1 (the baseline gains more from
-    round 1 to 3 than LSS), rising with N, both regularisers helping, kept from a random start."""
-    p, r1 = "premise", "round:1"
-    out = [(f"LSS above {what} at R = 1 (Table 1)", p, "lss", p, base, r1, ">")
-           for what, base in (("FedAvg", "fedavg"), ("FedProx", "fedprox"),
-                              ("FedAvg, head only (the official code)", "fedavg-head"),
-                              ("FedProx, head only (the official code)", "fedprox-head"))]
-    out += [("LSS above FedAvg at R = 3 (Table 1)", p, "lss", p, "fedavg", "round:3", ">"),
-            ("LSS above FedAvg at R = 1 at equal compute (ours)", p, "lss-equal", p, "fedavg",
-             r1, ">"),
-            ("the gap largest at R = 1: FedAvg gains more from R = 1 to 3 than LSS (Table 1)",
-             p, "lss", p, "fedavg", "gain:1-3", "<"),
-            *[c for r, at_r in ((r1, "R = 1"), ("round:3", "R = 3")) for c in (
-                (f"rising with N: N = 3 above N = 2 at {at_r} (Fig. 4)", p, "lss-n3", p,
-                 "lss-n2", r, ">"),
-                (f"rising with N: N = 4 above N = 3 at {at_r} (Fig. 4)", p, "lss", p, "lss-n3",
-                 r, ">"),
-                (f"affinity helps: LSS above LSS without it at {at_r} (Table 3)", p, "lss", p,
-                 "lss-no-affinity", r, ">"),
-                (f"diversity helps: LSS above LSS without it at {at_r} (Table 3)", p, "lss", p,
-                 "lss-no-diversity", r, ">"),
-                (f"both regularisers: LSS above LSS without either at {at_r} (Table 3)", p,
-                 "lss", p, "lss-neither", r, ">"))],
-            ("the default lambda (0.01) above the paper's 3 here (ours)", p, "lss", p,
-             "lss-paper-lambda", r1, ">"),
-            ("the advantage kept from a random start: above FedAvg at R = 1 (Table 11)",
-             "premise-random", "lss", "premise-random", "fedavg", r1, ">"),
-            ("... and above FedAvg at R = 3 from a random start (Table 11)",
-             "premise-random", "lss", "premise-random", "fedavg", "round:3", ">")]
-    return out
-
-
-LSS_CLAIMS = lss_claims()
-
-PAGES: dict[str, Page] = {
-    "fedelmy": Page(
-        points=("final",),
-        settings={
-            "e3": "E_local = 3, E_w = 3, Dirichlet 0.5, 10 clients (H200 GPU)",
-            "dir0.5": "Dirichlet 0.5, 10 clients (H200 GPU)",
-            "dir0.3": "Dirichlet 0.3, 10 clients (H200 GPU)",
-            "dir0.1": "Dirichlet 0.1, 10 clients (H200 GPU)",
-            "domain": "domain shift (4 transforms), 4 clients (2 CPU cores)",
-            "small": "Flower's template CNN (blitz-cnn), 4 clients of 240 images, S = 2 (2 CPU cores)",
-            "pool": "pool size, Dirichlet 0.5 (H200 GPU)",
-            "ablation": "d1/d2 ablation, Dirichlet 0.5 (H200 GPU)",
-            "fewshot": "few-shot T = 3, Dirichlet 0.5 (H200 GPU)",
-        },
-        names=FEDELMY_NAMES,
-        xlabel="step (chains: hop; one-shot FedAvg: warm-up, parallel round)",
-        config={**{s: f"SEEDS=\"0 1 2\" scripts/gpu_units.sh fedelmy {s}" for s in (
-            "e3", "dir0.5", "dir0.3", "dir0.1", "pool", "ablation", "fewshot")},
-                   **{s: f"python scripts/reproduce.py fedelmy/{s}" for s in ("domain", "small")}},
-        claims=tuple(FEDELMY_CLAIMS),
-    ),
-    # the runs before issue 39 (2026-11, 2 CPU cores): FedELMY without App. A's scaling
-    "fedelmy-cpu": Page(
-        points=("final",),
-        doc="fedelmy", section="## Earlier runs: the paper form without App. A scaling "
-                               "(generated)",
-        settings={s: f"{t}, 2 CPU cores" for s, t in (
-            ("dir0.5", "Dirichlet 0.5, 10 clients"), ("dir0.3", "Dirichlet 0.3, 10 clients"),
-            ("dir0.1", "Dirichlet 0.1, 10 clients"),
-            ("domain", "domain shift (4 transforms), 4 clients"),
-            ("pool", "pool size, Dirichlet 0.5"), ("ablation", "d1/d2 ablation, Dirichlet 0.5"),
-            ("fewshot", "few-shot T = 3, Dirichlet 0.5"))},
-        names={**FEDELMY_NAMES, **{k: v + ", without App. A scaling" for k, v in
-                                      FEDELMY_NAMES.items()
-                                      if k.startswith("fedelmy") and "alpha-0.0-beta" not in k
-                                      and k != "fedelmy-form-code"}},
-        xlabel="step (chains: hop; one-shot FedAvg: warm-up, parallel round)",
-        config="configs/fedelmy-{setting}.yaml before issue 39",
-    ),
-    "lss": Page(
-        points=(1, 3),
-        # paired differences: every row against FedAvg of the same seed and start
-        baseline=(("fedavg-optimizer-adam", {"fmnist": ("fmnist", "tuned", "ingredients",
-                                                        "ablation"),
-                                             "random": ("random",)}),
-                  ("fedavg", {"premise": ("premise",), "premise-random": ("premise-random",)})),
-        settings={
-            "premise": "the premise regime: classes 0-4 pre-trained start, Dirichlet 0.1, "
-                       "5 clients of 2,000 samples",
-            "premise-random": "the premise regime from a random start",
-            "premise-lambda": "the premise regime's lambda sweep, R = 1, tuning seed 100",
-            "fmnist": "pre-trained start, 5 clients of 2,000 samples, Dirichlet 1.0",
-            "lambda": "lambda sweep, R = 1, tuning seed 100",
-            "ingredients": "number of ingredients N",
-            "ablation": "regulariser ablation",
-            "random": "random start",
-            "tuned": "LSS at the swept lambda (0.01)",
-            "full": "whole partitions (~10,800 samples per client)",
-        },
-        names={
-            "fedavg-optimizer-adam": "FedAvg (Adam, 1 epoch)",
-            "fedprox-optimizer-adam": "FedProx (Adam, 1 epoch)",
-            "fedavg-trainer-lss": "LSS, N = 4 x 1 epoch (paper protocol)",
-            "fedavg-trainer-lss-local-steps-42": "LSS, N = 4 x 1/4 epoch (equal compute)",
-            "fedavg-trainer-lss-local-steps-8": "LSS, N = 4 x 1/4 epoch (equal compute)",
-            "fedavg-trainer-lss-ingredients-2": "LSS, N = 2",
-            "fedavg-trainer-lss-ingredients-3": "LSS, N = 3",
-            "fedavg-trainer-lss-affinity-0.0": "LSS without affinity",
-            "fedavg-trainer-lss-diversity-0.0": "LSS without diversity",
-            "fedavg-trainer-lss-affinity-0.0-diversity-0.0": "LSS without either",
-            "fedavg-trainer-lss-affinity-0.01-diversity-0.01-local-steps-8":
-                "LSS at lambda 0.01, N = 4 x 1/4 epoch (equal compute)",
-            "fedavg-trainer-lss-local-steps-8-affinity-0.01-diversity-0.01":
-                "LSS at lambda 0.01, N = 4 x 1/4 epoch (equal compute)",
-            **{f"fedavg-trainer-lss-affinity-{v}-diversity-{v}": f"LSS, lambda_a = lambda_d = {v}"
-               for v in ("0.01", "0.03", "0.1", "0.3", "1.0", "3.0")},
-            # the premise presets' own names (configs/lss-premise*.yaml)
-            "fedavg": "FedAvg (Adam, 1 epoch)",
-            "fedprox": "FedProx (Adam, 1 epoch)",
-            "fedavg-head": "FedAvg, head only",
-            "fedprox-head": "FedProx, head only",
-            "lss": "LSS, N = 4 x 1 epoch (paper protocol)",
-            "lss-equal": "LSS, N = 4 x 1/4 epoch (equal compute)",
-            "lss-n2": "LSS, N = 2",
-            "lss-n3": "LSS, N = 3",
-            "lss-no-affinity": "LSS without affinity",
-            "lss-no-diversity": "LSS without diversity",
-            "lss-neither": "LSS without either",
-            "lss-paper-lambda": "LSS at the paper's lambda_a = lambda_d = 3",
-            **{f"lss-{v}": f"LSS, lambda_a = lambda_d = {v}"
-               for v in ("0", "0.01", "0.03", "0.1", "0.3", "1", "3")},
-        },
-        xlabel="round",
-        config={"premise-lambda": "configs/lss-premise-lambda.yaml",
-                   **{s: f"python scripts/reproduce.py lss/{s}"
-                      for s in ("premise", "premise-random")},
-                   **{s: f"configs/lss-{s}.yaml" for s in (
-                       "fmnist", "lambda", "ingredients", "ablation", "random", "tuned", "full")}},
-        claims=tuple(LSS_CLAIMS),
-    ),
-    "fedcda-regime": across_seeds(
-        "fedcda", "## Local-training regime (generated)",
-        {f"dir{a}-{r}": f"Dirichlet {a}, {t}" for a in ("0.5", "0.3") for r, t in (
-            ("m1e-4-e1", "momentum 1e-4, E = 1 (the preset), warmup 15"),
-            ("m0.9-e1", "momentum 0.9, E = 1, warmup 20"),
-            ("m0.9-e2", "momentum 0.9, E = 2, warmup 20"))},
-        {"fedavg": "FedAvg", "fedcda": "FedCDA"},
-        # the mechanism (issue 17): over rounds 31-60, after every regime's warmup
-        means={"fedcda-fresh-fraction": "share of the mean trained this round",
-               "global-step": "global model's step (L2)",
-               "train-loss": "clients' training loss"},
-        means_from=31, paired="fedavg", regime=("fedcda", "fedcda-warmup"),
-        claims=tuple(c for a in ("0.5", "0.3") for r in ("m1e-4-e1", "m0.9-e1", "m0.9-e2")
-                     for c in fedcda_claims(f"dir{a}-{r}")),
-        config=DRIVER),
-    "fedcda-seeds": across_seeds(
-        "fedcda", "## Across seeds (generated)",
-        {"dir0.1": "Dirichlet 0.1 (`partition: dirichlet`)",
-         "shards2": "2 label shards per client (`partition: shards`)",
-         # issue 45: Lin et al.'s balanced split, and the paper's local work on it
-         "dir0.3-balanced": "Dirichlet 0.3 (`partition: dirichlet-balanced`)",
-         "dir0.5-balanced": "Dirichlet 0.5 (`partition: dirichlet-balanced`)",
-         **{f"dir{a}-balanced-work": f"Dirichlet {a} (`partition: dirichlet-balanced`), the "
-                                     "paper's local work: 20 epochs at lr 1e-3, 30 rounds, warmup 7"
-            for a in ("0.3", "0.5")}},
-        {"fedavg": "FedAvg", "fedcda": "FedCDA"}, paired="fedavg",
-        claims=tuple(c for s in ("dir0.1", "shards2", "dir0.3-balanced", "dir0.5-balanced",
-                                 "dir0.3-balanced-work", "dir0.5-balanced-work")
-                     for c in fedcda_claims(s)),
-        config=DRIVER),
-    "fedcross-seeds": across_seeds(
-        "fedcross", "## Across seeds (generated)",
-        {"dir0.1": "Dirichlet 0.1 (`partition: dirichlet`), 100 rounds",
-         "horizon": "Dirichlet 0.5 (`partition: dirichlet`), 300 rounds (the horizon)",
-         "dir0.1-capped-work": "Dirichlet 0.1 (`partition: dirichlet-capped`), the paper's "
-                               "local work: 5 epochs, 100 rounds"},
-        {"fedavg": "FedAvg", "fedprox": "FedProx", "fedcross": "FedCross (alpha 0.99)",
-         "fedcross-alpha-0.9": "FedCross (alpha 0.9)"},
-        means={"fedcross-slot-spread": "slot spread"}, means_from=1, paired="fedavg",
-        # the horizon's question: does the gap close once the slots' spread settles?
-        windows={"horizon": ((1, 50), (51, 100), (101, 150), (151, 200), (201, 250),
-                             (251, 300))},
-        claims=(
-            *[(f"FedCross above {b} (Table II)", "dir0.1", "fedcross", "dir0.1", f, "last10", ">")
-              for f, b in (("fedavg", "FedAvg"), ("fedprox", "FedProx"))],
-            ("FedCross fluctuates less (Fig. 5)", "dir0.1", "fedcross", "dir0.1", "fedavg",
-             "last10-std", "<"),
-            ("vanilla FedCross is slow early (Fig. 5)", "dir0.1", "fedcross", "dir0.1", "fedavg",
-             "rounds:1-30", "<"),
-            *[(f"FedCross (alpha {a}) above FedAvg after 300 rounds", "horizon", f, "horizon",
-               "fedavg", "last10", ">") for f, a in (("fedcross", "0.99"),
-                                                     ("fedcross-alpha-0.9", "0.9"))],
-            ("FedCross fluctuates less (Fig. 5), 300 rounds", "horizon", "fedcross", "horizon",
-             "fedavg", "last10-std", "<"),
-            ("alpha 0.99 above alpha 0.9 (Fig. 8), 300 rounds", "horizon", "fedcross",
-             "horizon", "fedcross-alpha-0.9", "last10", ">"),
-            *[(f"FedCross above {b} at the paper's local work (Table II)", "dir0.1-capped-work",
-               "fedcross", "dir0.1-capped-work", f, "last10", ">")
-              for f, b in (("fedavg", "FedAvg"), ("fedprox", "FedProx"))],
-            ("FedCross fluctuates less at the paper's local work (Fig. 5)", "dir0.1-capped-work",
-             "fedcross", "dir0.1-capped-work", "fedavg", "last10-std", "<")),
-        config=DRIVER),
-    "ima-seeds": across_seeds(
-        "ima", "## Across seeds (generated)",
-        {f"{part}{run}": f"{title}, {what}" for part, title in (
-            ("shards2", "2 label shards (`partition: shards`)"),
-            ("dir0.3", "Dirichlet 0.3 (`partition: dirichlet`)")) for run, what in (
-            ("", "IMA runs"), ("-fedavg", "FedAvg and the control (branched at round 75)"),
-            ("-fedprox", "FedProx (branched at round 75)"))},
-        {"ima-base-fedavg": "FedAvg + IMA", "ima-base-fedprox": "FedProx + IMA",
-         "ima-base-fedavg-average-false-lr-decay-0.99": "FedAvg",
-         "ima-base-fedavg-average-false": "same decay, no averaging (control)",
-         "ima-base-fedprox-average-false-lr-decay-0.99": "FedProx"},
-        # IMA against its base and against the control, each branched from the IMA run's
-        # own round-75 checkpoint of the same seed
-        pairs=tuple((part, ima, f"{part}-{base}", f"ima-base-{base}-average-false{tail}")
-                    for part in ("shards2", "dir0.3") for ima, base, tail in (
-                        ("ima-base-fedavg", "fedavg", "-lr-decay-0.99"),
-                        ("ima-base-fedavg", "fedavg", ""),
-                        ("ima-base-fedprox", "fedprox", "-lr-decay-0.99"))),
-        claims=tuple(c for part, target in (("shards2", 76), ("dir0.3", 82)) for c in (
-            ("IMA lifts FedAvg (Table I)", part, "ima-base-fedavg", f"{part}-fedavg",
-             "ima-base-fedavg-average-false-lr-decay-0.99", "last10", ">"),
-            ("IMA lifts FedProx (Table I)", part, "ima-base-fedprox", f"{part}-fedprox",
-             "ima-base-fedprox-average-false-lr-decay-0.99", "last10", ">"),
-            ("the averaging, not its lr decay, lifts it (Table III; our control)", part,
-             "ima-base-fedavg", f"{part}-fedavg", "ima-base-fedavg-average-false", "last10",
-             ">"),
-            ("IMA steadies training (Fig. 7(b))", part, "ima-base-fedavg", f"{part}-fedavg",
-             "ima-base-fedavg-average-false-lr-decay-0.99", "last10-std", "<"),
-            # the target: the level IMA's seed-0 run of 2026-11-23 reached soon after round 75
-            ("IMA reaches the target sooner (Table II)", part, "ima-base-fedavg",
-             f"{part}-fedavg", "ima-base-fedavg-average-false-lr-decay-0.99",
-             f"rounds-to:{target}", "<"))),
-        config={f"{part}{run}": f"python scripts/reproduce.py ima-seeds/{part}"
-                for part in ("shards2", "dir0.3") for run in ("", "-fedavg", "-fedprox")}),
-}
-#: issue 42 item 4: the attacks of docs/results/robustness.md (fedsys/attacks.py), by setting
-ATTACKS = {"scaled": "x100", "sign-flip": "sign-flipped", "noise": "Gaussian noise",
-           "inflated-count": "20x count", "label-flip": "label-flipped"}
-ROBUST_NAMES = {"fedavg-plain": "FedAvg without bounds", "fedavg": "FedAvg (default bounds)",
-                "median": "median", "trimmed-mean": "trimmed mean (beta 0.3)",
-                "multi-krum": "multi-Krum (f = 3)", "fedcda": "FedCDA", "fedcross": "FedCross",
-                "fedavg+ima": "FedAvg + IMA"}
-#: the noise multipliers of the DP runs (scripts/reproduce.py's robustness/dp)
-DP_NOISE = ("0.01", "0.1", "1.0")
-PAGES["robustness"] = Page(
-    points=("final",),
-    settings={"none": "no attackers",
-              **{f"{k}-{n}": f"{t}, {n} of 10" for n in (1, 3) for k, t in ATTACKS.items()},
-              "dp": "differential privacy (FedAvg, server-side clipping, noise from the seed: "
-                    "dp.reproducible-noise, no attackers)"},
-    names={**ROBUST_NAMES, **{f"dp-z{z}": f"FedAvg + DP, z = {z}" for z in DP_NOISE}},
-    matrix=("none", *(f"{k}-{n}" for n in (1, 3) for k in ATTACKS)),
-    finals={"dp-epsilon": "epsilon (delta 1e-5)", "dp-clipped": "share of updates clipped"},
-    # each defence without attackers against FedAvg without bounds: its cost
-    pairs=tuple(("none", s, "none", "fedavg-plain") for s in ROBUST_NAMES if s != "fedavg-plain")
-    + tuple(("dp", f"dp-z{z}", "none", "fedavg-plain") for z in DP_NOISE),
-    refusals_expected=True, config=DRIVER)
+PAGES, RUN_PAGES = load_pages()
 HEADS = {"final": "final", "last10": "last-10 mean"}
 
 Runs = dict[str, dict[str, dict[int, list[dict[str, Any]]]]]  # setting -> strategy -> seed -> recs
@@ -952,8 +644,8 @@ def write(group: str, runs: Path | None, out: Path, plot: bool) -> str:
     """Archive ``group``'s finished runs and rewrite its page under ``out``; the new text."""
     data = out / "data"
     data.mkdir(parents=True, exist_ok=True)
-    if group in single_runs.RUN_PAGES:
-        return single_runs.write(single_runs.RUN_PAGES[group], runs or ROOT / "runs", out, plot)
+    if group in RUN_PAGES:
+        return single_runs.write(RUN_PAGES[group], runs or ROOT / "runs", out, plot)
     if group in ARCHIVE_ONLY:
         got = collect(runs or ROOT / "runs" / group, data, group, {})
         return f"{group}: records in {data}/{group}-*.jsonl ({len(got)} settings read back)"
@@ -980,7 +672,7 @@ def check(plot: bool) -> int:
         out, empty = Path(tmp) / "results", Path(tmp) / "no-runs"
         shutil.copytree(src, out)
         empty.mkdir()
-        for group in [*PAGES, *single_runs.RUN_PAGES]:
+        for group in [*PAGES, *RUN_PAGES]:
             write(group, empty, out, plot)
         names = [f.name for f in src.iterdir() if f.is_file()
                  and (f.suffix == ".md" or (plot and f.suffix == ".png"))]
@@ -997,7 +689,7 @@ def check(plot: bool) -> int:
 
 def main() -> int:
     """Collect, tabulate, plot, and write the generated sections."""
-    groups = (*PAGES, *single_runs.RUN_PAGES, *ARCHIVE_ONLY)
+    groups = (*PAGES, *RUN_PAGES, *ARCHIVE_ONLY)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("groups", nargs="*", metavar="GROUP", help=f"{', '.join(groups)} or all")
     ap.add_argument("--runs", help="default: runs/<group> (single runs: runs)")
@@ -1009,7 +701,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.check:
         return check(not args.no_plots)
-    todo = list(PAGES) + list(single_runs.RUN_PAGES) if args.groups == ["all"] else args.groups
+    todo = list(PAGES) + list(RUN_PAGES) if args.groups == ["all"] else args.groups
     if not todo or (bad := [g for g in todo if g not in groups]):
         ap.error(f"name a group: {', '.join(groups)} or all" if not todo
                  else f"unknown group {bad[0]!r}; one of {', '.join(groups)} or all")

@@ -1,9 +1,9 @@
 """The one driver of every reproduction behind docs/results/ (issue 43 item 3): experiments
 as data, one seed of one setting at a time, resumable, records archived.
 
-Each :class:`Experiment` below is one setting of one results page: the ``fedsys`` commands
-that make it (presets and ``--set`` overrides), its seeds, the pre-trained starts it needs and
-what follows its runs.  The driver runs one unit (an experiment's seed) at a time:
+Each :class:`Experiment` is one setting of one results page, an entry of the experiment
+matrix ``configs/experiments/matrix.yaml``: the ``fedsys`` commands that make it (presets and
+``--set`` overrides), its seeds, the pre-trained starts it needs and what follows its runs.  The driver runs one unit (an experiment's seed) at a time:
 
 - a unit whose records are in ``docs/results/data/`` already is skipped, so a finished seed is
   never run again, even on a machine without the ``runs/`` directory;
@@ -56,7 +56,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
 DATA = Path("docs/results/data")
+
+import asdata  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -124,128 +127,21 @@ class Experiment:
         return ["run", run.preset, *[a for s in sets for a in ("--set", s)], *tail]
 
 
-FEDCDA, FEDCROSS, IMA = "configs/fedcda-{}.yaml", "configs/fedcross-fmnist.yaml", "configs/ima-fmnist.yaml"
-#: partition: dirichlet, the split every row measured before issue 45 moved the presets to the
-#: papers' own (dirichlet-balanced for FedCDA, dirichlet-capped for FedCross)
-OLD_SPLIT = "partition=dirichlet"
-PAIR = "strategy=fedavg,fedcda"
-#: FedCDA's local-training regimes (issue 17): momentum and local epochs, warm-up
-REGIMES = {"m1e-4-e1": ("momentum=0.0001", "local-epochs=1"),
-           "m0.9-e1": ("momentum=0.9", "local-epochs=1", "fedcda.warmup=20"),
-           "m0.9-e2": ("momentum=0.9", "local-epochs=2", "fedcda.warmup=20")}
-#: the FedCDA paper's local work per round (issue 45): 20 epochs at lr 1e-3 for 30 rounds,
-#: the warm-up a quarter of them (the paper's 50 of 200)
-#: (a round of 20 local epochs took 2.5-3.5 minutes on 2 idle cores, the machine's speed
-#: varying by day, and 7.5 beside a CI run, its second pair of clients waiting for the first:
-#: the default 600 s round-timeout refused two replies a round then)
-FEDCDA_WORK = ("local-epochs=20", "lr=0.001", "num-server-rounds=30", "fedcda.warmup=7",
-               "round-timeout=3600")
-IMA_SPLITS = {"shards2": ("partition=shards", "shards-per-client=2"),
-              "dir0.3": ("partition=dirichlet", "dirichlet-alpha=0.3"),
-              "dir0.3-capped": ("partition=dirichlet-capped", "dirichlet-alpha=0.3")}
-IMA_FEDAVG = "ima[ima.base=fedavg;ima.average=false;ima.lr-decay=0.99],ima[ima.base=fedavg;ima.average=false]"
-IMA_FEDPROX = "ima[ima.base=fedprox;ima.average=false;ima.lr-decay=0.99]"
-LSS_STARTS = {"premise": "pretrained-labels.pt", "premise-random": "", "fmnist": "pretrained.pt",
-              "ingredients": "pretrained.pt", "ablation": "pretrained.pt", "random": "",
-              "tuned": "pretrained.pt"}
-LSS_SPLITS = {"dir1.0": ("partition=dirichlet", "dirichlet-alpha=1.0"),
-              "dir0.1": ("partition=dirichlet", "dirichlet-alpha=0.1"),
-              "shards2": ("partition=shards", "shards-per-client=2")}
+#: The experiment matrix, as data beside the presets (one entry per GROUP/SETTING).
+MATRIX = ROOT / "configs" / "experiments" / "matrix.yaml"
 
 
-def ima_runs(part: str, sets: tuple[str, ...], name: str, src: str) -> tuple[Run, ...]:
-    """IMA's three commands (spec fedima.md §5.5): the two IMA runs (``name``) to the end
-    keeping their round-75 checkpoints (under ``src``), then FedAvg and the control
-    (``name``-fedavg) and FedProx (``name``-fedprox) branched from them: the five runs are
-    identical until IMA's start, which saves 225 of 500 rounds."""
-    split = (*IMA_SPLITS[part], *sets)
-    return (Run(IMA, (*split, "keep-checkpoint=75",
-                      "strategy=ima[ima.base=fedavg],ima[ima.base=fedprox]"), name),
-            *[Run(IMA, (*split, f"branch-from={src}/ima-base-{base}/checkpoint-r0075.pt",
-                        f"strategy={strategy}"), f"{name}-{base}")
-              for base, strategy in (("fedavg", IMA_FEDAVG), ("fedprox", IMA_FEDPROX))])
-
-
-ROBUST = "configs/robustness.yaml"
-#: issue 42 item 4: the attacks (fedsys/attacks.py) and the DP noise multipliers, at the
-#: default clipping norm 1 (it clips every honest update of round 1 here, a fifth by round 4);
-#: the DP runs draw their noise from the seed (dp.reproducible-noise, issue 65) so that a seed
-#: repeats bit for bit: an experiment's epsilon, not one that holds against a reader of the seed
-ATTACKS = ("scaled", "sign-flip", "noise", "inflated-count", "label-flip")
-DP = ",".join(f"dp[dp.noise-multiplier={z};dp.reproducible-noise=true] as dp-z{z}"
-              for z in ("0.01", "0.1", "1.0"))
-
-
-def experiments() -> list[Experiment]:
-    """Every reproduction behind docs/results/, in the order a batch runs them."""
-    out = [Experiment("fedcda-regime", f"dir{a}-{r}", "regime",
-                      (Run(FEDCDA.format("dir0.5"), (OLD_SPLIT, f"dirichlet-alpha={a}", *sets)),))
-           for a in ("0.5", "0.3") for r, sets in REGIMES.items()]
-    out.append(Experiment("fedcross-seeds", "horizon", "horizon", (Run(FEDCROSS, (
-        OLD_SPLIT, "dirichlet-alpha=0.5", "num-server-rounds=300",
-        "strategy=fedavg,fedcross,fedcross[fedcross.alpha=0.9]")),), seeds=(0, 1)))
-    out += [Experiment("fedcda-seeds", "dir0.1", "headlines",
-                       (Run(FEDCDA.format("dir0.1"), (OLD_SPLIT, PAIR)),)),
-            Experiment("fedcda-seeds", "shards2", "headlines",
-                       (Run(FEDCDA.format("shards2"), (PAIR,)),)),
-            Experiment("fedcross-seeds", "dir0.1", "headlines",
-                       (Run(FEDCROSS, (OLD_SPLIT, "dirichlet-alpha=0.1")),))]
-    out += [Experiment("ima-seeds", part, "headlines",
-                       ima_runs(part, (), part, f"runs/ima-seeds/{part}/seed-{{seed}}"),
-                       archive=(part, f"{part}-fedavg", f"{part}-fedprox"))
-            for part in ("shards2", "dir0.3")]
-    # issue 45: the papers' partitions and local work
-    out += [Experiment("fedcda-seeds", f"{s}-balanced", "setups", (Run(FEDCDA.format(s), (PAIR,)),))
-            for s in ("dir0.3", "dir0.5")]
-    out.append(Experiment("fedcda-seeds", "dir0.3-balanced-work", "setups",
-                          (Run(FEDCDA.format("dir0.3"), (*FEDCDA_WORK, PAIR)),)))
-    out.append(Experiment("fedcross-seeds", "dir0.1-capped-work", "setups", (Run(FEDCROSS, (
-        "dirichlet-alpha=0.1", "local-epochs=5", "num-server-rounds=100")),)))
-    # item 3's second headline row at the paper's local work, queued last (~3.5 h a seed here)
-    out.append(Experiment("fedcda-seeds", "dir0.5-balanced-work", "setups",
-                          (Run(FEDCDA.format("dir0.5"), (*FEDCDA_WORK, PAIR)),)))
-    out += [Experiment("robustness", "none", "robustness", (Run(ROBUST),)),
-            *[Experiment("robustness", f"{k}-{n}", "robustness",
-                         (Run(ROBUST, (f"attack.kind={k}", f"attack.clients={n}")),))
-              for n in (1, 3) for k in ATTACKS],
-            Experiment("robustness", "dp", "robustness", (Run(ROBUST, (f"strategy={DP}",)),))]
-    out.append(Experiment("fedelmy", "domain", "fedelmy", (Run("configs/fedelmy-domain.yaml"),)))
-    out.append(Experiment("fedelmy", "small", "fedelmy", (Run("configs/fedelmy-small.yaml"),)))
-    for s, start in LSS_STARTS.items():
-        pre = (f"configs/lss-{s}.yaml", (), f"runs/lss/{start}") if start else None
-        out.append(Experiment("lss", s, "lss", (Run(f"configs/lss-{s}.yaml"),),
-                              pretrain=(pre,) if pre else ()))
-    # the lambda sweeps, once at the tuning seed 100 (never a reported seed)
-    out += [Experiment("lss", "lambda", "lss", (Run("configs/lss-lambda.yaml"),), seeds=(100,),
-                       pretrain=(("configs/lss-lambda.yaml", (), "runs/lss/pretrained.pt"),)),
-            Experiment("lss", "premise-lambda", "lss", (Run("configs/lss-premise-lambda.yaml"),),
-                       seeds=(100,), pretrain=(("configs/lss-premise.yaml", (),
-                                                "runs/lss/pretrained-labels.pt"),))]
-    for start, made in (("labels", "runs/lss/pretrained-labels.pt"),
-                        ("balanced", "runs/lss/pretrained.pt")):
-        out += [Experiment("lss-regime", f"{start}-{split}", "lss-regime", (Run(
-            "configs/lss-regime.yaml", (*sets, f"pretrain.split={start}", f"init-from={made}")),),
-            seeds=(100,), pretrain=(("configs/lss-regime.yaml", (f"pretrain.split={start}",), made),))
-            for split, sets in LSS_SPLITS.items()]
-    # the first, single-seed reproductions (seed 0, the presets as they were then)
-    out += [Experiment("fedcda-runs", s, "singles", (Run(FEDCDA.format(s), sets, f"fedcda-{s}"),),
-                       seeds=None)
-            for s, sets in (("dir0.3", (OLD_SPLIT,)), ("dir0.1", (OLD_SPLIT,)),
-                            ("dir0.5", (OLD_SPLIT,)), ("shards2", ()))]
-    out += [Experiment("fedcross-runs", s, "singles", (Run(preset, sets, f"fedcross-{s}"),), seeds=None)
-            for s, preset, sets in (
-                ("dir0.1", FEDCROSS, (OLD_SPLIT, "dirichlet-alpha=0.1")),
-                ("dir0.5", FEDCROSS, (OLD_SPLIT, "dirichlet-alpha=0.5")),
-                ("iid", FEDCROSS, ("partition=iid",)),
-                ("ablation", "configs/fedcross-ablation.yaml", (OLD_SPLIT,)),
-                ("accel", "configs/fedcross-accel.yaml", (OLD_SPLIT,)))]
-    keep = ("save-models=global", "save-models-from=95")  # late global models, for the plane
-    out += [Experiment("ima-runs", part, "singles", ima_runs(part, keep, f"ima-{part}", f"runs/ima-{part}"),
-                       seeds=None, after=(
-                           ("landscape", f"runs/ima-{part}-fedavg", "--strategy",
-                            "ima-base-fedavg-average-false-lr-decay-0.99", "--rounds", "98", "99",
-                            "100", "--out", f"docs/results/ima-{part}-landscape.png"),))
-            for part in IMA_SPLITS]
+def experiments(path: Path = MATRIX) -> list[Experiment]:
+    """Every reproduction behind docs/results/, in the order a batch runs them: the
+    entries of the matrix file ``path`` (``GROUP/SETTING`` -> the :class:`Experiment`'s
+    other fields, kebab-case; :func:`asdata.load` says what is wrong in one)."""
+    out = []
+    for key, spec in asdata.read(path, dict).items():
+        group, sep, setting = key.partition("/")
+        if not (sep and group and setting):
+            raise asdata.DataError(f"{path.name}: {key!r} is not GROUP/SETTING")
+        out.append(asdata.load(Experiment, {**spec, "group": group, "setting": setting},
+                               f"{path.name}: {key}"))
     return out
 
 

@@ -39,11 +39,12 @@ from flwr.supercore import log
 from fedsys import protocol as proto
 from fedsys.options import ConfigError, parse_group, suggest
 from fedsys.params import Params, copy
+from strategies.client_metrics import MetricsAggrFn
 from strategies.exchange import TRAFFIC_KEYS
 from strategies.loop import EvaluateFn
 from strategies.nodes import EVAL_TAG, SAMPLE_TAG, NodeDirectory, NodesUnavailableError
 from strategies.replies import ReplyPolicy, why_refused
-from strategies.rounds import MetricsAggrFn, RoundEngine
+from strategies.rounds import RoundEngine
 from strategies.wrapper import StrategyWrapper
 
 if TYPE_CHECKING:

@@ -8,13 +8,18 @@ federated evaluation's mean (:func:`evaluate_mean`).  Which replies are used is
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from flwr.app import Message
+from flwr.app import Message, MetricRecord, RecordDict
 
 from fedsys import protocol as proto
 from fedsys.validation import ClientUpdate
+from strategies.replies import Verdict
+
+#: Flower's ``train_metrics_aggr_fn`` / ``evaluate_metrics_aggr_fn``: the replies' contents
+#: and the weight's key -> the round's metrics
+MetricsAggrFn = Callable[[list[RecordDict], str], MetricRecord]
 
 
 def train_metrics(updates: list[ClientUpdate], rejected: int, train_loss_key: str
@@ -69,4 +74,29 @@ def evaluate_mean(replies: Iterable[Message], weighted_by_key: str) -> dict[str,
     return weighted_means(rows, [r[w] for r in rows], (w,))
 
 
-__all__ = ["client_means", "evaluate_mean", "train_metrics", "weighted_means"]
+def client_metrics(verdict: Verdict, aggr_fn: MetricsAggrFn | None, weighted_by_key: str,
+                   skip: Iterable[str]) -> tuple[dict[str, float], list[str]]:
+    """A round's client train metrics, as Flower's strategies report them: ``aggr_fn``
+    (Flower's ``train_metrics_aggr_fn``) on the used replies' contents, each node's first,
+    else the mean of every metric all used replies report, weighted by their examples
+    (:func:`client_means`, ``skip`` left out).  Numbers only (a round record holds numbers):
+    also the names of the non-scalar metrics ``aggr_fn`` returned, left out."""
+    updates = verdict.updates
+    if aggr_fn is None:
+        return client_means(updates, skip), []
+    if not updates:
+        return {}, []
+    used = {u.node_id for u in updates}
+    contents: dict[int, RecordDict] = {}
+    for r in verdict.replies:
+        instr = verdict.sent.get(r.metadata.reply_to_message_id)
+        node = instr.metadata.dst_node_id if instr is not None else r.metadata.src_node_id
+        if node in used and r.has_content():
+            contents.setdefault(node, r.content)
+    got: Mapping[str, Any] = aggr_fn(list(contents.values()), weighted_by_key) or {}
+    out = {k: float(v) for k, v in got.items()
+           if isinstance(v, int | float) and not isinstance(v, bool)}
+    return out, sorted(set(got) - set(out))
+
+
+__all__ = ["MetricsAggrFn", "client_means", "client_metrics", "evaluate_mean", "train_metrics", "weighted_means"]

@@ -23,7 +23,7 @@ from logging import ERROR, INFO, WARNING
 from typing import Any, ClassVar, Self
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.exception import AggregationError
 from flwr.serverapp.strategy import Result, Strategy
@@ -36,16 +36,12 @@ from fedsys import protocol as proto
 from fedsys.options import ConfigError
 from fedsys.params import Params, distance
 from fedsys.validation import ClientUpdate
+from strategies.client_metrics import MetricsAggrFn
 from strategies.exchange import Exchange, Traffic
 from strategies.loop import EvaluateFn, RoundLoop
 from strategies.nodes import EVAL_TAG, SAMPLE_TAG, NodeDirectory
 from strategies.replies import ReplyPolicy, RoundView, Verdict, why_refused
 from strategies.wrapper import WrapperChain
-
-#: Flower's ``train_metrics_aggr_fn`` / ``evaluate_metrics_aggr_fn``: the replies' contents
-#: and the weight's key -> the round's metrics
-MetricsAggrFn = Callable[[list[RecordDict], str], MetricRecord]
-
 
 
 class RoundEngine(Strategy):
@@ -56,24 +52,13 @@ class RoundEngine(Strategy):
     nodes : NodeDirectory
         Who the nodes are and which a round samples.
     replies : ReplyPolicy
-        Which train replies are usable.
-    clients_per_round : int, optional
-        Sample exactly this many nodes per training round (else the directory's rule).
-    fraction_evaluate : float
-        Fraction of the nodes asked for federated evaluation (0: none).
-    min_evaluate_nodes : int
-        Fewest nodes asked for federated evaluation.
-    transport_retries : int
-        Times a round sends its instruction again to a node whose reply was lost.
-    train_loss_key, weighted_by_key : str
-        The train-reply metrics holding the training loss and the example count.
-    arrayrecord_key, configrecord_key : str
-        The names the model and the settings travel under in an instruction (Flower's
-        keywords, Flower's defaults ``"arrays"``, ``"config"``).
+        Which train replies are usable (the reply pipeline's settings).
+    clients_per_round, fraction_evaluate, min_evaluate_nodes, transport_retries
+        As :class:`strategies.base.FedsysStrategy`'s keywords of the same names.
+    train_loss_key, weighted_by_key, arrayrecord_key, configrecord_key
+        As :class:`strategies.base.FedsysStrategy`'s (Flower's names and defaults).
     train_metrics_aggr_fn, evaluate_metrics_aggr_fn : MetricsAggrFn, optional
-        Flower's keywords: the round's client metrics from the used replies' contents
-        and ``weighted_by_key``; without one, Flower's default, each metric's mean
-        weighted by the examples (:func:`strategies.client_metrics.client_means`,
+        As Flower's strategies (:func:`strategies.client_metrics.client_metrics`,
         :func:`strategies.client_metrics.evaluate_mean`).
     """
 
@@ -313,47 +298,26 @@ class RoundEngine(Strategy):
 
     def add_client_metrics(self, record: dict[str, Any], verdict: Verdict,
                            own: Iterable[str] = ()) -> None:
-        """Put the round's client metrics (:meth:`client_metrics`) into ``record``, but
-        where one shares a name with the record's own bookkeeping or with ``own`` (said
-        once).  The clients' training loss and work, which the round reports from the
-        replies, are the caller's ``train_metrics_aggr_fn``'s where it gives them (as on
-        Flower's strategies, whose train metrics are what that function returns)."""
-        theirs = self.client_metrics(verdict)
+        """Put the round's client metrics into ``record``
+        (:func:`strategies.client_metrics.client_metrics`: the caller's
+        ``train_metrics_aggr_fn`` on the used replies' contents, else Flower's default),
+        but where one shares a name with the record's own bookkeeping or with ``own``
+        (said once).  The clients' training loss and work, which the round reports from
+        the replies, are the caller's ``train_metrics_aggr_fn``'s where it gives them (as
+        on Flower's strategies, whose train metrics are what that function returns)."""
+        theirs, dropped = client_metrics.client_metrics(
+            verdict, self.train_metrics_aggr_fn, self.weighted_by_key,
+            (self.weighted_by_key, self.train_loss_key, proto.TRAINED_EXAMPLES))
+        if dropped:
+            self.tell_once("metric-lists", WARNING, "[%s] train_metrics_aggr_fn returned "
+                           "non-scalar metric(s) %s: left out of the round's record",
+                           self.label, dropped)
         taken = (set(record) | set(own)) - {self.train_loss_key, proto.TRAINED_EXAMPLES}
         clash = sorted(k for k in theirs if k in taken)
         if clash:
             self.tell_once("metric-clash", WARNING, "[%s] client metric(s) %s share a name with "
                            "the round's own; the round's are reported", self.label, clash)
         record.update({k: v for k, v in theirs.items() if k not in taken})
-
-    def client_metrics(self, verdict: Verdict) -> dict[str, float]:
-        """The round's client train metrics, as Flower's strategies report them: the
-        caller's ``train_metrics_aggr_fn`` on the used replies' contents, else the mean of
-        every metric all used replies report, weighted by their examples
-        (:func:`strategies.client_metrics.client_means`).  Numbers only (a round record
-        holds numbers; a list value is left out, said once)."""
-        updates = verdict.updates
-        if self.train_metrics_aggr_fn is None:
-            return client_metrics.client_means(updates, (
-                self.weighted_by_key, self.train_loss_key, proto.TRAINED_EXAMPLES))
-        if not updates:
-            return {}
-        used = {u.node_id for u in updates}
-        sent = verdict.sent
-        contents: dict[int, RecordDict] = {}
-        for r in verdict.replies:
-            instr = sent.get(r.metadata.reply_to_message_id)
-            node = instr.metadata.dst_node_id if instr is not None else r.metadata.src_node_id
-            if node in used and r.has_content():
-                contents.setdefault(node, r.content)
-        got = self.train_metrics_aggr_fn(list(contents.values()), self.weighted_by_key)
-        out = {k: float(v) for k, v in (got or {}).items()
-               if isinstance(v, int | float) and not isinstance(v, bool)}
-        if len(out) < len(got or {}):
-            self.tell_once("metric-lists", WARNING, "[%s] train_metrics_aggr_fn returned "
-                           "non-scalar metric(s) %s: left out of the round's record",
-                           self.label, sorted(set(got or {}) - set(out)))
-        return out
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -202,7 +202,7 @@ def test_every_page_is_a_typed_description_and_the_module_keeps_no_state(report:
     assert page.source("fedcda-seeds", "dir0.1") == "python scripts/reproduce.py fedcda-seeds/dir0.1"
     assert report.PAGES["lss"].source("lss", "fmnist") == "configs/lss-fmnist.yaml"
     assert not [n for n in ("SETTINGS", "NAMES", "METHOD", "METHODS") if hasattr(report, n)]
-    runs = report.single_runs.RUN_PAGES
+    runs = report.RUN_PAGES
     assert runs and all(isinstance(p, report.single_runs.RunsPage) for p in runs.values())
 
 
@@ -274,3 +274,29 @@ def test_the_robustness_page_pairs_each_attack_with_the_same_run_without(report:
     assert "| FedAvg (default bounds) | 0.0 | 1.0 |" in text            # refused per run
     assert "| FedAvg + DP, z = 0.01 | 60.00 ± 0.00 (n=3) | 2000.00 ± 0.00 (n=3) | 0.00 ± 0.00 (n=3) |" in text
     assert "| none | median − FedAvg without bounds | (not run) |" in text  # its cost, paired
+
+
+def test_the_pages_are_data_and_a_wrong_entry_is_named(report: ModuleType, tmp_path: Path) -> None:
+    """Issue 66 item 5: every results page is described by docs/results/pages/<page>.yaml
+    (its groups across seeds and of single runs), read into the typed descriptions; a wrong
+    key or a value of the wrong kind names the file, the group and what it takes."""
+    seeds, singles = report.load_pages()
+    assert set(seeds) == {"fedcda-regime", "fedcda-seeds", "fedcross-seeds", "fedelmy",
+                          "fedelmy-cpu", "ima-seeds", "lss", "robustness"}
+    assert set(singles) == {"fedcda-runs", "fedcross-runs", "ima-runs"}
+    assert seeds["fedelmy-cpu"].doc == "fedelmy" and singles["ima-runs"].doc == "ima"
+    claim = seeds["fedcda-seeds"].claims[0]
+    assert claim == ("FedCDA above FedAvg (Table 1)", "dir0.1", "fedcda", "dir0.1", "fedavg",
+                     "last10", ">") and claim.baseline == "fedavg"
+    (tmp_path / "p.yaml").write_text("g:\n  points: [final]\n  settings: {a: A}\n  names: {}\n"
+                                     "  pairs: [[a, b, c]]\n")
+    with pytest.raises(report.asdata.DataError, match=r"p.yaml: g.pairs\[0\]: expected 4 items"):
+        report.load_pages(tmp_path)
+    (tmp_path / "p.yaml").write_text("g:\n  points: [final]\n  settings: {a: A}\n  names: {}\n"
+                                     "  claims: [{claim: c, setting: a}]\n")
+    with pytest.raises(report.asdata.DataError, match="Claim takes exactly the fields claim, "
+                       "setting, method, baseline-setting, baseline, statistic, direction"):
+        report.load_pages(tmp_path)
+    (tmp_path / "p.yaml").write_text("g:\n  point: [final]\n")
+    with pytest.raises(report.asdata.DataError, match="Page has no field 'point' \\(did you mean 'points'"):
+        report.load_pages(tmp_path)

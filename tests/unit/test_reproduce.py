@@ -68,16 +68,17 @@ def scripts() -> Iterator[tuple[ModuleType, ModuleType]]:
     try:
         yield _load("reproduce"), _load("report")
     finally:
-        for name in ("reproduce", "report", "single_runs"):
+        for name in ("reproduce", "report", "single_runs", "asdata"):
             sys.modules.pop(name, None)
 
 
 def test_the_driver_runs_only_the_missing_seed_and_archives_it(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True)
-    for f in ("reproduce.py", "report.py", "single_runs.py"):
+    for f in ("reproduce.py", "report.py", "single_runs.py", "asdata.py"):
         shutil.copy2(ROOT / "scripts" / f, repo / "scripts" / f)
-    (repo / "configs").mkdir()
+    shutil.copytree(ROOT / "configs" / "experiments", repo / "configs" / "experiments")
+    shutil.copytree(ROOT / "docs" / "results" / "pages", repo / "docs" / "results" / "pages")
     shutil.copy2(ROOT / "configs" / "fedelmy-domain.yaml", repo / "configs")
     data = repo / "docs" / "results" / "data"
     data.mkdir(parents=True)
@@ -281,3 +282,25 @@ def test_list_prints_every_experiment_with_its_state(
         now = ln.split(None, 4)[4]  # after the key, batch and "seeds 0,1,2" / "one run"
         assert all(state.fullmatch(p.split(": ", 1)[-1]) for p in now.split("; ")), ln
     assert sum(ln.endswith(" archived") for ln in lines) >= 50  # every page's records
+
+
+def test_the_matrix_is_data_and_a_wrong_entry_is_named(scripts: tuple[ModuleType, ModuleType],
+                                                       tmp_path: Path) -> None:
+    """Issue 66 item 5: the experiment matrix is configs/experiments/matrix.yaml, read into
+    typed experiments; a wrong key or value names the file, the entry and what it takes."""
+    reproduce, _ = scripts
+    exps = reproduce.experiments()
+    assert exps[0].key == "fedcda-regime/dir0.5-m1e-4-e1" and exps[0].seeds == (0, 1, 2)
+    ima = next(e for e in exps if e.key == "ima-runs/shards2")
+    assert ima.seeds is None and len(ima.runs) == 3 and isinstance(ima.after[0], tuple)
+    bad = tmp_path / "matrix.yaml"
+    bad.write_text("lss/x:\n  batch: lss\n  runs: [{preset: configs/lss-fmnist.yaml}]\n  seed: [1]\n")
+    with pytest.raises(reproduce.asdata.DataError,
+                       match=r"matrix.yaml: lss/x: Experiment has no field 'seed' \(did you mean 'seeds'\?\)"):
+        reproduce.experiments(bad)
+    bad.write_text("lss/x:\n  batch: lss\n  runs: [{preset: configs/lss-fmnist.yaml}]\n  seeds: 3\n")
+    with pytest.raises(reproduce.asdata.DataError, match=r"lss/x.seeds: expected a list, got 3"):
+        reproduce.experiments(bad)
+    bad.write_text("just-a-group:\n  batch: lss\n  runs: []\n")
+    with pytest.raises(reproduce.asdata.DataError, match="is not GROUP/SETTING"):
+        reproduce.experiments(bad)
