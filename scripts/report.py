@@ -1,7 +1,8 @@
 """The one report tool of docs/results/ (issue 43 item 3): every generated table and figure
 of the results pages, from the records in ``docs/results/data/``, each page driven by a typed
-description (:class:`Page` here for the runs across seeds; :class:`single_runs.RunsPage` for
-the first, single-seed reproductions).
+description kept as data, ``docs/results/pages/<page>.yaml`` (:func:`load_pages`: a
+:class:`Page` for a group of runs across seeds, a :class:`single_runs.RunsPage` for the first,
+single-seed reproductions; issue 66 item 5).
 
 The runs are made by ``scripts/reproduce.py`` (which calls this after each seed).  For a
 group across seeds it reads ``runs/<group>/<setting>/seed-<k>/<strategy>/metrics.jsonl`` of
@@ -20,7 +21,7 @@ Usage::
     python scripts/report.py --check     # every page regenerated from docs/results/data
                                          # into a copy: byte-identical, or the differences
 
-GROUP is one of :data:`PAGES` (``fedcda-seeds``, ...), of ``RUN_PAGES``
+GROUP is one of :data:`PAGES` (``fedcda-seeds``, ...), of :data:`RUN_PAGES`
 (``fedcda-runs``, ``fedcross-runs``, ``ima-runs``) or of :data:`ARCHIVE_ONLY` (records kept,
 no page).  ``--runs`` defaults to ``runs/<group>`` (single runs: ``runs``).
 """

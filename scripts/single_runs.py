@@ -1,5 +1,7 @@
-"""The tables of the first, single-seed reproductions (FedCDA, FedCross, IMA), as typed
-descriptions read by ``scripts/report.py`` (issue 43 item 3).
+"""The tables of the first, single-seed reproductions (FedCDA, FedCross, IMA): the typed
+descriptions (:class:`RunsPage`, :class:`Table`, :class:`Plot`) that the pages' data,
+``docs/results/pages/<page>.yaml``, is read into by ``scripts/report.py``, and their
+rendering (issue 43 item 3).
 
 Their runs (``python scripts/reproduce.py singles``) are ``runs/<run>/<strategy>/``, their
 records ``docs/results/data/<run>.jsonl`` (all strategies of a run in one file,
