@@ -1,15 +1,14 @@
 """The reply pipeline: whether a strategy uses each train reply of an exchange, judged in
 one walk, in the order a reply is judged, its refusals one list (:func:`judge`).
 
-1. **decode** (:func:`decode`): the reply answers an instruction of this exchange and is
-   not an error; it holds one model ArrayRecord (``arrays_key``, else its one ArrayRecord
-   whatever its name, Flower's rule, :func:`fedsys.protocol.model_key`) beside named extra
-   models (``model.<name>``), at most one MetricRecord, the metrics the strategy reads as
-   numbers, the weight (``weighted_by_key``) as a whole number, and arrays that decode.
-   Its ConfigRecords are the client's own and not read.
-2. **identity** (:func:`identify`): who answered.  A reply's ``partition-id``, where it
-   reports one, must be its node's first report and no other node's; a node's first report
-   keys it from then on; a reply reporting none is keyed as its node was sampled.
+1. **decode** (:func:`decode`): the reply answers an instruction of this exchange, is not
+   an error, holds one model ArrayRecord (``arrays_key``, else its one ArrayRecord whatever
+   its name: Flower's rule) beside named extra models (``model.<name>``), at most one
+   MetricRecord, the metrics the strategy reads as numbers, a whole weight
+   (``weighted_by_key``), arrays that decode; its ConfigRecords are the client's own.
+2. **identity** (:func:`identify`): a reply's ``partition-id`` must be its node's first
+   report and no other node's (the first keys the node from then on); one reporting none
+   is keyed as its node was sampled.
 3. **shape and values** (:func:`check_values`): a positive weight; the model matches the
    one its node was sent (keys, shapes, dtypes, finite values; arrays left out are layers
    the client keeps, as in Flower's FedBN how-to, and hold the values sent); finite
@@ -24,11 +23,10 @@ one walk, in the order a reply is judged, its refusals one list (:func:`judge`).
 5. **wrappers**: the strategy's :meth:`strategies.wrapper.WrapperChain.screen` (DP clips
    every update and refuses one trained from another model).
 
-The nodes sent an instruction that did not answer close the list.  Each step is a pure
-function of the reply (or the round's replies) and the round (:class:`RoundView`, what the
-exchange sent and what the run knows); :func:`judge` returns one :class:`Verdict` that also
-says what the run learnt (partition-ids first reported, update norms for the history),
-which the strategy keeps, and :func:`tell` logs it (each refusal once, with its reason).
+The nodes that did not answer close the list.  Each step is a pure function of the reply
+(or the round's replies) and the round (:class:`RoundView`); :func:`judge` returns one
+:class:`Verdict`, also of what the run learnt (first partition-ids, update norms), which
+the strategy keeps; :func:`tell` logs it.
 """
 
 from __future__ import annotations
@@ -62,36 +60,15 @@ Screen = Callable[[list[ClientUpdate], Mapping[int, Params]],
 
 @dataclass(frozen=True)
 class ReplyPolicy:
-    """Which train replies a strategy uses (its keyword arguments of the same names).
-
-    Attributes
-    ----------
-    method : str
-        The method's name, in refusals (``fedcda``).
-    weighted_by_key, train_loss_key : str
-        The reply metrics holding an update's weight and its training loss.
-    max_examples_ratio : float
-        Bound on a claimed weight (:func:`fedsys.validation.weight_refusals`).
-    max_update_ratio : float
-        Bound on an update's norm (:func:`fedsys.validation.norm_refusals`).
-    max_weight_share : float
-        Cap on one reply's share of an example-weighted mean
-        (:func:`fedsys.validation.capped_claims`).
-    required : Mapping[str, tuple[str, str]]
-        Reply metrics the method cannot work without: metric -> (the keyword naming it,
-        why the method needs it).
-    tell : Tell
-        Logs a message once per key.
-    arrays_key : str
-        The name the strategy sends its model under (Flower's ``arrayrecord_key``), read
-        first in a reply (:func:`fedsys.protocol.model_key`).
-    private : bool
-        Under differential privacy (set by the DP wrapper, :mod:`strategies.dp`): no bound
-        compares one client's reply with another's, so that no client's update decides
-        another's inclusion (``max-update-ratio``, the median rule of
-        ``max-examples-ratio`` and ``max-weight-share`` are off; clipping bounds every
-        update and every update counts 1), and no update norm joins the history.
-    """
+    """Which train replies a strategy uses: its keyword arguments of the same names
+    (:class:`strategies.base.FedsysStrategy`), ``method`` its name in refusals, ``required``
+    the reply metrics it cannot work without (metric -> the keyword naming it, why it needs
+    it), ``tell`` logs once per key, ``arrays_key`` is Flower's ``arrayrecord_key``.
+    ``private``: under differential privacy (set by the DP wrapper, :mod:`strategies.dp`) no
+    bound compares one client's reply with another's, so that no client's update decides
+    another's inclusion (``max-update-ratio``, the median rule of ``max-examples-ratio`` and
+    ``max-weight-share`` are off; clipping bounds every update and every update counts 1),
+    and no update norm joins the history."""
 
     method: str
     weighted_by_key: str
@@ -117,29 +94,19 @@ class ReplyPolicy:
 
 @dataclass(frozen=True)
 class RoundView:
-    """What one exchange's replies are judged against.
+    """What one exchange's replies are judged against."""
 
-    Attributes
-    ----------
-    sent : Mapping[str, Message]
-        Message id -> instruction, as accepted by the SuperLink.
-    expected : Mapping[int, int]
-        Node id -> the key it was sampled under (its partition-id, or its node id).
-    payloads : Mapping[int, Params]
-        Node id -> the model it was sent (what its update must match).
-    reported : Mapping[int, int]
-        Node id -> the partition-id it reported first, before this exchange.
-    declared : Mapping[int, int]
-        Node id -> its partition's declared size (its answer to the query).
-    earlier : tuple of float
-        The update norms accepted in the last :data:`EARLIER` rounds or hops.
-    """
-
+    #: message id -> instruction, as accepted by the SuperLink
     sent: Mapping[str, Message]
+    #: node id -> the key it was sampled under (its partition-id, or its node id)
     expected: Mapping[int, int]
+    #: node id -> the model it was sent (what its update must match)
     payloads: Mapping[int, Params]
+    #: node id -> the partition-id it reported first, before this exchange
     reported: Mapping[int, int] = field(default_factory=dict)
+    #: node id -> its partition's declared size (its answer to the query)
     declared: Mapping[int, int] = field(default_factory=dict)
+    #: the update norms accepted in the last :data:`EARLIER` rounds or hops
     earlier: tuple[float, ...] = ()
 
     @classmethod
@@ -163,19 +130,6 @@ class Decoded:
 
 
 @dataclass(frozen=True)
-class Bounded:
-    """The bounds step's outcome (step 4)."""
-
-    updates: list[ClientUpdate]
-    refused: list[Rejection]
-    #: node -> (its claimed weight, the weight it counts as), for the claims cut
-    #: (``max_weight_share``)
-    cut: dict[int, tuple[int, int]] = field(default_factory=dict)
-    #: the update norms the run's history keeps (:func:`fedsys.validation.history_norms`)
-    norms: list[float] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
 class Verdict:
     """One exchange's replies, judged: the updates the strategy uses (by partition), the
     refusals (one list, in the order of the steps, the nodes that did not answer last),
@@ -196,8 +150,6 @@ class Verdict:
     #: how many updates the share cap weighed (the bounds step's usable ones)
     capped_over: int = 0
 
-
-# ------------------------------------------------------------------ 1. decode
 
 def decode(reply: Message, rnd: RoundView, policy: ReplyPolicy) -> Decoded | Rejection:
     """Step 1: the reply's records, or why they cannot be read (see the module docstring)."""
@@ -249,8 +201,6 @@ def decode(reply: Message, rnd: RoundView, policy: ReplyPolicy) -> Decoded | Rej
     return Decoded(node, pid, instr, params, models, metrics)
 
 
-# ------------------------------------------------------------------ 2. identity
-
 def identify(d: Decoded, reported: Mapping[int, int]) -> int | Rejection:
     """Step 2: the partition the reply is keyed by, or why its claim is refused
     (``reported``: node -> its first report, this exchange's earlier replies included)."""
@@ -269,8 +219,6 @@ def identify(d: Decoded, reported: Mapping[int, int]) -> int | Rejection:
                          f"which node {holder} reported")
     return int(claim)
 
-
-# ------------------------------------------------------------------ 3. shape and values
 
 def reference_of(d: Decoded, rnd: RoundView, arrays_key: str) -> Params | None:
     """The model the reply's update must match: what its node was sent (the
@@ -344,12 +292,11 @@ def judge_reply(reply: Message, rnd: RoundView, policy: ReplyPolicy,
     return screen_reply(u, seen, policy), (pid if proto.PARTITION_ID in u.metrics else None)
 
 
-# ------------------------------------------------------------------ 4. bounds
-
-def bound(updates: list[ClientUpdate], rnd: RoundView, policy: ReplyPolicy) -> Bounded:
+def bound(updates: list[ClientUpdate], rnd: RoundView, policy: ReplyPolicy) -> Verdict:
     """Step 4: the round's usable updates against each other and the run's earlier ones
-    (see the module docstring); under :attr:`ReplyPolicy.private`, only a node's declared
-    partition size bounds its claim."""
+    (see the module docstring): the updates kept, the refusals, the norms for the history
+    (:func:`fedsys.validation.history_norms`) and the claims cut; under
+    :attr:`ReplyPolicy.private`, only a node's declared partition size bounds a claim."""
     claims = {u.node_id: float(u.num_examples) for u in updates}
     heavy = validation.weight_refusals(claims, rnd.declared,
                                        0.0 if policy.private else policy.max_examples_ratio)
@@ -357,7 +304,7 @@ def bound(updates: list[ClientUpdate], rnd: RoundView, policy: ReplyPolicy) -> B
                if u.node_id in heavy]
     ok = [u for u in updates if u.node_id not in heavy]
     if policy.private:
-        return Bounded(ok, refused)
+        return Verdict(ok, refused)
     norms = {u.node_id: distance(u.params, ref) for u in ok
              if (ref := rnd.payloads.get(u.node_id)) is not None}
     far = validation.norm_refusals(norms, rnd.earlier, policy.max_update_ratio)
@@ -369,7 +316,7 @@ def bound(updates: list[ClientUpdate], rnd: RoundView, policy: ReplyPolicy) -> B
                                    policy.max_weight_share)
     cuts = {u.node_id: (u.num_examples, math.floor(cut[u.node_id])) for u in ok if u.node_id in cut}
     ok = [replace(u, num_examples=cuts[u.node_id][1]) if u.node_id in cuts else u for u in ok]
-    return Bounded(ok, refused, cuts, keep)
+    return Verdict(ok, refused, norms=keep, cut=cuts)
 
 
 # ------------------------------------------------------------------ the walk
@@ -391,7 +338,6 @@ def judge(replies: Iterable[Message], rnd: RoundView, policy: ReplyPolicy,
         seen.add(res.node_id)
     b = bound(ok, rnd, policy)
     refused += b.refused
-    over = len(b.updates)
     ok = sorted(b.updates, key=lambda u: u.partition_id)
     if screen is not None:
         ok, more = screen(ok, rnd.payloads)
@@ -399,43 +345,38 @@ def judge(replies: Iterable[Message], rnd: RoundView, policy: ReplyPolicy,
     refused += [Rejection(node, rnd.expected.get(node, -1), "no reply before round-timeout")
                 for node in validation.missing_nodes(rnd.sent, replies)]
     learnt = {n: p for n, p in reported.items() if n not in rnd.reported}
-    return Verdict(ok, refused, replies, rnd.sent, learnt, b.norms, b.cut, over)
+    return Verdict(ok, refused, replies, rnd.sent, learnt, b.norms, b.cut, len(b.updates))
 
 
 def tell(verdict: Verdict, policy: ReplyPolicy, label: str) -> None:
     """Log a verdict: what the method is told once (arrays the clients keep, a metric the
     replies lack, a share cap no weighting holds), each cut claim and each refusal."""
-    kept = next((u.local for u in verdict.updates if u.local), ())
-    if kept:
-        policy.tell("local-arrays", INFO, "[%s] train replies leave out arrays %s%s (kept "
-                    "on the clients, as in Flower's FedBN how-to): the server keeps the "
-                    "values it sent for them", label, list(kept[:5]), " ..." if len(kept) > 5 else "")
+    if kept := next((u.local for u in verdict.updates if u.local), ()):
+        policy.tell("local-arrays", INFO, "[%s] train replies leave out arrays %s%s (kept on the "
+                    "clients, as in Flower's FedBN how-to): the server keeps the values it sent "
+                    "for them", label, list(kept[:5]), " ..." if len(kept) > 5 else "")
     reasons = {rj.reason for rj in verdict.refused}
     for key, (keyword, why) in policy.required.items():
         if policy.needs(key) in reasons:
             policy.tell(f"needs-{key}", ERROR, "[%s] %s needs the metric '%s' in every train "
                         "reply (%s; keyword %s=%r names it); replies without it are refused",
                         label, policy.method, key, why, keyword, key)
-    w = policy.weighted_by_key
-    if lacks(w) in reasons:
-        policy.tell(f"needs-{w}", ERROR, "[%s] train replies lack the metric '%s' that "
-                    "updates are weighted by (keyword weighted_by_key=%r names it); "
-                    "replies without it are refused", label, w, w)
-    n = verdict.capped_over
-    if verdict.cut and policy.max_weight_share * n < 1:
+    if lacks(w := policy.weighted_by_key) in reasons:
+        policy.tell(f"needs-{w}", ERROR, "[%s] train replies lack the metric '%s' that updates "
+                    "are weighted by (keyword weighted_by_key=%r names it); replies without it "
+                    "are refused", label, w, w)
+    if verdict.cut and policy.max_weight_share * (n := verdict.capped_over) < 1:
         policy.tell("share-below-1/n", WARNING, "[%s] max-weight-share %g is below 1/%d: no "
                     "weighting of a round of %d replies holds it; such a round counts every "
                     "reply as its smallest claim (equal weights, the closest there is)", label,
                     policy.max_weight_share, n, n)
-    for u in verdict.updates:
-        if u.node_id in verdict.cut:
-            claimed, counted = verdict.cut[u.node_id]
-            log(WARNING, "[%s] client %d (node %d) claims num-examples %d, more than "
-                "max-weight-share %g of the round's weighted mean: counted as %d",
-                label, u.partition_id, u.node_id, claimed, policy.max_weight_share, counted)
+    for u in (u for u in verdict.updates if u.node_id in verdict.cut):
+        log(WARNING, "[%s] client %d (node %d) claims num-examples %d, more than max-weight-share"
+            " %g of the round's weighted mean: counted as %d", label, u.partition_id, u.node_id,
+            verdict.cut[u.node_id][0], policy.max_weight_share, verdict.cut[u.node_id][1])
     for rj in verdict.refused:
-        log(WARNING, "[%s] rejected reply of client %d (node %d): %s",
-            label, rj.partition_id, rj.node_id, rj.reason)
+        log(WARNING, "[%s] rejected reply of client %d (node %d): %s", label, rj.partition_id,
+            rj.node_id, rj.reason)
 
 
 def why_refused(rejections: Iterable[Rejection]) -> str:
@@ -451,6 +392,6 @@ def why_refused(rejections: Iterable[Rejection]) -> str:
     return text + (f"; {len(top) - 3} other reasons" if len(top) > 3 else "")
 
 
-__all__ = ["EARLIER", "Bounded", "Decoded", "ReplyPolicy", "RoundView", "Screen", "Tell", "Verdict",
+__all__ = ["EARLIER", "Decoded", "ReplyPolicy", "RoundView", "Screen", "Tell", "Verdict",
            "bound", "check_values", "decode", "identify", "judge", "judge_reply", "reference_of",
            "screen_reply", "tell", "why_refused"]
