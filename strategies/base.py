@@ -14,8 +14,9 @@ its options, its wrappers (:mod:`strategies.wrapper`: IMA), which nodes a round 
 the learning-rate schedule, the hooks a method overrides (:meth:`~FedsysStrategy.aggregate`;
 :meth:`~FedsysStrategy.payload_for` for a model per node; ``run_round`` for another loop, a
 chain's hops), the schedule's checks and the state (:meth:`~FedsysStrategy.state_dict`).
-How rounds run is :class:`strategies.rounds.RoundEngine`'s: Flower's template ``start``,
-its message API and the loop, on the parts in modules of their own: the nodes
+How rounds run is :class:`strategies.rounds.RoundEngine`'s (Flower's message API, a
+round, a hop) and :class:`strategies.loop.RoundLoop`'s (Flower's template ``start``), on
+the parts in modules of their own: the nodes
 (:mod:`strategies.nodes`: partition-ids a node reports, one QUERY per node only with
 ``query_partitions=True``), one exchange of messages with its resends and traffic
 (:mod:`strategies.exchange`) and which replies are usable (the reply pipeline,
@@ -33,7 +34,9 @@ from logging import INFO, WARNING
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
-from flwr.app import ConfigRecord
+from flwr.app import ArrayRecord, ConfigRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 
 from fedsys import protocol as proto
@@ -41,7 +44,7 @@ from fedsys.options import ConfigError, parse_group, suggest
 from fedsys.params import Params, copy
 from strategies.client_metrics import MetricsAggrFn
 from strategies.exchange import TRAFFIC_KEYS
-from strategies.loop import EvaluateFn
+from strategies.loop import EvaluateFn, RoundLoop
 from strategies.nodes import EVAL_TAG, SAMPLE_TAG, NodeDirectory, NodesUnavailableError
 from strategies.replies import ReplyPolicy, why_refused
 from strategies.rounds import RoundEngine
@@ -146,7 +149,6 @@ class FedsysStrategy(RoundEngine):
         The method's own options (the fields of :attr:`Options`).
     """
 
-    name: ClassVar[str] = "base"
     default_trainer: ClassVar[str] = "sgd"
     #: The method's options (a frozen dataclass of :func:`fedsys.options.option` fields).
     Options: ClassVar[type] = NoOptions
@@ -185,7 +187,6 @@ class FedsysStrategy(RoundEngine):
         evaluate_metrics_aggr_fn: MetricsAggrFn | None = None,
         **options: Any,
     ) -> None:
-        self._told: set[str] = set()
         for kw, name in (("arrayrecord_key", arrayrecord_key), ("configrecord_key", configrecord_key)):
             if not str(name) or str(name).startswith(proto.MODEL_PREFIX):
                 raise ConfigError(f"{type(self).__name__}: {kw}={name!r}: a record name, not empty "
@@ -201,8 +202,6 @@ class FedsysStrategy(RoundEngine):
         self.min_available_nodes = int(min_available_nodes)
         self.seed = int(seed)
         self.node_wait_timeout = float(node_wait_timeout)
-        self.lr_decay = float(lr_decay)
-        self.trainer = self.default_trainer if trainer == "auto" else trainer
         self.num_partitions = num_partitions
         self.query_partitions = bool(query_partitions)
         self.max_examples_ratio = float(max_examples_ratio)
@@ -223,11 +222,10 @@ class FedsysStrategy(RoundEngine):
             clients_per_round=clients_per_round, fraction_evaluate=fraction_evaluate,
             min_evaluate_nodes=min_evaluate_nodes, transport_retries=transport_retries,
             arrayrecord_key=arrayrecord_key, configrecord_key=configrecord_key,
+            trainer=self.default_trainer if trainer == "auto" else trainer, lr_decay=lr_decay,
             train_metrics_aggr_fn=train_metrics_aggr_fn,
             evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn, **keys)
         self.workdir: Path | None = None
-        #: The name a run gives this strategy (its results directory), used in the logs.
-        self.run_label = ""
 
     # ------------------------------------------------------------------ options
 
@@ -281,25 +279,7 @@ class FedsysStrategy(RoundEngine):
         registered strategies by name, for composites)."""
         return cls(**cls.config_kwargs(cfg))
 
-    @property
-    def label(self) -> str:
-        """How the logs name the strategy: the run's label for it where a run gave one
-        (``fedavg-trainer-lss``, ``ima``: :attr:`run_label`), else its name with its
-        wrappers (``fedavg+ima``)."""
-        return self.run_label or self.composition
-
-    @property
-    def composition(self) -> str:
-        """The method and its wrappers (``fedavg+ima``): what a checkpoint must match."""
-        return "+".join([self.name, *(w.name for w in self.wrappers)])
-
-    # ------------------------------------------------------------------ nodes
-
-    def tell_once(self, key: str, level: int, msg: str, *args: Any) -> None:
-        """Log ``msg`` the first time ``key`` is told in this strategy's life."""
-        if key not in self._told:
-            self._told.add(key)
-            log(level, msg, *args)
+    # ------------------------------------------------------------------ wrappers
 
     def wrap(self, wrapper: StrategyWrapper) -> Self:
         """Attach a :class:`StrategyWrapper` (after any attached before); returns ``self``."""
@@ -317,29 +297,6 @@ class FedsysStrategy(RoundEngine):
         (:meth:`WrapperChain.average`)."""
         return self.wrappers.average(server_round, models, weights)
 
-    # ------------------------------------------------------------------ config
-
-    def client_lr(self, server_round: int, lr: float) -> float:
-        """Client learning rate of ``server_round`` from the caller's ``lr``:
-        ``lr * lr_decay^(round - 1)``, then each wrapper's schedule (IMA's late decay)."""
-        current = float(lr * self.lr_decay ** (server_round - 1))
-        for w in self.wrappers:
-            current = w.client_lr(server_round, lr, self.lr_decay, current)
-        return current
-
-    def round_config(self, server_round: int, config: ConfigRecord | Mapping[str, Any]) -> dict[str, Any]:
-        """The train settings of one round: the caller's keys, unchanged, plus
-        ``server-round`` and ``trainer`` (unless the caller gives one); a caller's
-        ``lr`` follows the learning-rate schedule (``lr_decay``, wrappers)."""
-        out: dict[str, Any] = dict(config)
-        out[proto.SERVER_ROUND] = server_round
-        out.setdefault(proto.TRAINER, self.trainer)
-        for w in self.wrappers:
-            out.update(w.train_config(server_round))
-        if proto.LR in out:
-            out[proto.LR] = self.client_lr(server_round, float(out[proto.LR]))
-        return out
-
     def summary(self) -> None:
         """Log the strategy's settings."""
         per_round = (f"{self.clients_per_round}" if self.clients_per_round is not None
@@ -349,12 +306,30 @@ class FedsysStrategy(RoundEngine):
         for w in self.wrappers:
             w.summary()
 
-    def foreign_model_note(self) -> str:
-        """The method's :attr:`foreign_model`, then each wrapper's."""
-        return "; ".join([self.foreign_model, *(w.foreign_model for w in self.wrappers
-                                                 if w.foreign_model)])
-
     # ------------------------------------------------------------------ loop
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: EvaluateFn | None = None,
+    ) -> Result:
+        """Run rounds ``self.round + 1 .. num_rounds`` (resumes after a checkpoint): the
+        round loop, :class:`strategies.loop.RoundLoop`.
+
+        As Flower's :meth:`Strategy.start`: ``num_rounds`` sets the schedule (and what
+        depends on it: IMA's start round, a warmup given as a fraction), ``timeout``
+        bounds each round's wait for replies, ``train_config`` and ``evaluate_config``
+        reach the clients with their keys unchanged (see :meth:`round_config`), and
+        ``evaluate_fn(round, arrays)`` evaluates the global model centrally, also
+        before round 1.
+        """
+        return RoundLoop(self, grid, timeout, train_config, evaluate_config,
+                         evaluate_fn).run(initial_arrays, num_rounds)
 
     def prepare(self, num_rounds: int) -> None:
         """Fix the schedule's length (what depends on it: a warmup given as a fraction,
@@ -367,15 +342,6 @@ class FedsysStrategy(RoundEngine):
                  *(p for w in self.wrappers for p in w.inert_options(self, self.num_rounds))]
         if inert:
             raise ConfigError(f"[{self.label}] " + "; ".join(inert))
-
-    def schedule_keys(self) -> list[str]:
-        """The options (the method's and its wrappers') whose rounds follow the run's
-        length: unset, or given as a fraction of it (FedCDA's warmup, IMA's start)."""
-        return [*self.method_schedule_keys(), *(k for w in self.wrappers for k in w.schedule_keys())]
-
-    def method_schedule_keys(self) -> list[str]:
-        """The method's own :meth:`schedule_keys` (none here)."""
-        return []
 
     def on_start(self, num_rounds: int) -> None:
         """Called by :meth:`prepare` once the schedule's length is known (strategies

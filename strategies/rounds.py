@@ -1,7 +1,8 @@
 """The round engine under every fedsys strategy: Flower's message API
-(``configure_train``, ``aggregate_train``, ``configure_evaluate``, ``aggregate_evaluate``)
-and the template :meth:`RoundEngine.start`, the loop of rounds with its resends, a
-chain's hops, evaluation and the per-round records.
+(``configure_train``, ``aggregate_train``, ``configure_evaluate``, ``aggregate_evaluate``),
+one training round with its resends (:meth:`RoundEngine.run_round`) and a chain's hop
+(:meth:`RoundEngine.train_hop`); the loop of rounds is :class:`strategies.loop.RoundLoop`,
+which :meth:`strategies.base.FedsysStrategy.start` runs.
 
 It works on the parts a strategy is made of, each in a module of its own: the nodes and
 which a round samples (:class:`strategies.nodes.NodeDirectory`), one exchange of messages
@@ -26,7 +27,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.exception import AggregationError
-from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
 
 import strategies.client_metrics as client_metrics
@@ -38,7 +39,6 @@ from fedsys.params import Params, distance
 from fedsys.validation import ClientUpdate
 from strategies.client_metrics import MetricsAggrFn
 from strategies.exchange import Exchange, Traffic
-from strategies.loop import EvaluateFn, RoundLoop
 from strategies.nodes import EVAL_TAG, SAMPLE_TAG, NodeDirectory
 from strategies.replies import ReplyPolicy, RoundView, Verdict, why_refused
 from strategies.wrapper import WrapperChain
@@ -60,7 +60,13 @@ class RoundEngine(Strategy):
     train_metrics_aggr_fn, evaluate_metrics_aggr_fn : MetricsAggrFn, optional
         As Flower's strategies (:func:`strategies.client_metrics.client_metrics`,
         :func:`strategies.client_metrics.evaluate_mean`).
+    trainer, lr_decay
+        The client trainer each instruction names and the learning rate's decay a round
+        (:meth:`round_config`).
     """
+
+    #: The method's name: its registry key and config-key prefix, in the logs and checkpoints.
+    name: ClassVar[str] = "base"
 
     def __init__(self, *, nodes: NodeDirectory, replies: ReplyPolicy,
                  clients_per_round: int | None, fraction_evaluate: float,
@@ -68,7 +74,11 @@ class RoundEngine(Strategy):
                  weighted_by_key: str, arrayrecord_key: str = proto.ARRAYS,
                  configrecord_key: str = proto.CONFIG,
                  train_metrics_aggr_fn: MetricsAggrFn | None = None,
-                 evaluate_metrics_aggr_fn: MetricsAggrFn | None = None) -> None:
+                 evaluate_metrics_aggr_fn: MetricsAggrFn | None = None,
+                 trainer: str = "sgd", lr_decay: float = 1.0) -> None:
+        #: The name a run gives this strategy (its results directory), used in the logs.
+        self.run_label = ""
+        self._told: set[str] = set()  # what tell_once has told
         self.nodes = nodes
         self.replies = replies
         self.clients_per_round = clients_per_round
@@ -80,6 +90,8 @@ class RoundEngine(Strategy):
         self.arrayrecord_key = str(arrayrecord_key)
         self.configrecord_key = str(configrecord_key)
         self.train_metrics_aggr_fn = train_metrics_aggr_fn
+        self.trainer = trainer
+        self.lr_decay = float(lr_decay)
         self.evaluate_metrics_aggr_fn = evaluate_metrics_aggr_fn
         self.num_rounds = 0
         self.round_timeout = 3600.0
@@ -115,8 +127,21 @@ class RoundEngine(Strategy):
 
     @property
     def label(self) -> str:
-        """How the logs name the strategy."""
-        return type(self).__name__
+        """How the logs name the strategy: the run's label for it where a run gave one
+        (``fedavg-trainer-lss``, ``ima``: :attr:`run_label`), else its name with its
+        wrappers (``fedavg+ima``)."""
+        return self.run_label or self.composition
+
+    @property
+    def composition(self) -> str:
+        """The method and its wrappers (``fedavg+ima``): what a checkpoint must match."""
+        return "+".join([self.name, *(w.name for w in self.wrappers)])
+
+    def tell_once(self, key: str, level: int, msg: str, *args: Any) -> None:
+        """Log ``msg`` the first time ``key`` is told in this strategy's life."""
+        if key not in self._told:
+            self._told.add(key)
+            log(level, msg, *args)
 
     def sample(self, grid: Grid, server_round: int, k: int | None, tag: int = SAMPLE_TAG) -> dict[int, int]:
         """Pick ``k`` nodes (``{node_id: partition_id}``): :meth:`NodeDirectory.sample`
@@ -125,9 +150,26 @@ class RoundEngine(Strategy):
         return self.nodes.sample(grid, server_round, k, self.label, self.round_timeout,
                                  self.poll_interval, tag)
 
+    def client_lr(self, server_round: int, lr: float) -> float:
+        """Client learning rate of ``server_round`` from the caller's ``lr``:
+        ``lr * lr_decay^(round - 1)``, then each wrapper's schedule (IMA's late decay)."""
+        current = float(lr * self.lr_decay ** (server_round - 1))
+        for w in self.wrappers:
+            current = w.client_lr(server_round, lr, self.lr_decay, current)
+        return current
+
     def round_config(self, server_round: int, config: ConfigRecord | Mapping[str, Any]) -> dict[str, Any]:
-        """The train settings of one round from the caller's ``config``."""
-        return {**dict(config), proto.SERVER_ROUND: server_round}
+        """The train settings of one round: the caller's keys, unchanged, plus
+        ``server-round`` and ``trainer`` (unless the caller gives one); a caller's
+        ``lr`` follows the learning-rate schedule (``lr_decay``, wrappers)."""
+        out: dict[str, Any] = dict(config)
+        out[proto.SERVER_ROUND] = server_round
+        out.setdefault(proto.TRAINER, self.trainer)
+        for w in self.wrappers:
+            out.update(w.train_config(server_round))
+        if proto.LR in out:
+            out[proto.LR] = self.client_lr(server_round, float(out[proto.LR]))
+        return out
 
     def payload_for(self, node_id: int, partition_id: int, server_round: int) -> Params:
         """The model sent to one node (the global model; FedCross overrides)."""
@@ -138,20 +180,14 @@ class RoundEngine(Strategy):
         """Further named models sent to one node (anchors; none here)."""
         return {}
 
-    def prepare(self, num_rounds: int) -> None:
-        """Fix the schedule's length before the first round."""
-        self.num_rounds = int(num_rounds)
-
     def schedule_keys(self) -> list[str]:
-        """Options whose rounds follow the run's length (none here)."""
+        """The options (the method's and its wrappers') whose rounds follow the run's
+        length: unset, or given as a fraction of it (FedCDA's warmup, IMA's start)."""
+        return [*self.method_schedule_keys(), *(k for w in self.wrappers for k in w.schedule_keys())]
+
+    def method_schedule_keys(self) -> list[str]:
+        """The method's own :meth:`schedule_keys` (none here)."""
         return []
-
-    def summary(self) -> None:
-        """Log the strategy's settings (nothing here)."""
-
-    def tell_once(self, key: str, level: int, msg: str, *args: Any) -> None:
-        """Log ``msg`` (here every time; the strategy logs each key once)."""
-        log(level, msg, *args)
 
     def instruction(self, node_id: int, message_type: str, arrays: Params | ArrayRecord,
                     config: Mapping[str, Any], models: Mapping[str, Params] | None = None
@@ -225,9 +261,9 @@ class RoundEngine(Strategy):
         self.own_record = arrays
 
     def foreign_model_note(self) -> str:
-        """:attr:`foreign_model`, with what the wrappers do about one (a wrapper's own
-        ``foreign_model``)."""
-        return self.foreign_model
+        """The method's :attr:`foreign_model`, then each wrapper's."""
+        return "; ".join([self.foreign_model, *(w.foreign_model for w in self.wrappers
+                                                 if w.foreign_model)])
 
     def adopt(self, params: Params) -> None:
         """Take ``params``, a model given to ``configure_train`` that is not the
@@ -399,29 +435,6 @@ class RoundEngine(Strategy):
         ex = Exchange({node_id: partition_id}, {node_id: params},
                       [self.instruction(node_id, MessageType.TRAIN, params, cfg, models)])
         return self.validate(self.exchange(grid, ex), ex)
-
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: EvaluateFn | None = None,
-    ) -> Result:
-        """Run rounds ``self.round + 1 .. num_rounds`` (resumes after a checkpoint): the
-        round loop, :class:`strategies.loop.RoundLoop`.
-
-        As Flower's :meth:`Strategy.start`: ``num_rounds`` sets the schedule (and what
-        depends on it: IMA's start round, a warmup given as a fraction), ``timeout``
-        bounds each round's wait for replies, ``train_config`` and ``evaluate_config``
-        reach the clients with their keys unchanged (see :meth:`round_config`), and
-        ``evaluate_fn(round, arrays)`` evaluates the global model centrally, also
-        before round 1.
-        """
-        return RoundLoop(self, grid, timeout, train_config, evaluate_config,
-                         evaluate_fn).run(initial_arrays, num_rounds)
 
     def discover(self, grid: Grid) -> None:
         """Learn what the plan needs from the connected nodes before the first round
