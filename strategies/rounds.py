@@ -400,8 +400,10 @@ class RoundEngine(Strategy):
         sent = list(self.configure_train(server_round, self.model_record(), train_config, grid))
         ex = exchange_ops.as_returned(self.outgoing, sent, self.arrayrecord_key,
                                       self.nodes.known.partition_ids)
-        replies = self.exchange(grid, ex)
-        replies = self.resend_lost(grid, server_round, replies, ex)
+        replies = exchange_ops.resend_lost(  # a reply lost on the way: asked again
+            grid, ex, self.exchange(grid, ex), self.traffic, retries=self.transport_retries,
+            timeout=self.round_timeout, poll_interval=self.poll_interval, label=self.label,
+            server_round=server_round)
         _, metrics = self.aggregate_train(server_round, replies)
         return {k: float(v) for k, v in (metrics or {}).items()}  # type: ignore[arg-type]
 
@@ -410,15 +412,6 @@ class RoundEngine(Strategy):
         traffic; the replies.  ``ex`` becomes :attr:`outgoing`."""
         self.outgoing = ex
         return exchange_ops.send(grid, ex, self.traffic, self.round_timeout, self.poll_interval)
-
-    def resend_lost(self, grid: Grid, server_round: int, replies: list[Message],
-                    ex: Exchange) -> list[Message]:
-        """Ask again, up to ``transport_retries`` times, the nodes whose train reply was
-        lost on the way (:func:`strategies.exchange.resend_lost`)."""
-        return exchange_ops.resend_lost(
-            grid, ex, replies, self.traffic, retries=self.transport_retries,
-            timeout=self.round_timeout, poll_interval=self.poll_interval, label=self.label,
-            server_round=server_round)
 
     def train_hop(
         self, grid: Grid, server_round: int, node_id: int, partition_id: int, params: Params,
