@@ -135,3 +135,27 @@ def test_commands_without_data_start_without_torch():
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_no_hook_is_defined_on_two_bases_and_none_is_a_stub_the_base_overrides():
+    """Issue 66 item 1: the strategy base and the round engine under it define each method
+    once (a stub on one overridden by the other made which ran depend on the bases' order);
+    the wrappers are one object the strategy holds, not a base."""
+    import inspect
+
+    from strategies.base import FedsysStrategy
+    from strategies.rounds import RoundEngine
+    from strategies.wrapper import WrapperChain
+
+    def own(cls: type) -> set[str]:
+        return {n for n, v in vars(cls).items() if inspect.isfunction(v) or isinstance(v, property)}
+
+    assert own(RoundEngine) & own(FedsysStrategy) == {"__init__"}
+    from flwr.serverapp.strategy import Strategy
+
+    assert FedsysStrategy.__mro__[1:3] == (RoundEngine, Strategy)
+    assert isinstance(FedsysStrategy().wrappers, WrapperChain)
+    # no method of the engine is a stub that raises for a subclass to fill, but the method's own
+    stubs = [n for n in own(RoundEngine) if inspect.isfunction(f := vars(RoundEngine)[n])
+             and "raise NotImplementedError" in inspect.getsource(f)]
+    assert stubs == ["aggregate"]
