@@ -22,7 +22,7 @@ from Flower's quickstart speaks it:
   client's own (Flower's tutorial "Communicate custom Messages" sends objects that way),
   left to a strategy that overrides ``aggregate_train`` to read them; the model may leave
   out arrays its client keeps (Flower's FedBN how-to: the batch-norm layers), which then
-  hold what the node was sent (:func:`fedsys.validation.parse_train_reply`);
+  hold what the node was sent (the reply pipeline's ``check_values``, ``strategies/replies.py``);
 * an instruction's record names are a strategy's ``arrayrecord_key`` and
   ``configrecord_key`` (Flower's keywords; default ``"arrays"``, ``"config"``);
 * an **evaluate instruction / reply**: ``"arrays"`` + ``"config"``, and ``"metrics"``
@@ -34,7 +34,7 @@ from Flower's quickstart speaks it:
 
 Each message gets its own :class:`~flwr.app.RecordDict`, so per-node payloads need
 nothing special.  Beside this module: :mod:`fedsys.transport` (messages to the SuperLink
-and back), :mod:`fedsys.validation` (whether a reply is used: a
+and back), :mod:`fedsys.validation` (what a judged reply is: a
 :class:`~fedsys.validation.ClientUpdate` or a :class:`~fedsys.validation.Rejection`) and
 :mod:`fedsys.trainer_state` (a trainer's state between rounds).
 """
