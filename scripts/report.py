@@ -158,7 +158,12 @@ def load_pages(where: Path = PAGE_DIR) -> tuple[dict[str, Page], dict[str, singl
     return seeds, singles
 
 
-PAGES, RUN_PAGES = load_pages()
+try:
+    PAGES, RUN_PAGES = load_pages()
+except asdata.DataError as exc:  # a page file written wrong: one line naming it, run as a script
+    if __name__ == "__main__":
+        sys.exit(f"report: {exc}")
+    raise
 HEADS = {"final": "final", "last10": "last-10 mean"}
 
 Runs = dict[str, dict[str, dict[int, list[dict[str, Any]]]]]  # setting -> strategy -> seed -> recs

@@ -389,7 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = ap.parse_args(argv)
     os.chdir(ROOT)
-    table = experiments()
+    try:
+        table = experiments()
+    except asdata.DataError as exc:  # the matrix written wrong: one line naming the entry
+        print(f"reproduce: {exc}", file=sys.stderr)
+        return 2
     if args.list:
         for e in table:
             seeds = "one run" if e.seeds is None else "seeds " + ",".join(map(str, e.seeds))

@@ -304,3 +304,18 @@ def test_the_matrix_is_data_and_a_wrong_entry_is_named(scripts: tuple[ModuleType
     bad.write_text("just-a-group:\n  batch: lss\n  runs: []\n")
     with pytest.raises(reproduce.asdata.DataError, match="is not GROUP/SETTING"):
         reproduce.experiments(bad)
+
+
+
+def test_a_wrong_matrix_is_one_line_from_the_driver(scripts: tuple[ModuleType, ModuleType],
+                                                   tmp_path: Path, monkeypatch, capsys) -> None:
+    reproduce, _ = scripts
+    bad = tmp_path / "matrix.yaml"
+    bad.write_text("lss/x:\n  batsh: lss\n  runs: []\n")
+    read = reproduce.experiments
+    monkeypatch.setattr(reproduce, "experiments", lambda: read(bad))
+    assert reproduce.main(["--list"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("reproduce: matrix.yaml: lss/x: Experiment has no field 'batsh' (did "
+                           "you mean 'batch'?); its fields: after, archive, batch, group, pretrain, "
+                           "runs, seeds, setting"), err
