@@ -101,10 +101,10 @@ def time_case(model: str, p: int, b: int, repeats: int, tmp: Path) -> tuple[floa
         avg.aggregate(rnd, ups)
         t_avg.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        cda.aggregate(rnd, ups)
+        metrics = cda.aggregate(rnd, ups).metrics
         t_cda.append(time.perf_counter() - t0)
-        combos = int(cda.round_metrics.get("fedcda-combinations", 0))
-        used = int(cda.round_metrics.get("fedcda-batches", b))
+        combos = int(metrics.get("fedcda-combinations", 0))
+        used = int(metrics.get("fedcda-batches", b))
     return float(np.median(t_avg)), float(np.median(t_cda)), combos, used
 
 

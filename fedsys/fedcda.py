@@ -32,6 +32,7 @@ models are close.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -376,6 +377,23 @@ def adaptive_batches(participants: int, memory: int, min_batches: int, budget: i
     while b < participants and float(memory) ** max(batch_sizes(participants, b)) > budget:
         b += 1
     return b
+
+
+def search_refusal(selection: str, memory: int, budget: int, clients: int | None) -> str | None:
+    """Why FedCDA's selection cannot search (one sentence naming the keys), else ``None``:
+    ``approximate`` (Eq. 8) with a budget below one client's ``memory`` = K candidates
+    (the batch count adapts to the rest), or ``optimal`` (Eq. 6 over every client jointly)
+    over more than :data:`MAX_COMBINATIONS` = K^``clients`` combinations."""
+    if selection == "approximate" and budget < memory:
+        return (f"fedcda.search-budget={budget} is below K = fedcda.memory = {memory}: not "
+                "even one client's candidates fit")
+    n = clients or 0
+    combos = math.inf if n * math.log(max(memory, 1)) > 700 else float(memory) ** n
+    if selection == "optimal" and combos > MAX_COMBINATIONS:
+        return (f"fedcda.selection=optimal would search K^{clients} = {combos:.3g} combinations "
+                f"per batch (limit {MAX_COMBINATIONS:.3g}); lower 'num-clients' or "
+                "'fedcda.memory' ('optimal' is for small federations)")
+    return None
 
 
 def batch_sizes(participants: int, num_batches: int) -> list[int]:

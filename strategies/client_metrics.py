@@ -99,4 +99,33 @@ def client_metrics(verdict: Verdict, aggr_fn: MetricsAggrFn | None, weighted_by_
     return out, sorted(set(got) - set(out))
 
 
-__all__ = ["MetricsAggrFn", "client_means", "client_metrics", "evaluate_mean", "train_metrics", "weighted_means"]
+def add_client_metrics(record: dict[str, Any], verdict: Verdict, aggr_fn: MetricsAggrFn | None,
+                       weighted_by_key: str, train_loss_key: str, own: Iterable[str] = ()
+                       ) -> tuple[list[str], list[str]]:
+    """Put a round's client metrics (:func:`client_metrics`) into ``record``, but where one
+    shares a name with the record's own bookkeeping or with ``own``; the names left out:
+    ``(non-scalar ones aggr_fn returned, clashing ones)``.  The clients' training loss and
+    work, which the round reports from the replies, are ``aggr_fn``'s where it gives them
+    (as on Flower's strategies, whose train metrics are what that function returns)."""
+    theirs, dropped = client_metrics(verdict, aggr_fn, weighted_by_key,
+                                     (weighted_by_key, train_loss_key, proto.TRAINED_EXAMPLES))
+    taken = (set(record) | set(own)) - {train_loss_key, proto.TRAINED_EXAMPLES}
+    record.update({k: v for k, v in theirs.items() if k not in taken})
+    return dropped, sorted(k for k in theirs if k in taken)
+
+
+def evaluate_metrics(replies: list[Message], aggr_fn: MetricsAggrFn | None, weighted_by_key: str
+                     ) -> tuple[MetricRecord | None, bool]:
+    """A round's federated evaluation metrics, as Flower's strategies report them:
+    ``aggr_fn`` (Flower's ``evaluate_metrics_aggr_fn``) on the replies' contents (error
+    replies left out), else :func:`evaluate_mean`; also whether usable replies gave no
+    mean (none holds the weight)."""
+    good = [r.content for r in replies if not r.has_error() and r.has_content()]
+    if aggr_fn is not None:
+        return (aggr_fn(good, weighted_by_key) if good else None), False
+    mean = evaluate_mean(replies, weighted_by_key)
+    return (None if mean is None else proto.metric_record(mean)), mean is None and bool(good)
+
+
+__all__ = ["MetricsAggrFn", "add_client_metrics", "client_means", "client_metrics", "evaluate_mean",
+           "evaluate_metrics", "train_metrics", "weighted_means"]

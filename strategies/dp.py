@@ -140,10 +140,10 @@ class DP(StrategyWrapper):
         """The accounting's population and sample; the strategy made private: no reply
         bound compares clients, the round's sample drawn secretly (unless
         ``dp.reproducible-noise``)."""
-        self.method, self.seed = strategy.name, strategy.seed
-        self.population = int(getattr(strategy, "num_partitions", None) or 0)
+        self.method, self.seed = strategy.name, strategy.settings.seed
+        self.population = int(strategy.settings.num_partitions or 0)
         self.sample = (0 if strategy.name in (*CHAINS, *PARALLEL)
-                       else int(getattr(strategy, "clients_per_round", None) or 0))
+                       else int(strategy.settings.clients_per_round or 0))
         replies: Any = getattr(strategy, "replies", None)
         if getattr(replies, "private", None) is False:  # a ReplyPolicy (strategies.replies)
             cast(Any, strategy).replies = replace(replies, private=True)

@@ -3,9 +3,8 @@ Decentralized Data", AISTATS 2017, Algorithm 1)."""
 
 from __future__ import annotations
 
-from fedsys.params import Params
 from fedsys.validation import ClientUpdate
-from strategies.base import FedsysStrategy
+from strategies.base import Aggregate, FedsysStrategy
 
 
 class FedAvgStrategy(FedsysStrategy):
@@ -21,7 +20,7 @@ class FedAvgStrategy(FedsysStrategy):
     name = "fedavg"
     default_trainer = "sgd"
 
-    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
+    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Aggregate:
         """Alg. 1's weighted mean of the accepted updates (then the wrappers)."""
         new = self.average(server_round, [u.params for u in updates], [u.num_examples for u in updates])
-        return self.finish(server_round, {0: new})[0]
+        return Aggregate(self.finish(server_round, {0: new})[0])

@@ -10,10 +10,9 @@ from typing import Any
 import numpy as np
 
 from fedsys.options import option
-from fedsys.params import Params
 from fedsys.server_opt import momentum_step
 from fedsys.validation import ClientUpdate
-from strategies.base import FedsysStrategy
+from strategies.base import Aggregate, FedsysStrategy
 
 
 @dataclass(frozen=True)
@@ -52,14 +51,14 @@ class FedAvgMStrategy(FedsysStrategy):
         super().__init__(**kwargs)
         self.velocity: dict[str, np.ndarray] = {}
 
-    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
+    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Aggregate:
         """The weighted client mean (then the wrappers), then the server momentum step."""
         assert self.params is not None
         avg = self.average(server_round, [u.params for u in updates], [u.num_examples for u in updates])
         x = self.finish(server_round, {0: avg})[0]
         o: FedAvgMOptions = self.options
-        return momentum_step(self.params, x, self.velocity, o.server_learning_rate,
-                             o.server_momentum)
+        return Aggregate(momentum_step(self.params, x, self.velocity, o.server_learning_rate,
+                                       o.server_momentum))
 
     def state_dict(self) -> dict[str, Any]:
         """Base state plus the velocity."""

@@ -26,7 +26,7 @@ from fedsys.options import ConfigError, option
 from fedsys.params import Params, mean
 from fedsys.seeding import derive_seed
 from fedsys.validation import ClientUpdate
-from strategies.base import FedsysStrategy
+from strategies.base import Aggregate, FedsysStrategy
 
 BATCH_TAG = 0xCDA
 
@@ -121,26 +121,16 @@ class FedCDAStrategy(FedsysStrategy):
         self.batches_used = self.B  # Eq. 8 batches of the last selection round
 
     def _check_search_size(self) -> None:
-        """Refuse a search that cannot run: the budget below one client's K candidates
-        (approximate: the batch count adapts to the rest), or an exhaustive Eq. 6 over
-        more combinations than :data:`fedsys.fedcda.MAX_COMBINATIONS` (optimal)."""
-        if self.selection == "approximate" and self.options.search_budget < self.K:
-            raise ConfigError(
-                f"fedcda.search-budget={self.options.search_budget} is below K = "
-                f"fedcda.memory = {self.K}: not even one client's candidates fit")
+        """Refuse a search that cannot run (:func:`fedsys.fedcda.search_refusal`) or a
+        cache directory that is a file."""
+        why = maths.search_refusal(self.selection, self.K, self.options.search_budget,
+                                   self.settings.num_partitions)
+        if why is not None:
+            raise ConfigError(why)
         d = Path(self.options.cache_dir).expanduser() if self.options.cache_dir else None
         if d is not None and d.exists() and not d.is_dir():
             raise ConfigError(f"fedcda.cache-dir={self.options.cache_dir} exists and is not a "
                               "directory")
-        if self.selection != "optimal" or self.num_partitions is None:
-            return
-        n = self.num_partitions
-        combos = float(self.K) ** n
-        if combos > maths.MAX_COMBINATIONS:
-            raise ConfigError(
-                f"fedcda.selection=optimal would search K^{n} = {combos:.3g} combinations per "
-                f"batch (limit {maths.MAX_COMBINATIONS:.3g}); lower 'num-clients' or "
-                "'fedcda.memory' ('optimal' is for small federations)")
 
     def on_start(self, num_rounds: int) -> None:
         """A warmup given as a fraction becomes ``floor(fraction * num_rounds)`` rounds;
@@ -214,7 +204,7 @@ class FedCDAStrategy(FedsysStrategy):
 
     # ------------------------------------------------------------------ round
 
-    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
+    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Aggregate:
         """Alg. 1 lines 8-10: cache the uploads, select per client (Eq. 8 or an
         ablation), average every seen client's selection; FedAvg during the warmup."""
         cache, layout = self._ensure(updates[0].params)
@@ -228,7 +218,7 @@ class FedCDAStrategy(FedsysStrategy):
                 self.sel_sum -= cache.vector(n, self.selected[n])
         for u in updates:
             vec, ints = layout.pack(u.params)
-            loss = float(u.metrics[self.train_loss_key])
+            loss = float(u.metrics[self.settings.train_loss_key])
             cache.add(u.partition_id, server_round, vec, loss, maths.sq_norm(vec[: layout.d_obj]),
                       ints, owned=True)
         warm = server_round <= self.warmup
@@ -236,7 +226,7 @@ class FedCDAStrategy(FedsysStrategy):
         if warm or self.selection == "newest":
             chosen = {n: server_round for n in participants}
         elif self.selection == "random":
-            rng = np.random.default_rng(derive_seed(self.seed, server_round, BATCH_TAG))
+            rng = np.random.default_rng(derive_seed(self.settings.seed, server_round, BATCH_TAG))
             chosen = {n: int(rng.choice([e.round for e in cache.of(n)])) for n in participants}
         elif self.selection == "approximate":
             chosen, info = self._approximate(server_round, participants)
@@ -252,7 +242,7 @@ class FedCDAStrategy(FedsysStrategy):
         else:
             for n, r in chosen.items():
                 self.sel_sum += cache.vector(n, r)
-        self._log_round(server_round, participants, warm, info, time.perf_counter() - t0)
+        metrics = self._round_metrics(server_round, participants, warm, info, time.perf_counter() - t0)
         if warm and self.options.warmup_mode == "fedavg":
             new = self.average(server_round, [u.params for u in updates],
                                [u.num_examples for u in updates])
@@ -260,7 +250,7 @@ class FedCDAStrategy(FedsysStrategy):
             new = self.average(server_round, self.selected_models())
         else:
             new = self.global_model()
-        return self.finish(server_round, {0: new})[0]
+        return Aggregate(self.finish(server_round, {0: new})[0], metrics)
 
     def _fixed_sums(self, clients: list[int]) -> tuple[float, float]:
         assert self.cache is not None
@@ -276,7 +266,7 @@ class FedCDAStrategy(FedsysStrategy):
         fixed = [n for n in self.selected if n not in pset]
         vec_sum = self.sel_sum[: layout.d_obj]  # a view: participants already taken out
         sq_sum, loss_sum = self._fixed_sums(fixed)
-        rng = np.random.default_rng(derive_seed(self.seed, server_round, BATCH_TAG))
+        rng = np.random.default_rng(derive_seed(self.settings.seed, server_round, BATCH_TAG))
         chosen: dict[int, int] = {}
         combos = 0
         value = float("nan")
@@ -350,8 +340,8 @@ class FedCDAStrategy(FedsysStrategy):
         ints = mean(picked) if self.layout.int_keys else {}
         return self.layout.unpack(self.sel_sum / m, ints, self.order)
 
-    def _log_round(self, server_round: int, participants: list[int], warm: bool,
-                   info: dict[str, float], seconds: float) -> None:
+    def _round_metrics(self, server_round: int, participants: list[int], warm: bool,
+                       info: dict[str, float], seconds: float) -> dict[str, float]:
         cache, layout = self.cache, self.layout
         assert cache is not None and layout is not None and self.sel_sum is not None
         sel = sorted(self.selected.items())
@@ -359,7 +349,7 @@ class FedCDAStrategy(FedsysStrategy):
         sq_sum = sum(cache.entry(n, r).sq for n, r in sel)
         loss, div = maths.objective_terms(loss_sum, sq_sum, self.sel_sum[: layout.d_obj], len(sel), self.L)
         stale = sum(1 for n in participants if self.selected[n] != server_round)
-        self.round_metrics = {
+        return {
             "fedcda-warmup": float(warm),
             "fedcda-objective": loss + div,
             "fedcda-loss-term": loss,

@@ -24,7 +24,7 @@ from fedsys.options import ConfigError, option
 from fedsys.params import Params, copy, mean
 from fedsys.seeding import derive_seed
 from fedsys.validation import ClientUpdate
-from strategies.base import SAMPLE_TAG, FedsysStrategy
+from strategies.base import SAMPLE_TAG, Aggregate, FedsysStrategy
 
 ASSIGN_TAG = 0xC055
 
@@ -118,8 +118,8 @@ class FedCrossStrategy(FedsysStrategy):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if self.clients_per_round is not None:
-            self._set_k(self.clients_per_round)
+        if self.settings.clients_per_round is not None:
+            self._set_k(self.settings.clients_per_round)
         else:
             self.K = 0
         self.slots: list[Params] = []
@@ -185,7 +185,7 @@ class FedCrossStrategy(FedsysStrategy):
             if not self.K:
                 self._set_k(len(chosen))
             self._ensure_slots()
-            rng = np.random.default_rng(derive_seed(self.seed, server_round, ASSIGN_TAG))
+            rng = np.random.default_rng(derive_seed(self.settings.seed, server_round, ASSIGN_TAG))
             perm = rng.permutation(self.K)
             nodes = sorted(chosen, key=lambda n: chosen[n])
             self.assignment = {n: int(perm[j]) for j, n in enumerate(nodes)}
@@ -241,14 +241,14 @@ class FedCrossStrategy(FedsysStrategy):
         collab = maths.select_collaborators(sim, self.options.selection, server_round)
         return maths.cross_matrix(collab, self.alpha(server_round))
 
-    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
+    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Aggregate:
         """Alg. 1 lines 7-13 over the accepted uploads; returns the mean of the K slots."""
         t0 = time.perf_counter()
         by_slot = {self.assignment[u.node_id]: u.params for u in updates
                    if u.node_id in self.assignment}
         ok = sorted(by_slot)
         if not ok:
-            return None
+            return Aggregate(None)
         # Z: the models now in each slot's place (uploads, or the waiting slot models)
         rows = [by_slot.get(i, self.slots[i]) for i in range(self.K)]
         sim, g = maths.similarity(rows, self.options.similarity)
@@ -272,7 +272,7 @@ class FedCrossStrategy(FedsysStrategy):
             weights[np.ix_(ok, ok)] = a
             glob = maths.cross_aggregate(self.slots, by_slot, a)
             self.last_updated_slots = ok
-        self._metrics(phase, a, sub, g, weights, ok, time.perf_counter() - t0)
+        metrics = self._metrics(phase, a, sub, g, weights, ok, time.perf_counter() - t0)
         if self.wrappers:
             done = self.finish(server_round, {i: self.slots[i] for i in self.last_updated_slots})
             replaced = [i for i, m in done.items() if m is not self.slots[i]]
@@ -282,10 +282,10 @@ class FedCrossStrategy(FedsysStrategy):
                 glob = mean(self.slots)
         if self.wrappers.replaces_mean:  # a robust rule over the K slots as every wrapper left them
             glob = self.average(server_round, self.slots)
-        return glob
+        return Aggregate(glob, metrics)
 
     def _metrics(self, phase: str, a: maths.F64, sub: maths.F64, g: maths.Gram,
-                 new: maths.F64, ok: list[int], seconds: float) -> None:
+                 new: maths.F64, ok: list[int], seconds: float) -> dict[str, float]:
         """Round metrics: phase, own weight, uploads, similarities and spreads.
 
         ``fedcross-mean-sim``: mean similarity between the uploads;
@@ -309,7 +309,7 @@ class FedCrossStrategy(FedsysStrategy):
             m["fedcross-mean-sim"] = float(sub[off].mean())
             m["fedcross-collab-sim"] = float(sub[peers].mean()) if peers.any() else float("nan")
             m["fedcross-upload-spread"] = float(np.mean(maths.spread(g.shifted, np.eye(self.K)[ok])))
-        self.round_metrics.update({k: v for k, v in m.items() if np.isfinite(v)})
+        return {k: v for k, v in m.items() if np.isfinite(v)}
 
     # ------------------------------------------------------------------ state
 

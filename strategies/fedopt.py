@@ -9,10 +9,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from fedsys.options import option
-from fedsys.params import Params
 from fedsys.server_opt import OptConfig, step
 from fedsys.validation import ClientUpdate
-from strategies.base import FedsysStrategy
+from strategies.base import Aggregate, FedsysStrategy
 
 
 @dataclass(frozen=True)
@@ -68,14 +67,14 @@ class FedOptStrategy(FedsysStrategy):
         self.m: dict[str, np.ndarray] = {}
         self.v: dict[str, np.ndarray] = {}
 
-    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
+    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Aggregate:
         """Alg. 2: the weighted client mean (through the wrappers), then the server step."""
         assert self.params is not None
         avg = self.average(server_round, [u.params for u in updates], [u.num_examples for u in updates])
         x = self.finish(server_round, {0: avg})[0]
         # the bias correction's exponent is Flower's FedAdam's, server_round + 1 (legacy
         # and Message API): with it on, the same replies give Flower's model
-        return step(self.kind, self.params, x, self.m, self.v, server_round + 1, self.opt)
+        return Aggregate(step(self.kind, self.params, x, self.m, self.v, server_round + 1, self.opt))
 
     def state_dict(self) -> dict[str, Any]:
         """Base state plus the moments (the step is the round: nothing else to keep)."""

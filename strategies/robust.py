@@ -87,8 +87,8 @@ def most_models(strategy: Wrapped) -> int | None:
     """The most models the replaced mean of ``strategy`` can see in one round, where the
     configuration fixes it: ``clients-per-round`` for :data:`PER_ROUND` methods, else the
     number of partitions (``None``: not known before the run)."""
-    per_round = getattr(strategy, "clients_per_round", None) if strategy.name in PER_ROUND else None
-    most = per_round or getattr(strategy, "num_partitions", None)
+    per_round = strategy.settings.clients_per_round if strategy.name in PER_ROUND else None
+    most = per_round or strategy.settings.num_partitions
     return int(most) if most else None
 
 

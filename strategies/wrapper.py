@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Protocol, cast
 
 from fedsys.params import Params, mean
 from fedsys.validation import ClientUpdate, Rejection
+from strategies.settings import RoundSettings
 
 
 class Wrapped(Protocol):
@@ -30,8 +31,8 @@ class Wrapped(Protocol):
         ...
 
     @property
-    def seed(self) -> int:
-        """The run's seed."""
+    def settings(self) -> RoundSettings:
+        """The strategy's settings (its seed, its clients per round, its partitions)."""
         ...
 
 
@@ -185,6 +186,22 @@ class WrapperChain:
             updates, more = w.screen(updates, references)
             refused += more
         return updates, refused
+
+    def train_config(self, server_round: int) -> dict[str, Any]:
+        """The keys every wrapper adds to the train instructions of ``server_round``."""
+        return {k: v for w in self.items for k, v in w.train_config(server_round).items()}
+
+    def client_lr(self, server_round: int, lr: float, lr_decay: float) -> float:
+        """The client learning rate of ``server_round`` from the caller's ``lr``:
+        ``lr * lr_decay^(round - 1)``, then each wrapper's schedule (IMA's late decay)."""
+        current = float(lr * lr_decay ** (server_round - 1))
+        for w in self.items:
+            current = w.client_lr(server_round, lr, lr_decay, current)
+        return current
+
+    def schedule_keys(self) -> list[str]:
+        """Every wrapper's :meth:`StrategyWrapper.schedule_keys`."""
+        return [k for w in self.items for k in w.schedule_keys()]
 
     def metrics(self) -> dict[str, float]:
         """Every wrapper's round metrics, in the order they were attached."""

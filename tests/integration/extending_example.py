@@ -15,10 +15,10 @@ import numpy as np
 from clients import TRAINERS
 from clients.base import Trainer, TrainJob, TrainResult, sgd_loop
 from fedsys.options import option
-from fedsys.params import Params, is_float, mean
+from fedsys.params import is_float, mean
 from fedsys.validation import ClientUpdate
 from strategies import REGISTRY
-from strategies.base import FedsysStrategy
+from strategies.base import Aggregate, FedsysStrategy
 
 
 @dataclass(frozen=True)
@@ -35,15 +35,15 @@ class DampedAvg(FedsysStrategy):
     default_trainer = "counting"
     Options = DampedOptions
 
-    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Params | None:
+    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Aggregate:
         assert self.params is not None
         avg = mean([u.params for u in updates], [u.num_examples for u in updates])
         k = self.options.keep
         new = {n: (k * self.params[n] + (1 - k) * v).astype(v.dtype) if is_float(v) else v
                for n, v in avg.items()}
-        self.round_metrics["rounds-seen-min"] = min(u.metrics["rounds-seen"] for u in updates)
-        self.round_metrics["rounds-seen-max"] = max(u.metrics["rounds-seen"] for u in updates)
-        return self.finish(server_round, {0: new})[0]
+        seen = [u.metrics["rounds-seen"] for u in updates]  # the round's own numbers
+        return Aggregate(self.finish(server_round, {0: new})[0],
+                         {"rounds-seen-min": min(seen), "rounds-seen-max": max(seen)})
 
 
 @dataclass(frozen=True)

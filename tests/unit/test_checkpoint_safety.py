@@ -205,7 +205,7 @@ def test_a_real_checkpoint_reads_back_bit_for_bit_and_resumes_exactly(tmp_path, 
     for rnd in range(1, 9):
         full.aggregate(rnd, updates(rnd))
         if rnd <= 5:
-            part.params = part.aggregate(rnd, updates(rnd))
+            part.params = part.aggregate(rnd, updates(rnd)).model
             part.round = rnd
         if rnd == 4:
             payload = {"round": rnd, "strategy": part.state_dict(), "config": cfg.to_dict(),

@@ -45,6 +45,7 @@ from strategies.dp import DP, NOISE_TAG
 from strategies.fedavg import FedAvgStrategy
 from strategies.ima import IMA
 from strategies.robust import Robust
+from strategies.settings import RoundSettings
 from strategies.wrapper import StrategyWrapper
 from tests.conftest import ReplyGrid
 from tests.unit.test_base_strategy import NODES, configured, model
@@ -190,8 +191,8 @@ def test_the_noise_std_added_is_the_one_accounted() -> None:
     weights through the wrapper (4 clients asked, all accepted)."""
     z, c, m = 0.5, 2.0, 4
     w = DP(noise_multiplier=z, clipping_norm=c)
-    w.on_start(SimpleNamespace(name="fedavg", seed=0, num_partitions=100, clients_per_round=m),
-               10)
+    w.on_start(SimpleNamespace(name="fedavg", settings=RoundSettings(
+        seed=0, num_partitions=100, clients_per_round=m)), 10)
     ref = {"w": np.zeros(200_000, np.float32)}
     ups = [ClientUpdate(n, n, ref, 10) for n in range(m)]
     ok, bad = w.screen(ups, dict.fromkeys(range(m), ref))
@@ -378,7 +379,7 @@ def test_an_update_without_its_reference_fails_closed(reply_grid, caplog) -> Non
     assert metrics is not None and metrics["clients-ok"] == 2 and metrics["clients-rejected"] == 1
     assert "dp refuses it (fails closed)" in caplog.text
     w = DP()
-    w.on_start(SimpleNamespace(name="fedavg", seed=0), 2)
+    w.on_start(SimpleNamespace(name="fedavg", settings=RoundSettings(seed=0)), 2)
     ok, bad = w.screen([ClientUpdate(7, 1, model(3.0), 10)], {})
     assert ok == [] and len(bad) == 1 and "fails closed" in bad[0].reason
 

@@ -7,6 +7,7 @@ Divergence-Aware Aggregation", ICLR 2024; ``../shared/specs/fedcda.md`` §2.4 an
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -331,24 +332,24 @@ def test_warmup_equals_fedavg_exactly() -> None:
     cda, avg = FedCDAStrategy.from_config(c), FedAvgStrategy.from_config(c)
     for r in range(1, 4):
         ups = [upd(p, RNG.normal(size=4), ex=int(RNG.integers(5, 50))) for p in (0, 2, 4)]
-        a, b = cda.aggregate(r, ups), avg.aggregate(r, ups)
+        (a, metrics), b = cda.aggregate(r, ups), avg.aggregate(r, ups).model
         assert a is not None and b is not None
         for k in a:
             assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k])
-        assert cda.round_metrics["fedcda-warmup"] == 1.0
+        assert metrics["fedcda-warmup"] == 1.0
 
 
 def test_global_is_uniform_mean_of_seen_clients_and_unseen_are_left_out() -> None:
     s = FedCDAStrategy.from_config(cfg(**{"fedcda.selection": "newest"}))
-    g = s.aggregate(1, [upd(0, 1.0, ex=1), upd(1, 2.0, ex=100), upd(3, 6.0, ex=1)])
+    g = s.aggregate(1, [upd(0, 1.0, ex=1), upd(1, 2.0, ex=100), upd(3, 6.0, ex=1)]).model
     assert g is not None
     np.testing.assert_allclose(g["w"], 3.0)  # uniform, not example-weighted; 2, 4, 5 unseen
-    g = s.aggregate(2, [upd(0, 4.0), upd(5, 8.0, n=9)])
+    g, metrics = s.aggregate(2, [upd(0, 4.0), upd(5, 8.0, n=9)])
     assert g is not None
     np.testing.assert_allclose(g["w"], (4 + 2 + 6 + 8) / 4)  # 1 and 3 keep their models
     assert g["count"] == 9 and g["count"].dtype == np.int64  # integer buffers: max
-    assert s.round_metrics["fedcda-clients-in-mean"] == 4
-    assert s.round_metrics["fedcda-fresh-fraction"] == 2 / 4  # 0 and 5 trained in round 2
+    assert metrics["fedcda-clients-in-mean"] == 4
+    assert metrics["fedcda-fresh-fraction"] == 2 / 4  # 0 and 5 trained in round 2
 
 
 def test_rejected_participant_keeps_previous_selection() -> None:
@@ -361,37 +362,42 @@ def test_rejected_participant_keeps_previous_selection() -> None:
     assert [e.round for e in s.cache.of(1)] == [1]  # no partial model cached
 
 
-def make_known_case() -> tuple[FedCDAStrategy, FedCDAStrategy]:
-    """Client 0's newest model drifted far away; its round-1 model sits with the others."""
+def make_known_case() -> list[tuple[FedCDAStrategy, Mapping[str, float]]]:
+    """Client 0's newest model drifted far away; its round-1 model sits with the others:
+    the strategies (approximate, newest) and their round-2 metrics."""
     out = []
     for sel in ("approximate", "newest"):
         s = FedCDAStrategy.from_config(cfg(**{"fedcda.selection": sel}))
         s.aggregate(1, [upd(0, 1.0), upd(1, 1.1), upd(2, 0.9)])
-        s.aggregate(2, [upd(0, 50.0)])
-        out.append(s)
-    return out[0], out[1]
+        out.append((s, s.aggregate(2, [upd(0, 50.0)]).metrics))
+    return out
 
 
 def test_approximate_picks_the_known_answer_and_newest_does_not() -> None:
-    approx, newest = make_known_case()
+    (approx, am), (newest, nm) = make_known_case()
     assert approx.selected[0] == 1 and newest.selected[0] == 2
-    assert approx.round_metrics["fedcda-earlier-models"] == 1
-    assert newest.round_metrics["fedcda-earlier-models"] == 0
-    assert approx.round_metrics["fedcda-objective"] < newest.round_metrics["fedcda-objective"]
+    assert am["fedcda-earlier-models"] == 1
+    assert nm["fedcda-earlier-models"] == 0
+    assert am["fedcda-objective"] < nm["fedcda-objective"]
     np.testing.assert_allclose(approx.global_model()["w"], 1.0, rtol=1e-6)
 
 
-def random_fill(s: FedCDAStrategy, rounds: int, clients: list[int], d: int = 6, seed: int = 0) -> None:
+def random_fill(s: FedCDAStrategy, rounds: int, clients: list[int], d: int = 6, seed: int = 0
+                ) -> Mapping[str, float]:
+    """``rounds`` rounds of random updates; the last round's metrics."""
     rng = np.random.default_rng(seed)
+    metrics: Mapping[str, float] = {}
     for r in range(1, rounds + 1):
         part = sorted(rng.choice(clients, size=min(3, len(clients)), replace=False).tolist())
-        s.aggregate(r, [upd(p, rng.normal(size=4) * 3, loss=float(rng.uniform())) for p in part])
+        metrics = s.aggregate(r, [upd(p, rng.normal(size=4) * 3, loss=float(rng.uniform()))
+                                  for p in part]).metrics
+    return metrics
 
 
 def test_optimal_equals_brute_force_over_all_caches() -> None:
     s = FedCDAStrategy.from_config(cfg(**{"fedcda.selection": "optimal", "fedcda.warmup": 4,
                               "num-clients": 4, "fedcda.smoothness": 0.5}))
-    random_fill(s, 6, [0, 1, 2, 3])
+    metrics = random_fill(s, 6, [0, 1, 2, 3])
     cache = s.cache
     clients = cache.clients()
     cands = [[np.asarray(cache.vector(n, e.round), np.float64) for e in cache.of(n)] for n in clients]
@@ -400,7 +406,7 @@ def test_optimal_equals_brute_force_over_all_caches() -> None:
     assert {n: cache.of(n)[k].round for n, k in zip(clients, choice, strict=True)} == s.selected
     np.testing.assert_allclose(s.global_model()["w"],
                                np.mean([cands[i][k] for i, k in enumerate(choice)], axis=0), rtol=1e-6)
-    assert s.round_metrics["fedcda-objective"] == pytest.approx(best, rel=1e-9)
+    assert metrics["fedcda-objective"] == pytest.approx(best, rel=1e-9)
 
 
 def test_greedy_with_one_client_per_batch_equals_per_client_greedy() -> None:
@@ -435,9 +441,9 @@ def test_approximate_batches_exclude_later_batches() -> None:
     s = FedCDAStrategy.from_config(cfg(**{"fedcda.batches": 2, "fedcda.warmup": 1}))
     s.aggregate(1, [upd(0, 0.0), upd(1, 0.0), upd(2, 0.0)])
     before = s.global_model()
-    s.aggregate(2, [upd(0, 0.1), upd(1, 0.2), upd(2, 0.3)])
+    metrics = s.aggregate(2, [upd(0, 0.1), upd(1, 0.2), upd(2, 0.3)]).metrics
     assert set(s.selected.values()) <= {1, 2}
-    assert s.round_metrics["fedcda-combinations"] == 2 * 2 + 2  # batches of sizes (2, 1)
+    assert metrics["fedcda-combinations"] == 2 * 2 + 2  # batches of sizes (2, 1)
     assert before is not None
 
 
@@ -453,7 +459,7 @@ def test_random_and_newest_modes() -> None:
 def test_warmup_newest_all_mode_averages_seen_clients_uniformly() -> None:
     s = FedCDAStrategy.from_config(cfg(**{"fedcda.warmup": 5, "fedcda.warmup-mode": "newest-all"}))
     s.aggregate(1, [upd(0, 1.0, ex=1), upd(1, 3.0, ex=9)])
-    g = s.aggregate(2, [upd(0, 5.0)])
+    g = s.aggregate(2, [upd(0, 5.0)]).model
     assert g is not None
     np.testing.assert_allclose(g["w"], 4.0)
 
@@ -504,6 +510,18 @@ def test_impossible_search_sizes_are_config_errors() -> None:
         FedCDAStrategy.from_config(cfg(**{"fedcda.search-budget": 2}))
 
 
+def test_search_refusal_at_its_edges() -> None:
+    """Eq. 8's budget must hold one client's K candidates; Eq. 6 over N clients jointly
+    searches K^N combinations, refused above MAX_COMBINATIONS (3^17 = 1.29e8 fits, 3^18 =
+    3.87e8 does not); a federation of unknown size is not refused."""
+    assert m.search_refusal("approximate", 3, 3, 10) is None
+    assert "search-budget=2 is below K" in str(m.search_refusal("approximate", 3, 2, 10))
+    assert m.search_refusal("optimal", 3, 1, 17) is None
+    assert "K^18" in str(m.search_refusal("optimal", 3, 4096, 18))
+    assert m.search_refusal("optimal", 3, 4096, None) is None
+    assert m.search_refusal("newest", 3, 1, 10**6) is None
+
+
 @pytest.mark.parametrize("p", [50, 100])
 def test_many_clients_per_round_raise_the_batch_count_and_say_so(p: int, caplog) -> None:
     n = 2 * p
@@ -513,11 +531,12 @@ def test_many_clients_per_round_raise_the_batch_count_and_say_so(p: int, caplog)
     with caplog.at_level("INFO"):
         for r in range(1, 5):  # every client holds K = 3 models after round 3... then a search
             pids = range(n) if r < 4 else sorted(rng.choice(n, size=p, replace=False))
-            assert s.aggregate(r, [upd(int(c), rng.normal(size=4), loss=float(rng.random()))
-                                   for c in pids]) is not None
+            new, metrics = s.aggregate(r, [upd(int(c), rng.normal(size=4), loss=float(rng.random()))
+                                           for c in pids])
+            assert new is not None
     want = m.adaptive_batches(p, 3, 1, 4096)
-    assert s.round_metrics["fedcda-batches"] == want
-    assert s.round_metrics["fedcda-combinations"] <= want * 4096
+    assert metrics["fedcda-batches"] == want
+    assert metrics["fedcda-combinations"] <= want * 4096
     assert f"{p} participants, K=3: {want} Eq. 8 batches" in caplog.text
 
 

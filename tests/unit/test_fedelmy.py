@@ -4,6 +4,7 @@ retries, skips and traffic with mock replies in Flower's style (``reply_grid``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from typing import Any
@@ -317,7 +318,7 @@ class Chain:
 
 def _run(strategy: Any, grid: Any) -> Any:
     strategy.poll_interval = 0.0
-    strategy.fraction_evaluate = 0.0
+    strategy.settings = dataclasses.replace(strategy.settings, fraction_evaluate=0.0)
     records: list[dict[str, Any]] = []
     strategy.hooks.append(lambda s, r: records.append(r))
     res = strategy.start(grid, protocol.to_record(_model(0.0)), timeout=2.0,

@@ -6,6 +6,7 @@ of the run as the paper's 50 of 200; IMA averages from t_s = 0.75 T; FedCross mi
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -47,7 +48,7 @@ def _grid(reply_grid: Any) -> Any:
 
 def _run(strategy: Any, grid: Any) -> list[dict[str, Any]]:
     strategy.poll_interval = 0.0
-    strategy.fraction_evaluate = 0.0
+    strategy.settings = dataclasses.replace(strategy.settings, fraction_evaluate=0.0)
     records: list[dict[str, Any]] = []
     strategy.hooks.append(lambda s, r: records.append(r))
     model = {"w": np.zeros((2, 3), np.float32)}

@@ -138,24 +138,43 @@ def test_commands_without_data_start_without_torch():
 
 
 def test_no_hook_is_defined_on_two_bases_and_none_is_a_stub_the_base_overrides():
-    """Issue 66 item 1: the strategy base and the round engine under it define each method
-    once (a stub on one overridden by the other made which ran depend on the bases' order);
+    """Issue 66 item 1: the three levels of a strategy (the method's hooks, Flower's API over
+    them, the strategy built from its keywords) define each method once (a stub on one
+    overridden by another made which ran depend on the bases' order); one line of bases;
     the wrappers are one object the strategy holds, not a base."""
     import inspect
+    from itertools import combinations
+
+    from flwr.serverapp.strategy import Strategy
 
     from strategies.base import FedsysStrategy
+    from strategies.hooks import MethodHooks
     from strategies.rounds import RoundEngine
     from strategies.wrapper import WrapperChain
 
     def own(cls: type) -> set[str]:
         return {n for n, v in vars(cls).items() if inspect.isfunction(v) or isinstance(v, property)}
 
-    assert own(RoundEngine) & own(FedsysStrategy) == {"__init__"}
-    from flwr.serverapp.strategy import Strategy
-
-    assert FedsysStrategy.__mro__[1:3] == (RoundEngine, Strategy)
+    levels = (MethodHooks, RoundEngine, FedsysStrategy)
+    assert {(a.__name__, b.__name__): own(a) & own(b) for a, b in combinations(levels, 2)} == {
+        ("MethodHooks", "RoundEngine"): set(), ("RoundEngine", "FedsysStrategy"): set(),
+        ("MethodHooks", "FedsysStrategy"): {"__init__"}}
+    assert FedsysStrategy.__mro__[1:4] == (RoundEngine, MethodHooks, Strategy)
     assert isinstance(FedsysStrategy().wrappers, WrapperChain)
-    # no method of the engine is a stub that raises for a subclass to fill, but the method's own
-    stubs = [n for n in own(RoundEngine) if inspect.isfunction(f := vars(RoundEngine)[n])
+    # no method of the levels is a stub that raises for a subclass to fill, but the method's own
+    stubs = [n for c in levels for n in own(c) if inspect.isfunction(f := vars(c)[n])
              and "raise NotImplementedError" in inspect.getsource(f)]
     assert stubs == ["aggregate"]
+
+
+def test_strategy_files_stay_readable() -> None:
+    """Issue 66 item 1: the strategy base reads at one sitting, no file of strategies/ is over
+    400 lines, and a method's round numbers come back with its aggregate (no attribute
+    written inside aggregate for the round to pick up)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "strategies"
+    sizes = {p.name: len(p.read_text().splitlines()) for p in root.glob("*.py")}
+    assert sizes["base.py"] <= 160, sizes["base.py"]
+    assert {n: k for n, k in sizes.items() if k > 400} == {}
+    assert not [p.name for p in root.glob("*.py") if "self.round_metrics" in p.read_text()]

@@ -1,0 +1,62 @@
+"""The global model: what a round sends (:class:`GlobalModel`) and what a method makes of
+a round (:class:`Aggregate`).
+
+Flower's round semantics: the model a round sends is the
+``arrays`` given to ``configure_train``.  :class:`GlobalModel` tells the strategy's own
+model (the record it last made of it, or equal values) from a model the caller changed
+between rounds (server-side fine-tuning, a restored checkpoint), which the strategy then
+adopts as its :attr:`~strategies.rounds.RoundEngine.foreign_model` line says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import NamedTuple
+
+import numpy as np
+from flwr.app import ArrayRecord
+
+from fedsys import protocol as proto
+from fedsys.params import Params
+
+
+@dataclass
+class GlobalModel:
+    """A strategy's global model and the record last made of it."""
+
+    params: Params | None = None
+    #: The record last made of :attr:`params` (:meth:`record`): a model given to
+    #: ``configure_train`` that is this object is the strategy's own.
+    own: ArrayRecord | None = None
+
+    def record(self) -> ArrayRecord:
+        """:attr:`params` as the record the round loop hands to ``configure_train``
+        (remembered: that record is the strategy's own model)."""
+        assert self.params is not None
+        self.own = proto.to_record(self.params)
+        return self.own
+
+    def foreign(self, arrays: ArrayRecord) -> Params | None:
+        """The model in ``arrays`` where it is not this one, else ``None`` (the record
+        last made, or equal values); the first model given becomes this one."""
+        if arrays is self.own and self.params is not None:
+            return None
+        given = proto.from_record(arrays)
+        if self.params is None:
+            self.params = given
+            return None
+        if given.keys() == self.params.keys() and all(
+                np.array_equal(given[k], self.params[k]) for k in given):
+            return None
+        return given
+
+
+class Aggregate(NamedTuple):
+    """What a method's ``aggregate`` returns, as Flower's ``aggregate_train`` does: the
+    new global model (``None``: unchanged) and the method's own numbers of the round
+    (reported in the round's record)."""
+
+    model: Params | None
+    metrics: Mapping[str, float] = MappingProxyType({})
