@@ -1,0 +1,60 @@
+"""A strategy's settings: Flower's keywords and fedsys's, one value declared and documented
+once (``strategies.settings.RoundSettings``), read as Flower's strategies read them and fixed
+once the strategy is built (issue 66 item 1)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+
+from strategies import REGISTRY
+from strategies.base import FedsysStrategy
+from strategies.settings import RoundSettings
+
+
+def test_every_setting_is_documented_once_on_the_settings() -> None:
+    doc = inspect.getdoc(RoundSettings) or ""
+    params = doc.split("Parameters")[1]
+    for name in RoundSettings.names():
+        assert name in params, name
+    # the strategy's own docs point there, not a second copy of the list
+    base_doc = inspect.getdoc(FedsysStrategy) or ""
+    assert "RoundSettings" in base_doc
+    assert not [n for n in RoundSettings.names() if f"{n} :" in base_doc]
+
+
+def test_a_strategy_takes_the_settings_and_its_options_and_nothing_else() -> None:
+    s = REGISTRY["fedcda"](fraction_train=0.5, min_available_nodes=3, seed="7", memory=4)
+    assert s.settings == RoundSettings(fraction_train=0.5, min_available_nodes=3, seed=7)
+    assert s.options.memory == 4
+    with pytest.raises(TypeError, match="unexpected keyword argument 'fraction_trian'.*fraction_train"):
+        REGISTRY["fedavg"](fraction_trian=0.5)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'memroy'.*memory"):
+        REGISTRY["fedcda"](memroy=4)
+
+
+def test_settings_read_as_flowers_attributes_and_are_fixed_once_built() -> None:
+    s = REGISTRY["fedavg"](fraction_train=0.25, fraction_evaluate=0.0, min_train_nodes=3)
+    assert (s.fraction_train, s.fraction_evaluate, s.min_train_nodes) == (0.25, 0.0, 3)
+    assert s.weighted_by_key == "num-examples" and s.arrayrecord_key == "arrays"
+    # an assignment would change the attribute and not the parts built from it: refused
+    with pytest.raises(AttributeError, match="fraction_train is one of the strategy's settings"):
+        s.fraction_train = 0.5
+    assert s.settings.fraction_train == 0.25
+    with pytest.raises(AttributeError, match="no attribute 'fraction_trian'"):
+        _ = s.fraction_trian
+    # the parts were built from the same value
+    assert s.nodes.fraction_train == 0.25 and s.nodes.min_train_nodes == 3
+    assert s.replies.weighted_by_key == s.settings.weighted_by_key
+    # a new value is a new settings object, as the tests' own loops do
+    s.settings = dataclasses.replace(s.settings, fraction_evaluate=0.5)
+    assert s.fraction_evaluate == 0.5
+
+
+def test_fraction_zero_skips_training_and_samples_none() -> None:
+    s = REGISTRY["fedavg"](fraction_train=0.0)
+    assert s.settings.skips_training and s.settings.min_train == 0 and s.nodes.min_train_nodes == 0
+    fixed = REGISTRY["fedavg"](fraction_train=0.0, clients_per_round=2)
+    assert not fixed.settings.skips_training and fixed.settings.min_train == 2
