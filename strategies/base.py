@@ -43,7 +43,7 @@ from strategies.model import Aggregate
 from strategies.nodes import EVAL_TAG, SAMPLE_TAG, NodesUnavailableError
 from strategies.replies import why_refused
 from strategies.rounds import RoundEngine
-from strategies.settings import RoundSettings, config_kwargs, method_options
+from strategies.settings import RoundSettings, config_kwargs, keywords, method_options
 from strategies.state import engine_state, load_engine_state
 from strategies.wrapper import StrategyWrapper
 
@@ -81,6 +81,10 @@ class FedsysStrategy(RoundEngine):
                 "(no train message is sent), as on Flower's strategies", self.name)
         super().__init__(settings, settings.node_directory(self.tell_once),
                          settings.reply_policy(self.name, self.required_metrics, self.tell_once))
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        cls.__signature__ = keywords(cls)  # type: ignore[attr-defined]  # help() lists them
 
     # ------------------------------------------------------------------ options
 

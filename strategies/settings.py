@@ -198,6 +198,19 @@ def method_options(cls: Any, values: Mapping[str, Any]) -> Any:
     return parse_group(cls.Options, cls.prefix(), values)
 
 
+def keywords(cls: Any) -> inspect.Signature:
+    """The signature a strategy class is called with, for ``help()`` and
+    :func:`inspect.signature`: its keywords of its own (Flower's ``eta_l``), the settings and
+    its options, each with its default."""
+    own = [p for n, p in inspect.signature(cls.__init__).parameters.items()
+           if n != "self" and p.kind is inspect.Parameter.KEYWORD_ONLY]
+    options = dataclasses.fields(cls.Options) if dataclasses.is_dataclass(cls.Options) else ()
+    fields = [*dataclasses.fields(RoundSettings), *options]
+    return inspect.Signature([*own, *(inspect.Parameter(
+        f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+        for f in fields if f.name not in {p.name for p in own})])
+
+
 def config_kwargs(cfg: RunConfig, options: type, prefix: str) -> dict[str, Any]:
     """A strategy's keyword arguments from a fedsys run config: the settings it gives
     (:func:`config_settings`) and the method's options (the fields of ``options`` under

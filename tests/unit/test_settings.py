@@ -29,9 +29,9 @@ def test_a_strategy_takes_the_settings_and_its_options_and_nothing_else() -> Non
     s = REGISTRY["fedcda"](fraction_train=0.5, min_available_nodes=3, seed="7", memory=4)
     assert s.settings == RoundSettings(fraction_train=0.5, min_available_nodes=3, seed=7)
     assert s.options.memory == 4
-    with pytest.raises(TypeError, match="unexpected keyword argument 'fraction_trian'.*fraction_train"):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'fraction_trian'.*fraction_train"):
         REGISTRY["fedavg"](fraction_trian=0.5)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'memroy'.*memory"):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'memroy'.*memory"):
         REGISTRY["fedcda"](memroy=4)
 
 
@@ -58,3 +58,15 @@ def test_fraction_zero_skips_training_and_samples_none() -> None:
     assert s.settings.skips_training and s.settings.min_train == 0 and s.nodes.min_train_nodes == 0
     fixed = REGISTRY["fedavg"](fraction_train=0.0, clients_per_round=2)
     assert not fixed.settings.skips_training and fixed.settings.min_train == 2
+
+
+def test_help_lists_every_keyword_with_its_default() -> None:
+    """``help(FedCDAStrategy)`` / ``inspect.signature`` show what the class takes, as a
+    Flower strategy's signature does: its own keywords, the settings, its options."""
+    params = inspect.signature(REGISTRY["fedcda"]).parameters
+    assert params["fraction_train"].default == 1.0 and params["memory"].default == 3
+    assert params["evaluate_metrics_aggr_fn"].default is None
+    assert list(params)[: len(RoundSettings.names())] == RoundSettings.names()
+    adam = inspect.signature(REGISTRY["fedadam"]).parameters
+    assert "eta_l" in adam and adam["bias_correction"].default is False
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
