@@ -132,7 +132,7 @@ class RoundSettings:
         for f in dataclasses.fields(self):  # Flower's strategies take 1 for 1.0, "5" for 5
             value, kind = getattr(self, f.name), _KINDS.get(f.name)
             if kind is not None and value is not None:
-                object.__setattr__(self, f.name, kind(value))
+                object.__setattr__(self, f.name, _as(f.name, kind, value))
         for kw in ("arrayrecord_key", "configrecord_key"):
             name = getattr(self, kw)
             if not name or name.startswith(proto.MODEL_PREFIX):
@@ -177,6 +177,20 @@ class RoundSettings:
                            self.max_examples_ratio, self.max_update_ratio, self.max_weight_share,
                            {keys[kw]: (kw, why) for kw, why in required.items()}, tell,
                            arrays_key=self.arrayrecord_key)
+
+
+def _as(name: str, kind: Callable[[Any], Any], value: Any) -> Any:
+    """``value`` as a ``kind`` (1 for 1.0, "5" for 5), or a ConfigError naming the keyword:
+    no silent truncation (2.5 nodes), no string read as a flag ("false" is not False)."""
+    try:
+        out = kind(value)
+    except (TypeError, ValueError):
+        out = None
+    exact = (kind is not bool or value in (0, 1)) and (kind is not int or out == value
+                                                      or isinstance(value, str))
+    if out is None or not exact:
+        raise ConfigError(f"{name}={value!r}: not a value of type {kind.__name__}")
+    return out
 
 
 _KINDS: dict[str, Callable[[Any], Any]] = {

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 
+import numpy as np
 import pytest
 
 from strategies import REGISTRY
@@ -70,3 +72,24 @@ def test_help_lists_every_keyword_with_its_default() -> None:
     adam = inspect.signature(REGISTRY["fedadam"]).parameters
     assert "eta_l" in adam and adam["bias_correction"].default is False
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
+
+
+@pytest.mark.parametrize(("kw", "why"), [
+    ({"fraction_train": "abc"}, "fraction_train='abc': not a value of type float"),
+    ({"query_partitions": "false"}, "query_partitions='false': not a value of type bool"),
+    ({"min_train_nodes": 2.5}, "min_train_nodes=2.5: not a value of type int"),
+    ({"arrayrecord_key": "model.x"}, "arrayrecord_key='model.x': a record name"),
+])
+def test_a_wrong_value_is_a_config_error_naming_the_class_and_keyword(kw, why) -> None:
+    from fedsys.options import ConfigError
+
+    with pytest.raises(ConfigError, match=f"^FedAvgStrategy: {re.escape(why)}"):
+        REGISTRY["fedavg"](**kw)
+
+
+def test_values_of_another_type_that_mean_the_same_are_taken() -> None:
+    s = REGISTRY["fedavg"](fraction_train=1, min_train_nodes="3", seed=np.int64(7),
+                           min_evaluate_nodes=2.0, query_partitions=1)
+    assert s.settings.fraction_train == 1.0 and isinstance(s.settings.fraction_train, float)
+    assert (s.settings.min_train_nodes, s.settings.seed, s.settings.min_evaluate_nodes) == (3, 7, 2)
+    assert s.settings.query_partitions is True
