@@ -150,7 +150,12 @@ class RoundEngine(MethodHooks):
                 "Strategy.start does)")
         verdict = self.validate(replies)
         updates, rejected = verdict.updates, verdict.refused
-        result = self.aggregate(server_round, updates) if updates else Aggregate(None)
+        result: Any = self.aggregate(server_round, updates) if updates else Aggregate(None)
+        if not isinstance(result, Aggregate):  # a model, as aggregate returned before Aggregate
+            self.tell_once("bare-model", WARNING, "[%s] aggregate returned %s, not "
+                           "strategies.base.Aggregate(model, metrics): taken as the round's "
+                           "model", self.label, type(result).__name__)
+            result = Aggregate(*result) if isinstance(result, tuple) else Aggregate(result)
         own, new = dict(result.metrics), result.model
         if new is None:
             if not (self.settings.skips_training and not replies):

@@ -93,3 +93,34 @@ def test_values_of_another_type_that_mean_the_same_are_taken() -> None:
     assert s.settings.fraction_train == 1.0 and isinstance(s.settings.fraction_train, float)
     assert (s.settings.min_train_nodes, s.settings.seed, s.settings.min_evaluate_nodes) == (3, 7, 2)
     assert s.settings.query_partitions is True
+
+
+def test_a_method_written_before_aggregate_returned_an_aggregate_still_runs(caplog) -> None:
+    """A plug-in method whose ``aggregate`` returns the model itself (as the docs taught
+    before ``Aggregate``) or Flower's ``(model, metrics)`` pair is taken so, said once."""
+    from fedsys import protocol
+    from fedsys.validation import ClientUpdate
+    from strategies.fedavg import FedAvgStrategy
+    from strategies.model import Aggregate
+    from strategies.replies import Verdict
+
+    class Old(FedAvgStrategy):
+        def aggregate(self, server_round, updates):  # type: ignore[override]
+            return super().aggregate(server_round, updates).model
+
+    class Pair(FedAvgStrategy):
+        def aggregate(self, server_round, updates):  # type: ignore[override]
+            return super().aggregate(server_round, updates).model, {"mine": 1.0}
+
+    ups = [ClientUpdate(n, n, {"w": np.full(2, float(n), np.float32)}, 10) for n in (1, 3)]
+    for cls, mine in ((Old, None), (Pair, 1.0)):
+        s = cls()
+        s.params = {"w": np.zeros(2, np.float32)}
+        s.validate = lambda replies, ex=None: Verdict(updates=ups)  # type: ignore[method-assign]
+        with caplog.at_level("WARNING"):
+            arrays, metrics = s.aggregate_train(1, [])
+            s.aggregate_train(2, [])
+        assert arrays is not None and np.allclose(protocol.from_record(arrays)["w"], 2.0)
+        assert (metrics or {}).get("mine") == mine
+    assert caplog.text.count("not strategies.base.Aggregate") == 2  # once per strategy
+    assert isinstance(FedAvgStrategy().aggregate(1, ups), Aggregate)
