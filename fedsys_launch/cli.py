@@ -13,7 +13,7 @@ from typing import Any
 
 from fedsys import config as cfgmod
 from fedsys import metrics
-from fedsys_launch import registry
+from fedsys_launch import registry, stopping
 from fedsys_launch.results import load_runs, table
 from fedsys_launch.runlock import holding
 
@@ -394,14 +394,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where Ctrl-C raises :class:`KeyboardInterrupt` (the same stop)."""
-
-
-def _terminated(signum: int, frame: object) -> None:
-    raise Terminated
-
-
 def stopped(terminated: bool, cmd: str) -> int:
     """Say what a stop of command ``cmd`` leaves and how to go on; the exit status of
     Ctrl-C (130) or SIGTERM (143)."""
@@ -431,9 +423,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # ignored from the parent: a shell without job control starts 'cmd &' so, as does a
         # pytest-xdist worker, and Python then never raises KeyboardInterrupt
         # (tests/integration/test_interrupt.py)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         # 'kill', 'timeout', 'docker stop' and batch schedulers send SIGTERM: the same stop
-        signal.signal(signal.SIGTERM, _terminated)
+        # (raised where it lands, and again after the round it lands in)
+        stopping.install()
     args = parser().parse_args(argv)
     from fedsys.data import DataError
     from fedsys.metrics import MetricsFileError
@@ -445,10 +437,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         rc = 2
     except KeyboardInterrupt as exc:
-        rc = stopped(isinstance(exc, Terminated), args.cmd)
+        rc = stopped(isinstance(exc, stopping.Terminated), args.cmd)
     except SystemExit as exc:
         # Ray's own SIGTERM handler, set by ray.init in the simulation, ends the process with
-        # sys.exit(SIGTERM) instead of :func:`_terminated`
+        # sys.exit(SIGTERM) instead of :func:`fedsys_launch.stopping.on_signal`
         if exc.code != signal.SIGTERM:
             raise
         rc = stopped(True, args.cmd)

@@ -47,7 +47,7 @@ from fedsys.task import (
     pick_device,
     test_sets,
 )
-from fedsys_launch import lifecycle, tracking
+from fedsys_launch import lifecycle, stopping, tracking
 from fedsys_launch.lifecycle import kept_checkpoint
 from fedsys_launch.registry import from_run_config, make_strategy, train_config
 from fedsys_launch.runlock import FLWR_RENAME, holding
@@ -170,6 +170,8 @@ class RoundRecorder:
         else:
             log(INFO, "[%s] round 0 | acc %.4f | loss %.4f", self.tag,
                 record.get("accuracy", float("nan")), record.get("loss", float("nan")))
+        # a stop whose exception a finaliser swallowed stops here, its round recorded
+        stopping.raise_if_stopped()
 
     def save_models(self, strategy: FedsysStrategy, rnd: int) -> None:
         """Keep this round's global (and client) models for ``fedsys landscape``."""
