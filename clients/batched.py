@@ -27,6 +27,7 @@ holds them within 1e-5.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -227,21 +228,28 @@ def train_together(net: nn.Module, starts: Sequence[State], jobs: Sequence[Train
     feeds = [batches(len(jobs[i].y), cfg.batch_size, cfg.epochs, jobs[i].config.seed)
              for i in order]
     shared = all(j.normalise == jobs[0].normalise for j in jobs)
+    # one normalisation: every client's samples in one pool, a step's batches read from it
+    # by one index (a padded place reads the pool's first sample, masked out of the loss)
+    pool = _Pool([jobs[i] for i in order]) if shared else None
     for t in range(max(steps, default=0)):
         live = sum(1 for i in order if steps[i] > t)
-        picked = []
+        picked, idxs = [], []
         for r in range(live):
             epoch, idx = next(feeds[r])
             if epoch != last_epoch[r]:
                 last_epoch[r], loss_n[r] = epoch, 0
                 loss_sum[r] = 0.0
-            job = jobs[order[r]]
-            picked.append((job.x[idx] if shared else job.normalise(job.x[idx]), job.y[idx]))
+            if pool is None:
+                job = jobs[order[r]]
+                picked.append((job.normalise(job.x[idx]), job.y[idx]))
+            idxs.append(idx)
             loss_n[r] += len(idx)
             seen[r] += len(idx)
-        xs, ys, keep = _padded(picked)
-        if shared:  # one call for the step's every sample (the clients' own function)
+        if pool is not None:  # one call for the step's every sample (the clients' own function)
+            xs, ys, keep = pool.batch(idxs)
             xs = jobs[0].normalise(xs.flatten(0, 1)).unflatten(0, xs.shape[:2])
+        else:
+            xs, ys, keep = _padded(picked)
         keep = keep.to(xs.dtype)
         sizes = keep.sum(1).to(device, torch.float64)
         view = {n: w[:live] for n, w in weights.items()}
@@ -262,6 +270,29 @@ def train_together(net: nn.Module, starts: Sequence[State], jobs: Sequence[Train
                                  metrics={TRAINED_EXAMPLES: float(seen[r])})
         out[i] = (result, state)
     return out
+
+
+class _Pool:
+    """The samples of a round's clients in one tensor, row ``r``'s from ``starts[r]`` on."""
+
+    def __init__(self, jobs: Sequence[TrainJob]) -> None:
+        import torch
+
+        self.x = torch.cat([j.x for j in jobs])
+        self.y = torch.cat([j.y for j in jobs])
+        self.starts = [0, *itertools.accumulate(len(j.y) for j in jobs[:-1])]
+
+    def batch(self, idxs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The step's batches (row ``r``: the indices ``idxs[r]`` of its client's samples),
+        padded to the longest, and the mask of real samples (1) among them."""
+        import torch
+        from torch.nn.utils.rnn import pad_sequence
+
+        where = pad_sequence([i + s for i, s in zip(idxs, self.starts, strict=False)],
+                             batch_first=True)
+        lengths = torch.tensor([len(i) for i in idxs])
+        keep = (torch.arange(where.shape[1]) < lengths[:, None]).to(torch.float32)
+        return self.x[where], self.y[where], keep
 
 
 def _padded(picked: list[tuple[torch.Tensor, torch.Tensor]]

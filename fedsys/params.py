@@ -187,7 +187,13 @@ def flatten(params: Params) -> NDArray[np.float64]:
 
 def distance(a: Params, b: Params) -> float:
     """L2 distance between two models over their floating-point entries (:func:`flatten`)."""
-    return float(np.linalg.norm(flatten(a) - flatten(b)))
+    return distance_to(a, flatten(b))
+
+
+def distance_to(a: Params, flat_b: NDArray[np.float64]) -> float:
+    """:func:`distance` from ``a`` to the model whose :func:`flatten` is ``flat_b`` (a model
+    many are measured against, flattened once)."""
+    return float(np.linalg.norm(flatten(a) - flat_b))
 
 
 def unflatten(vec: NDArray[np.floating], like: Params) -> Params:

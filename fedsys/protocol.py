@@ -53,6 +53,7 @@ from flwr.app import (
     MetricRecord,
     RecordDict,
 )
+from flwr.common.constant import SType
 
 from fedsys.options import Scalar
 from fedsys.params import Params
@@ -100,16 +101,109 @@ EVAL_ACC = "eval-acc"
 SUPERLINK_NODE_ID = 1
 
 
+# ---------------------------------------------------------------- reading a message's records
+
+def array_records(content: RecordDict) -> dict[str, ArrayRecord]:
+    """``content.array_records`` to read: the ArrayRecords by name, in order.  Flower's
+    property builds a dictionary that writes every record back into ``content`` (checked
+    twice) at each reading: a message read a few times a round paid most of its reading
+    time there."""
+    return {k: r for k, r in content.items() if isinstance(r, ArrayRecord)}
+
+
+def metric_records(content: RecordDict) -> dict[str, MetricRecord]:
+    """``content.metric_records`` to read (see :func:`array_records`)."""
+    return {k: r for k, r in content.items() if isinstance(r, MetricRecord)}
+
+
+def config_records(content: RecordDict) -> dict[str, ConfigRecord]:
+    """``content.config_records`` to read (see :func:`array_records`)."""
+    return {k: r for k, r in content.items() if isinstance(r, ConfigRecord)}
+
+
 # ---------------------------------------------------------------- arrays
 
+#: Numeric kinds whose ``.npy`` form is a header and the raw bytes (no object, no
+#: structured dtype): the ones :func:`to_array` / :func:`from_array` take the short way for.
+_PLAIN_KINDS = frozenset("biufc")
+#: The ``.npy`` header ``numpy.save`` writes for a C-ordered array of each
+#: ``(dtype.str, shape)`` this process has written: learnt from ``numpy.save`` itself.
+_WRITTEN: dict[tuple[str, tuple[int, ...]], bytes] = {}
+#: Each ``.npy`` header ``numpy.load`` has read in this process (version 1.0, C order, a
+#: plain dtype), with its dtype, shape and the data's size: learnt from ``numpy.load`` itself.
+_READ: dict[bytes, tuple[np.dtype, tuple[int, ...], int]] = {}
+_HEADERS_KEPT = 1024  #: a cache that grows past this is emptied (shapes a run sends are few)
+
+
+def to_array(x: np.ndarray) -> Array:
+    """``x`` as a Flower :class:`~flwr.app.Array` (C order), equal field for field and byte
+    for byte to ``Array(x)``: the data is the ``numpy.save`` file.  Its header is written
+    by ``numpy.save`` once per dtype and shape and kept, so a model's arrays cost one copy
+    each (``Array(x)`` formats the header again for every array: most of the time of a
+    small model's message)."""
+    x = np.require(x, requirements="C")
+    if x.dtype.kind not in _PLAIN_KINDS or x.dtype.fields is not None:
+        return Array(x)
+    key = (x.dtype.str, x.shape)
+    header = _WRITTEN.get(key)
+    if header is None:
+        data = Array(x).data
+        header = data[: len(data) - x.nbytes]
+        if len(_WRITTEN) >= _HEADERS_KEPT:
+            _WRITTEN.clear()
+        _WRITTEN[key] = header
+    return Array(dtype=str(x.dtype), shape=tuple(x.shape), stype=SType.NUMPY,
+                 data=header + x.tobytes())
+
+
+def from_array(array: Array) -> np.ndarray:
+    """``array.numpy()``, the same array (dtype, shape, values, a writable copy) and the same
+    error for every input.  A header ``numpy.load`` has read before (plain dtype, C order,
+    no byte after the data) is not parsed again: the values are copied out of the data
+    directly; any other input goes to ``numpy.load`` (through ``array.numpy()``)."""
+    data = array.data
+    if array.stype == SType.NUMPY and data[:8] == b"\x93NUMPY\x01\x00" and len(data) >= 10:
+        end = 10 + int.from_bytes(data[8:10], "little")
+        hit = _READ.get(data[:end])
+        if hit is not None and len(data) == end + hit[2]:
+            dtype, shape, _ = hit
+            return np.frombuffer(data, dtype, offset=end).reshape(shape).copy()
+    out = array.numpy()
+    _learn(data, out)
+    return out
+
+
+def _learn(data: bytes, out: np.ndarray) -> None:
+    """Keep the header of ``data``, which ``numpy.load`` read as ``out``, where
+    :func:`from_array` can read the like of it directly."""
+    import io
+
+    fp = io.BytesIO(data)
+    if np.lib.format.read_magic(fp) != (1, 0):
+        return
+    shape, fortran, dtype = np.lib.format.read_array_header_1_0(fp)
+    end = fp.tell()
+    if (fortran or dtype.kind not in _PLAIN_KINDS or dtype.fields is not None
+            or dtype.subdtype is not None or len(data) != end + out.nbytes
+            or out.dtype != dtype or out.shape != shape):
+        return
+    if len(_READ) >= _HEADERS_KEPT:
+        _READ.clear()
+    _READ[data[:end]] = (dtype, shape, out.nbytes)
+
+
 def to_record(params: Params) -> ArrayRecord:
-    """Wrap :data:`Params` as an :class:`ArrayRecord` (order kept)."""
-    return ArrayRecord({k: Array(np.require(v, requirements="C")) for k, v in params.items()})
+    """Wrap :data:`Params` as an :class:`ArrayRecord` (order kept; each array
+    :func:`to_array`)."""
+    record = ArrayRecord()
+    for k, v in params.items():  # ArrayRecord(array_dict=...) would build every Array twice
+        record[k] = to_array(v)
+    return record
 
 
 def from_record(record: ArrayRecord) -> Params:
-    """Read an :class:`ArrayRecord` back into :data:`Params`."""
-    return {k: record[k].numpy() for k in record.keys()}
+    """Read an :class:`ArrayRecord` back into :data:`Params` (each array :func:`from_array`)."""
+    return {k: from_array(a) for k, a in record.items()}
 
 
 def model_bytes(message: Message) -> tuple[int, int]:
@@ -117,7 +211,7 @@ def model_bytes(message: Message) -> tuple[int, int]:
     size (every array's bytes as they travel)."""
     if not message.has_content():
         return 0, 0
-    recs = list(message.content.array_records.values())
+    recs = list(array_records(message.content).values())
     return len(recs), sum(len(a.data) for r in recs for a in r.values())
 
 
@@ -128,7 +222,7 @@ def config_record(config: Mapping[str, object]) -> ConfigRecord:
 
 def extra_models(content: RecordDict) -> dict[str, Params]:
     """The named extra models (``model.<name>`` ArrayRecords) of a message."""
-    return {k[len(MODEL_PREFIX):]: from_record(r) for k, r in content.array_records.items()
+    return {k[len(MODEL_PREFIX):]: from_record(r) for k, r in array_records(content).items()
             if k.startswith(MODEL_PREFIX)}
 
 
@@ -137,9 +231,10 @@ def model_key(content: RecordDict, key: str = ARRAYS) -> str | None:
     else its one ArrayRecord that is not a named extra model (``model.<name>``), as
     Flower's strategies take a reply's one ArrayRecord whatever its name (and send it
     under their ``arrayrecord_key``); ``None`` when there is none, or several."""
-    if key in content.array_records:
+    records = array_records(content)
+    if key in records:
         return key
-    main = [k for k in content.array_records if not k.startswith(MODEL_PREFIX)]
+    main = [k for k in records if not k.startswith(MODEL_PREFIX)]
     return main[0] if len(main) == 1 else None
 
 
@@ -149,14 +244,14 @@ def model_record(content: RecordDict, key: str = ARRAYS) -> ArrayRecord:
     name = model_key(content, key)
     if name is None:
         raise KeyError(f"the message holds no model ArrayRecord '{key}' (ArrayRecords: "
-                       f"{sorted(content.array_records)})")
-    return content.array_records[name]
+                       f"{sorted(array_records(content))})")
+    return content[name]  # type: ignore[return-value]  # model_key names an ArrayRecord
 
 
 def settings(content: RecordDict, key: str = CONFIG) -> dict[str, Scalar]:
     """A message's settings as a plain typed dict: its ConfigRecord ``key``, else its one
     ConfigRecord whatever its name (a strategy's ``configrecord_key``), else none."""
-    records = content.config_records
+    records = config_records(content)
     name = key if key in records else next(iter(records)) if len(records) == 1 else None
     if name is None:
         return {}
@@ -166,7 +261,7 @@ def settings(content: RecordDict, key: str = CONFIG) -> dict[str, Scalar]:
 def metrics_of(content: RecordDict) -> dict[str, float]:
     """All numeric scalars of all MetricRecords in ``content``."""
     out: dict[str, float] = {}
-    for rec in content.metric_records.values():
+    for rec in metric_records(content).values():
         for k, v in rec.items():
             if isinstance(v, int | float):
                 out[k] = float(v)

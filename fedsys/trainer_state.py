@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from fedsys.protocol import STATE_PREFIX, from_record, to_record
+from fedsys.protocol import STATE_PREFIX, array_records, config_records, from_record, to_record
 
 State = dict[str, Any]
 
@@ -53,9 +53,10 @@ def state_from_records(records: RecordDict, scope: str) -> State:
     """Read back what :func:`state_to_records` stored (empty on a node's first round)."""
     base = _state_key(scope)
     out: State = {}
-    if base in records.config_records:
-        out.update(dict(records.config_records[base].items()))
-    for k, r in records.array_records.items():
+    configs = config_records(records)
+    if base in configs:
+        out.update(dict(configs[base].items()))
+    for k, r in array_records(records).items():
         if k.startswith(base + "."):
             out[k[len(base) + 1:]] = from_record(r)
     return out

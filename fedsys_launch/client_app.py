@@ -156,7 +156,7 @@ def _received(call: TrainCall, net: torch.nn.Module,
     for k, arr in proto.model_record(call.msg.content).items():
         hit = decoded.get(id(arr.data))
         if hit is None or hit[0] is not arr.data:
-            hit = decoded[id(arr.data)] = (arr.data, torch.from_numpy(arr.numpy()))
+            hit = decoded[id(arr.data)] = (arr.data, torch.from_numpy(proto.from_array(arr)))
         got[k] = hit[1]
     ref = net.state_dict()
     if got.keys() != ref.keys() or any(got[k].shape != ref[k].shape for k in ref):
@@ -167,7 +167,7 @@ def _received(call: TrainCall, net: torch.nn.Module,
 
 def _weights(net: torch.nn.Module) -> ArrayRecord:
     """``net``'s weights as a record (copied to the CPU; the model stays on its device)."""
-    return ArrayRecord({k: v.detach().cpu() for k, v in net.state_dict().items()})
+    return proto.to_record({k: v.detach().cpu().numpy() for k, v in net.state_dict().items()})
 
 
 def run_local_config(cfg: RunConfig, s: dict[str, Any], seed: int) -> LocalConfig:
@@ -350,7 +350,8 @@ class BatchTraining:
         if isinstance(res, Exception):
             raise res
         return train_reply(prepared[0], res,
-                           ArrayRecord({k: v.detach().cpu() for k, v in weights.items()}), context)
+                           proto.to_record({k: v.detach().cpu().numpy() for k, v in weights.items()}),
+                           context)
 
 
 def _attacked(attack: attacks.AttackOptions, cfg: RunConfig, ds: Dataset, msg: Message,

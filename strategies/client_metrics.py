@@ -66,7 +66,7 @@ def evaluate_mean(replies: Iterable[Message], weighted_by_key: str) -> dict[str,
     FedAvg: every finite metric all usable replies report, but the weight and
     ``partition-id`` (``None``: no usable reply)."""
     w = weighted_by_key
-    good = [r for r in replies if not r.has_error() and r.content.metric_records]
+    good = [r for r in replies if not r.has_error() and proto.metric_records(r.content)]
     rows = [m for m in (proto.metrics_of(r.content) for r in good)
             if math.isfinite(m.get(w, math.nan)) and m[w] >= 0]
     if not rows or sum(r[w] for r in rows) <= 0:

@@ -149,7 +149,7 @@ def as_returned(ex: Exchange, messages: list[Message], arrays_key: str,
     the strategy did not sample is known by)."""
     def sent_model(m: Message) -> ArrayRecord | None:
         key = proto.model_key(m.content, arrays_key)
-        return None if key is None else m.content.array_records[key]
+        return None if key is None else proto.array_records(m.content)[key]
 
     if len(messages) == len(ex.outbox) and all(
             m is o and (rec := sent_model(m)) is not None

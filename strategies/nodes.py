@@ -140,7 +140,7 @@ class NodeDirectory:
                 grid, [proto.query_message(n) for n in new], timeout, poll_interval)
             for r in replies:
                 instr = sent.get(r.metadata.reply_to_message_id)
-                if instr is not None and not r.has_error() and r.content.metric_records:
+                if instr is not None and not r.has_error() and proto.metric_records(r.content):
                     self._declared(instr.metadata.dst_node_id, proto.metrics_of(r.content))
             anon = [n for n in new if n not in k.partition_ids]
             if anon:

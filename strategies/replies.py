@@ -39,10 +39,11 @@ from logging import ERROR, INFO, WARNING
 import numpy as np
 from flwr.app import Message
 from flwr.supercore import log
+from numpy.typing import NDArray
 
 from fedsys import protocol as proto
 from fedsys import validation
-from fedsys.params import Params, check_update, distance
+from fedsys.params import Params, check_update, distance_to, flatten
 from fedsys.validation import ClientUpdate, Rejection, lacks
 from strategies.exchange import Exchange
 from strategies.nodes import Known
@@ -164,7 +165,7 @@ def decode(reply: Message, rnd: RoundView, policy: ReplyPolicy) -> Decoded | Rej
     content = reply.content
     key = policy.arrays_key
     main = proto.model_key(content, key)
-    models_in = [k for k in content.array_records if not k.startswith(proto.MODEL_PREFIX)]
+    models_in = [k for k in proto.array_records(content) if not k.startswith(proto.MODEL_PREFIX)]
     if main is None and not models_in:
         return Rejection(node, pid, f"reply holds no ArrayRecord '{key}'")
     odd = [k for k in models_in if k != main]
@@ -172,12 +173,12 @@ def decode(reply: Message, rnd: RoundView, policy: ReplyPolicy) -> Decoded | Rej
         return Rejection(node, pid, f"reply holds unexpected ArrayRecord(s) {odd} (expected "
                          f"one model, '{key}', and named models '{proto.MODEL_PREFIX}<name>')")
     assert main is not None
-    if len(content.metric_records) > 1:
+    if len(proto.metric_records(content)) > 1:
         return Rejection(node, pid, f"reply holds more than one MetricRecord "
-                         f"{list(content.metric_records)} (expected one, as Flower's "
+                         f"{list(proto.metric_records(content))} (expected one, as Flower's "
                          f"strategies)")
     read = policy.read_keys()
-    for rec in content.metric_records.values():
+    for rec in proto.metric_records(content).values():
         typed = [k for k, v in rec.items()
                  if k in read and (not isinstance(v, int | float) or isinstance(v, bool))]
         if typed:
@@ -185,8 +186,8 @@ def decode(reply: Message, rnd: RoundView, policy: ReplyPolicy) -> Decoded | Rej
     metrics = {k: v for k, v in proto.metrics_of(content).items() if k in read or np.isfinite(v)}
     w = policy.weighted_by_key
     if w not in metrics:
-        held = [k for k, r in content.config_records.items() if w in r]
-        if held and not content.metric_records:
+        held = [k for k, r in proto.config_records(content).items() if w in r]
+        if held and not proto.metric_records(content):
             return Rejection(node, pid, f"reply holds no MetricRecord ('{w}' is in ConfigRecord "
                              f"'{held[0]}'; numbers to aggregate travel in a MetricRecord)")
         return Rejection(node, pid, lacks(w))
@@ -194,7 +195,7 @@ def decode(reply: Message, rnd: RoundView, policy: ReplyPolicy) -> Decoded | Rej
     if np.isfinite(n) and n != int(n):
         return Rejection(node, pid, f"{w} is {n:g}, not a whole number")
     try:
-        params = proto.from_record(content.array_records[main])
+        params = proto.from_record(proto.array_records(content)[main])
         models = proto.extra_models(content)
     except Exception as exc:
         return Rejection(node, pid, f"arrays cannot be decoded: {exc}")
@@ -227,7 +228,7 @@ def reference_of(d: Decoded, rnd: RoundView, arrays_key: str) -> Params | None:
         return None
     ref = rnd.payloads.get(d.instruction.metadata.dst_node_id)
     if ref is None and (key := proto.model_key(d.instruction.content, arrays_key)) is not None:
-        ref = proto.from_record(d.instruction.content.array_records[key])
+        ref = proto.from_record(proto.array_records(d.instruction.content)[key])
     return ref
 
 
@@ -305,8 +306,10 @@ def bound(updates: list[ClientUpdate], rnd: RoundView, policy: ReplyPolicy) -> V
     ok = [u for u in updates if u.node_id not in heavy]
     if policy.private:
         return Verdict(ok, refused)
-    norms = {u.node_id: distance(u.params, ref) for u in ok
-             if (ref := rnd.payloads.get(u.node_id)) is not None}
+    sent: dict[int, NDArray[np.float64]] = {}  # each model sent, flattened once (most share one)
+    norms = {u.node_id: distance_to(u.params, sent[id(ref)] if id(ref) in sent
+                                    else sent.setdefault(id(ref), flatten(ref)))
+             for u in ok if (ref := rnd.payloads.get(u.node_id)) is not None}
     far = validation.norm_refusals(norms, rnd.earlier, policy.max_update_ratio)
     refused += [Rejection(u.node_id, u.partition_id, far[u.node_id]) for u in ok if u.node_id in far]
     ok = [u for u in ok if u.node_id not in far]

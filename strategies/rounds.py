@@ -96,7 +96,7 @@ class RoundEngine(MethodHooks):
                                    self.payload_models(n, p, server_round))
                   for n, p in chosen.items()]
         self.outgoing = Exchange(chosen, payloads, outbox, {
-            m.metadata.dst_node_id: m.content.array_records[self.settings.arrayrecord_key]
+            m.metadata.dst_node_id: proto.array_records(m.content)[self.settings.arrayrecord_key]
             for m in outbox})
         return list(self.outgoing.outbox)
 
