@@ -85,7 +85,8 @@ class Normaliser:
         import torch
         m = torch.tensor(self.mean, dtype=torch.float32).view(1, -1, 1, 1)
         s = torch.tensor(self.std, dtype=torch.float32).view(1, -1, 1, 1)
-        return (x.to(torch.float32) / 255.0 - m) / s
+        # ((x / 255) - m) / s, each step in place on one new float32 copy of the batch
+        return x.to(torch.float32, copy=True).div_(255.0).sub_(m).div_(s)
 
 
 # --------------------------------------------------------------------------- FMNIST

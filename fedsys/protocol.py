@@ -153,7 +153,7 @@ def to_array(x: np.ndarray) -> Array:
             _WRITTEN.clear()
         _WRITTEN[key] = header
     return Array(dtype=str(x.dtype), shape=tuple(x.shape), stype=SType.NUMPY,
-                 data=header + x.tobytes())
+                 data=b"".join((header, x.data)))  # one copy of the values
 
 
 def from_array(array: Array) -> np.ndarray:

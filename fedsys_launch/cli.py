@@ -419,6 +419,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from fedsys_launch.console import plain_when_redirected
 
         plain_when_redirected()
+        # OpenMP threads that wait passively: torch's idle OpenMP threads otherwise spin,
+        # and where a process switches torch between the clients' thread count and its
+        # own (the in-process engine, every round) a round's central evaluation took
+        # 100 ms in place of 4 at every second or third round (docs/performance.md).
+        # Read once, when torch loads its OpenMP runtime: here, before any import of
+        # torch; a user's own setting stands.  Numbers do not change (only how idle
+        # threads wait).
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         # Ctrl-C and 'kill -INT' stop a run (with its checkpoint) even where SIGINT came
         # ignored from the parent: a shell without job control starts 'cmd &' so, as does a
         # pytest-xdist worker, and Python then never raises KeyboardInterrupt

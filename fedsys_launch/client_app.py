@@ -78,6 +78,10 @@ def _config(items: tuple[tuple[str, Any], ...]) -> RunConfig:
     return from_run_config(dict(items))
 
 
+#: the last run config built (:func:`_admitted`): the dict and its RunConfig
+_last_config: tuple[dict[str, Any], RunConfig] | None = None
+
+
 def _admitted(run_config: dict[str, Any], node_data_dir: str | None) -> RunConfig:
     """The config of ``run_config`` (the node's ``data-dir`` already in it), admitted
     under this site's policy unless fedsys's own simulation runs this app.
@@ -88,7 +92,13 @@ def _admitted(run_config: dict[str, Any], node_data_dir: str | None) -> RunConfi
         A key the policy refuses, named (the node's ``data-dir`` is allowed).
     """
     def build(rc: Any) -> RunConfig:
-        return _config(tuple(sorted(rc.items())))
+        global _last_config
+        last = _last_config  # one read: another thread may set it meanwhile
+        if last is not None and last[0] == rc:  # a dict compare, no sorting, for every node
+            return last[1]
+        cfg = _config(tuple(sorted(rc.items())))
+        _last_config = (dict(rc), cfg)
+        return cfg
 
     if _UNCONFINED.get():
         return build(run_config)
@@ -158,11 +168,27 @@ def _received(call: TrainCall, net: torch.nn.Module,
         if hit is None or hit[0] is not arr.data:
             hit = decoded[id(arr.data)] = (arr.data, torch.from_numpy(proto.from_array(arr)))
         got[k] = hit[1]
-    ref = net.state_dict()
-    if got.keys() != ref.keys() or any(got[k].shape != ref[k].shape for k in ref):
+    ref = _layout(net)
+    if got.keys() != ref.keys() or any(got[k].shape != ref[k][0] for k in ref):
         net = _load(call.cfg, call.ds, call.msg)  # raises, naming what differs
         return {k: v.detach().clone() for k, v in net.state_dict().items()}
-    return {k: got[k].to(ref[k].dtype) for k in ref}
+    return {k: got[k].to(dtype) for k, (_, dtype) in ref.items()}
+
+
+#: each model's state-dict layout (:func:`_layout`), by the model (the process's few)
+_LAYOUTS: dict[int, tuple[torch.nn.Module, dict[str, tuple[torch.Size, torch.dtype]]]] = {}
+
+
+def _layout(net: torch.nn.Module) -> dict[str, tuple[torch.Size, torch.dtype]]:
+    """``net``'s state-dict keys, in order, with each tensor's shape and dtype: read once
+    per model (a round asks it for every client of the process's one model)."""
+    kept = _LAYOUTS.get(id(net))
+    if kept is None or kept[0] is not net:
+        kept = _LAYOUTS[id(net)] = (net, {k: (v.shape, v.dtype) for k, v in net.state_dict().items()})
+        if len(_LAYOUTS) > 8:
+            _LAYOUTS.clear()
+            _LAYOUTS[id(net)] = kept
+    return kept[1]
 
 
 def _weights(net: torch.nn.Module) -> ArrayRecord:
@@ -179,10 +205,18 @@ def run_local_config(cfg: RunConfig, s: dict[str, Any], seed: int) -> LocalConfi
         device=str(pick_device(cfg.device))), seed)
 
 
+@functools.lru_cache(maxsize=4)
+def _attack_options(cfg: RunConfig) -> attacks.AttackOptions:
+    """The run's ``attack.*`` options, parsed once per config (every node reads them for
+    every instruction)."""
+    options: attacks.AttackOptions = parse_group(attacks.AttackOptions, "attack", cfg.group("attack"))
+    return options
+
+
 def _attack(cfg: RunConfig, pid: int, nparts: int, rnd: int) -> attacks.AttackOptions | None:
     """The attack this node makes this round (``attack.*`` keys), or None: it is honest."""
     try:
-        options = parse_group(attacks.AttackOptions, "attack", cfg.group("attack"))
+        options = _attack_options(cfg)
         hostile = attacks.active(options, cfg.seed, pid, nparts, rnd)
     except (ConfigError, ValueError) as exc:
         raise ValueError(f"attack options: {exc}") from None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
@@ -196,4 +196,36 @@ class NodeDirectory:
         return {by_pid[p]: int(p) for p in chosen}
 
 
-__all__ = ["EVAL_TAG", "SAMPLE_TAG", "Known", "NodeDirectory", "NodesUnavailableError"]
+class Reports(Mapping[int, int]):
+    """Node -> the partition-id it reported first, and who reported each partition: a
+    claim is checked against the others' reports in constant time, not by a pass over a
+    federation's every node (100,000 nodes, 100 replies a round)."""
+
+    def __init__(self, first: Mapping[int, int] | None = None) -> None:
+        self.first: dict[int, int] = {}
+        self.holders: dict[int, list[int]] = {}  # partition -> its reporters, in order
+        for node, pid in (first or {}).items():
+            self.add(node, pid)
+
+    def add(self, node: int, pid: int) -> None:
+        """``node`` reports ``pid``; only its first report counts."""
+        if node not in self.first:
+            self.first[node] = pid
+            self.holders.setdefault(pid, []).append(node)
+
+    def holder(self, pid: int, other_than: int) -> int | None:
+        """The first node but ``other_than`` that reported ``pid``, or None."""
+        return next((m for m in self.holders.get(pid, ()) if m != other_than), None)
+
+    def __getitem__(self, node: int) -> int:
+        return self.first[node]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.first)
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+
+
+__all__ = ["EVAL_TAG", "SAMPLE_TAG", "Known", "NodeDirectory", "NodesUnavailableError", "Reports"]

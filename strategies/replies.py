@@ -46,7 +46,7 @@ from fedsys import validation
 from fedsys.params import Params, check_update, distance_to, flatten
 from fedsys.validation import ClientUpdate, Rejection, lacks
 from strategies.exchange import Exchange
-from strategies.nodes import Known
+from strategies.nodes import Known, Reports
 
 #: How many accepted update norms a round with fewer than three replies is measured against.
 EARLIER = 10
@@ -214,7 +214,7 @@ def identify(d: Decoded, reported: Mapping[int, int]) -> int | Rejection:
     if first is not None and int(claim) != first:
         return Rejection(d.node, d.sampled, f"reply echoes {proto.PARTITION_ID} {int(claim)}, "
                          f"expected {first} (the node's first report; a partition does not change)")
-    holder = next((m for m, p in reported.items() if p == int(claim) and m != d.node), None)
+    holder = (reported if isinstance(reported, Reports) else Reports(reported)).holder(int(claim), d.node)
     if holder is not None:
         return Rejection(d.node, d.sampled, f"reply echoes {proto.PARTITION_ID} {int(claim)}, "
                          f"which node {holder} reported")
@@ -329,14 +329,14 @@ def judge(replies: Iterable[Message], rnd: RoundView, policy: ReplyPolicy,
     """Every reply of one exchange through steps 1 to 5 (5: ``screen``, the wrappers'),
     then the nodes that did not answer: the :class:`Verdict`."""
     replies = list(replies)
-    reported = dict(rnd.reported)
+    reported = Reports(rnd.reported)
     ok: list[ClientUpdate] = []
     refused: list[Rejection] = []
     seen: set[int] = set()
     for r in replies:
         res, pid = judge_reply(r, rnd, policy, reported, seen)
         if pid is not None:
-            reported.setdefault(res.node_id, pid)  # its first report
+            reported.add(res.node_id, pid)  # its first report
         (ok if isinstance(res, ClientUpdate) else refused).append(res)  # type: ignore[arg-type]
         seen.add(res.node_id)
     b = bound(ok, rnd, policy)

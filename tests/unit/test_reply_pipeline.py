@@ -16,6 +16,7 @@ from fedsys import protocol
 from fedsys.params import distance
 from fedsys.validation import ClientUpdate, Rejection
 from strategies import replies as pipeline
+from strategies.nodes import Reports
 from strategies.replies import ReplyPolicy, RoundView
 
 
@@ -163,3 +164,19 @@ def test_under_privacy_no_reply_bounds_another() -> None:
     assert [rj.reason.split(",")[0] for rj in v.refused] == ["claims num-examples 11"]
     far = pipeline.judge([*replies[:2], reply(sent["m3"], 101.0)], rnd, p)
     assert [u.node_id for u in far.updates] == [1, 2, 3] and far.norms == [] and far.cut == {}
+
+
+def test_reports_name_the_holder_a_pass_over_every_node_would() -> None:
+    """:class:`~strategies.nodes.Reports` answers who reported a partition as a pass over
+    every node's first report (in report order) does, adds only a node's first report."""
+    rng = np.random.default_rng(3)
+    reports = Reports({int(n): int(p) for n, p in zip(rng.integers(0, 50, 40),
+                                                              rng.integers(0, 10, 40), strict=True)})
+    plain = dict(reports)
+    for node, pid in zip(rng.integers(0, 80, 200), rng.integers(0, 12, 200), strict=True):
+        node, pid = int(node), int(pid)
+        want = next((m for m, p in plain.items() if p == pid and m != node), None)
+        assert reports.holder(pid, node) == want
+        reports.add(node, pid)
+        plain.setdefault(node, pid)
+        assert dict(reports) == plain and list(reports) == list(plain)
