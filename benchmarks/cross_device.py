@@ -160,23 +160,18 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/fedsys-cross-device"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="another config key for every run and the floor (e.g. dataset=custom)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="passes of the floors and the engines, one after the other: the table "
+                         "gives each row's median over the passes and its ratio to the floor of "
+                         "the same pass, each pass's ratio beside (a busy machine drifts)")
     ap.add_argument("--ray-nodes", type=int, default=0,
                     help="also run inprocess-ray on a local Ray cluster of this many nodes")
     args = ap.parse_args()
     sets = [*(CNN if args.cnn else []), f"num-server-rounds={args.rounds}",
             *([f"num-clients={args.clients}"] if args.clients else []), *args.set]
-    fl = floor(sets, args.rounds)
-    base = statistics.median(fl[1:] or fl)
-    print(f"floor (plain PyTorch loop, 1 thread): {base:.3f} s a round", flush=True)
-    rows = [("floor: plain PyTorch loop, one thread", base, 1.0, float("nan"), float("nan"))]
-    for label, kw in (("floor + Flower's messages", {"messages": True}),
-                      ("floor + messages + central evaluation", {"messages": True, "evaluate": True})):
-        more = floor(sets, args.rounds, **kw)
-        rt = statistics.median(more[1:] or more)
-        print(f"{label}: {rt:.3f} s a round", flush=True)
-        rows.append((label, rt, rt / base, float("nan"), float("nan")))
     with contextlib.ExitStack() as stack:
-        variants = dict(VARIANTS)
+        variants = {k: v for k, v in VARIANTS.items()
+                    if not args.only or k in args.only.split(",")}
         if args.ray_nodes > 0:
             from fedsys_launch.raycluster import ray_cluster, ray_node
 
@@ -186,17 +181,40 @@ def main() -> None:
             for k in range(1, args.ray_nodes):
                 stack.enter_context(ray_node(address, root / f"node{k}", num_cpus=1))
             variants["inprocess-ray"] = [*VARIANTS["inprocess-batched"], f"ray-address={address}"]
-        for name, extra in variants.items():
-            if args.only and name not in args.only.split(","):
-                continue
-            times, wall, peak = run_fedsys([*sets, *extra], args.out.resolve() / name)
-            rt = statistics.median(times[1:] or times)
-            print(f"{name}: {rt:.3f} s a round ({wall:.1f} s wall, {peak:.0f} MiB)", flush=True)
-            rows.append((name, rt, rt / base, wall, peak))
-    print("\n| engine | round s (median, rounds 2..) | / floor | whole run s | driver peak RSS MiB |")
-    print("|---|---:|---:|---:|---:|")
-    for name, rt, ratio, wall, peak in rows:
-        print(f"| {name} | {rt:.3f} | {ratio:.2f} | {wall:.1f} | {peak:.0f} |")
+        passes = [one_pass(sets, args, variants, k) for k in range(args.repeat)]
+    base = "floor: plain PyTorch loop, one thread"
+    print("\n| engine | round s (median, rounds 2..) | / floor | whole run s | driver peak RSS MiB |"
+          + (" / floor, each pass |" if args.repeat > 1 else ""))
+    print("|---|---:|---:|---:|---:|" + ("---|" if args.repeat > 1 else ""))
+    for name in passes[0]:
+        rts = [p[name][0] for p in passes]
+        ratios = [p[name][0] / p[base][0] for p in passes]
+        walls, peaks = [p[name][1] for p in passes], [p[name][2] for p in passes]
+        each = (" " + ", ".join(f"{r:.2f}" for r in ratios) + " |") if args.repeat > 1 else ""
+        print(f"| {name} | {statistics.median(rts):.3f} | {statistics.median(ratios):.2f} | "
+              f"{statistics.median(walls):.1f} | {statistics.median(peaks):.0f} |{each}")
+
+
+def one_pass(sets: list[str], args: argparse.Namespace, variants: dict[str, list[str]],
+             k: int) -> dict[str, tuple[float, float, float]]:
+    """The floors, then each engine, one after the other: per row its median round time
+    (rounds 2..), whole wall seconds and driver peak RSS (nan for the floors)."""
+    nan = float("nan")
+    fl = floor(sets, args.rounds)
+    rows = {"floor: plain PyTorch loop, one thread": (statistics.median(fl[1:] or fl), nan, nan)}
+    print(f"[pass {k + 1}] floor (plain PyTorch loop, 1 thread): {rows[next(iter(rows))][0]:.3f} s "
+          "a round", flush=True)
+    for label, kw in (("floor + Flower's messages", {"messages": True}),
+                      ("floor + messages + central evaluation", {"messages": True, "evaluate": True})):
+        more = floor(sets, args.rounds, **kw)
+        rows[label] = (statistics.median(more[1:] or more), nan, nan)
+        print(f"[pass {k + 1}] {label}: {rows[label][0]:.3f} s a round", flush=True)
+    for name, extra in variants.items():
+        times, wall, peak = run_fedsys([*sets, *extra], args.out.resolve() / f"{name}-{k}")
+        rows[name] = (statistics.median(times[1:] or times), wall, peak)
+        print(f"[pass {k + 1}] {name}: {rows[name][0]:.3f} s a round ({wall:.1f} s wall, "
+              f"{peak:.0f} MiB)", flush=True)
+    return rows
 
 
 if __name__ == "__main__":
