@@ -22,6 +22,7 @@ nor torch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -349,11 +350,17 @@ class RunConfig(CoreOptions):
         """Absolute run directory ``<output-dir>/<name>``."""
         return Path(self.output_dir).expanduser().resolve() / self.name
 
+    @functools.cached_property
+    def _method_values(self) -> dict[str, Scalar]:
+        """:attr:`methods` as a dict, made once (a node reads a few keys for every
+        instruction; the dataclass's equality and hash leave it out)."""
+        return dict(self.methods)
+
     def get(self, key: str) -> Scalar:
         """The value of any key (core or method)."""
         if "." not in key and key.replace("-", "_") in CORE_FIELDS:
             return getattr(self, key.replace("-", "_"))
-        values = dict(self.methods)
+        values = self._method_values
         if key not in values:
             raise ConfigError(f"unknown config key '{key}'.{suggest(key, self.to_dict())}")
         return values[key]

@@ -193,7 +193,15 @@ def distance(a: Params, b: Params) -> float:
 def distance_to(a: Params, flat_b: NDArray[np.float64]) -> float:
     """:func:`distance` from ``a`` to the model whose :func:`flatten` is ``flat_b`` (a model
     many are measured against, flattened once)."""
-    return float(np.linalg.norm(flatten(a) - flat_b))
+    parts = [v for v in a.values() if is_float(v)]
+    if sum(v.size for v in parts) != len(flat_b):
+        return float(np.linalg.norm(flatten(a) - flat_b))  # numpy's error for the sizes
+    d = np.empty_like(flat_b)  # flatten(a) - flat_b in one array: the same values
+    at = 0
+    for v in parts:
+        d[at : at + v.size] = v.ravel()
+        at += v.size
+    return float(np.linalg.norm(np.subtract(d, flat_b, out=d)))
 
 
 def unflatten(vec: NDArray[np.floating], like: Params) -> Params:
