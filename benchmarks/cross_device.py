@@ -167,6 +167,8 @@ def main() -> None:
     ap.add_argument("--ray-nodes", type=int, default=0,
                     help="also run inprocess-ray on a local Ray cluster of this many nodes")
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error(f"--repeat {args.repeat}: give 1 or more passes")
     sets = [*(CNN if args.cnn else []), f"num-server-rounds={args.rounds}",
             *([f"num-clients={args.clients}"] if args.clients else []), *args.set]
     with contextlib.ExitStack() as stack:

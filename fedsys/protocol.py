@@ -162,14 +162,16 @@ def from_array(array: Array) -> np.ndarray:
     no byte after the data) is not parsed again: the values are copied out of the data
     directly; any other input goes to ``numpy.load`` (through ``array.numpy()``)."""
     data = array.data
-    if array.stype == SType.NUMPY and data[:8] == b"\x93NUMPY\x01\x00" and len(data) >= 10:
+    if (isinstance(data, bytes) and array.stype == SType.NUMPY
+            and data[:8] == b"\x93NUMPY\x01\x00" and len(data) >= 10):
         end = 10 + int.from_bytes(data[8:10], "little")
         hit = _READ.get(data[:end])
         if hit is not None and len(data) == end + hit[2]:
             dtype, shape, _ = hit
             return np.frombuffer(data, dtype, offset=end).reshape(shape).copy()
     out = array.numpy()
-    _learn(data, out)
+    if isinstance(data, bytes):  # a record's arrays hold bytes; anything else is read alone
+        _learn(data, out)
     return out
 
 

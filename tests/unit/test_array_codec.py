@@ -102,3 +102,12 @@ def test_the_kept_headers_are_bounded(monkeypatch):
         x = np.arange(n, dtype=np.float32)
         assert np.array_equal(protocol.from_array(protocol.to_array(x)), x)
         assert len(protocol._READ) <= 4 and len(protocol._WRITTEN) <= 4
+
+
+def test_data_that_is_not_bytes_is_read_as_flowers_reader_reads_it():
+    """An Array whose data was set to another buffer (a ClientApp may do so in process)."""
+    good = protocol.to_array(ARRAYS[1])
+    protocol.from_array(good)
+    odd = Array(dtype=good.dtype, shape=good.shape, stype=good.stype, data=good.data)
+    odd.data = bytearray(good.data)  # type: ignore[assignment]
+    assert np.array_equal(protocol.from_array(odd), odd.numpy())
