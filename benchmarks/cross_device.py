@@ -8,12 +8,16 @@ clients of 600 samples, all 100 a round.  One run each, one after the other, eac
 - ``flower``: Flower's simulation engine (Ray actors behind an in-process SuperLink);
 - ``inprocess``, one client at a time (``batch-clients=false``);
 - ``inprocess``, batched (the round's clients trained together, ``clients/batched.py``);
+- ``inprocess``, batched, under glibc's default heap (``GLIBC_TUNABLES=""``: the command
+  then leaves the heap alone, ``fedsys_launch/heap.py``): what keeping freed memory gives;
 - with ``--ray-nodes K``, also ``inprocess`` batched on a Ray cluster of K nodes on
   127.0.0.1 (``ray start --head`` and K-1 ``ray start --address``, one CPU each; config key
   ``ray-address``, ``fedsys_launch/ray_workers.py``): what sending the shares to workers costs;
 - the floor: a plain PyTorch loop in this process, one thread, training the same clients
   on the same data one after another (``torch.optim.SGD``, the weighted mean after), with
-  no evaluation, no messages, no checkpoints;
+  no evaluation, no messages, no checkpoints; its heap set as the ``fedsys`` command sets
+  its own (``fedsys_launch.heap.keep_freed_memory``), so that the floor and the engines
+  allocate alike;
 - the floor of a round with real messages: the same loop, the broadcast model written to
   an ``ArrayRecord`` and read back once for all the round's clients, and each client's
   trained model sent back as one (Flower's ``Array``,
@@ -42,6 +46,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -57,7 +62,10 @@ VARIANTS = {
     "flower": ["engine=flower"],
     "inprocess-one": ["engine=inprocess", "batch-clients=false"],
     "inprocess-batched": ["engine=inprocess", "batch-clients=true"],
+    "inprocess-batched-default-heap": ["engine=inprocess", "batch-clients=true"],
 }
+#: each variant's environment besides this process's
+VARIANT_ENV = {"inprocess-batched-default-heap": {"GLIBC_TUNABLES": ""}}
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -71,15 +79,19 @@ def peak_rss_mib(pid: int) -> float:
     return 0.0
 
 
-def run_fedsys(sets: list[str], out: Path) -> tuple[list[float], float, float]:
+def run_fedsys(sets: list[str], out: Path, env: dict[str, str] | None = None
+               ) -> tuple[list[float], float, float]:
     """Round times (rounds 1..), whole wall seconds and the driver's peak RSS of one
-    ``fedsys run`` of the cross-device config with ``sets``."""
+    ``fedsys run`` of the cross-device config with ``sets`` (``env`` added to this
+    process's environment)."""
+
     cmd = [sys.executable, "-m", "fedsys_launch", "run", str(CONFIG), *(f"--set={s}" for s in sets),
            f"--set=output-dir={out}", "--set=name=xdev"]
     out.mkdir(parents=True, exist_ok=True)
     t0, peak = time.perf_counter(), 0.0
     with open(out / "log.txt", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, **(env or {})})
         while proc.poll() is None:
             peak = max(peak, peak_rss_mib(proc.pid))
             time.sleep(0.2)
@@ -169,6 +181,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.repeat < 1:
         ap.error(f"--repeat {args.repeat}: give 1 or more passes")
+    from fedsys_launch.heap import keep_freed_memory
+
+    keep_freed_memory(os.environ)  # the floor's heap as the command sets its own
     sets = [*(CNN if args.cnn else []), f"num-server-rounds={args.rounds}",
             *([f"num-clients={args.clients}"] if args.clients else []), *args.set]
     with contextlib.ExitStack() as stack:
@@ -212,7 +227,8 @@ def one_pass(sets: list[str], args: argparse.Namespace, variants: dict[str, list
         rows[label] = (statistics.median(more[1:] or more), nan, nan)
         print(f"[pass {k + 1}] {label}: {rows[label][0]:.3f} s a round", flush=True)
     for name, extra in variants.items():
-        times, wall, peak = run_fedsys([*sets, *extra], args.out.resolve() / f"{name}-{k}")
+        times, wall, peak = run_fedsys([*sets, *extra], args.out.resolve() / f"{name}-{k}",
+                                       VARIANT_ENV.get(name))
         rows[name] = (statistics.median(times[1:] or times), wall, peak)
         print(f"[pass {k + 1}] {name}: {rows[name][0]:.3f} s a round ({wall:.1f} s wall, "
               f"{peak:.0f} MiB)", flush=True)

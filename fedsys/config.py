@@ -365,9 +365,20 @@ class RunConfig(CoreOptions):
             raise ConfigError(f"unknown config key '{key}'.{suggest(key, self.to_dict())}")
         return values[key]
 
+    @functools.cached_property
+    def _groups(self) -> dict[str, dict[str, Scalar]]:
+        """:meth:`group`'s answers by prefix, each found once (a node asks for its
+        trainer's group at every instruction)."""
+        return {}
+
     def group(self, prefix: str) -> dict[str, Scalar]:
-        """The values of one method's keys, by full key (``{"fedcda.warmup": 50, ...}``)."""
-        return {k: v for k, v in self.methods if k.startswith(prefix + ".")}
+        """The values of one method's keys, by full key (``{"fedcda.warmup": 50, ...}``):
+        a new dict at each call."""
+        kept = self._groups.get(prefix)
+        if kept is None:
+            kept = self._groups[prefix] = {k: v for k, v in self.methods
+                                           if k.startswith(prefix + ".")}
+        return dict(kept)
 
     def fields_of(self, prefix: str) -> dict[str, Scalar]:
         """One method's values by option field name (``{"warmup_mode": "fedavg", ...}``),

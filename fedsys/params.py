@@ -10,6 +10,7 @@ The one mean of models (:func:`mean`) and the one flattening (:func:`flatten` /
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -42,7 +43,14 @@ def copy(params: Params) -> Params:
 
 def is_float(a: NDArray[np.generic]) -> bool:
     """True for floating-point entries (weights, BatchNorm running stats)."""
-    return bool(np.issubdtype(a.dtype, np.floating))
+    return _floating(a.dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _floating(dtype: np.dtype) -> bool:
+    """``np.issubdtype(dtype, np.floating)``, asked once per dtype (a round asks it for
+    every array of every update: thousands of calls of a few microseconds)."""
+    return bool(np.issubdtype(dtype, np.floating))
 
 
 def num_bytes(params: Params) -> int:

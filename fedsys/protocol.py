@@ -127,8 +127,9 @@ def config_records(content: RecordDict) -> dict[str, ConfigRecord]:
 #: structured dtype): the ones :func:`to_array` / :func:`from_array` take the short way for.
 _PLAIN_KINDS = frozenset("biufc")
 #: The ``.npy`` header ``numpy.save`` writes for a C-ordered array of each
-#: ``(dtype.str, shape)`` this process has written: learnt from ``numpy.save`` itself.
-_WRITTEN: dict[tuple[str, tuple[int, ...]], bytes] = {}
+#: ``(dtype.str, shape)`` this process has written, and ``str(dtype)`` (the Array's
+#: ``dtype``): learnt from ``numpy.save`` itself.
+_WRITTEN: dict[tuple[str, tuple[int, ...]], tuple[bytes, str]] = {}
 #: Each ``.npy`` header ``numpy.load`` has read in this process (version 1.0, C order, a
 #: plain dtype), with its dtype, shape and the data's size: learnt from ``numpy.load`` itself.
 _READ: dict[bytes, tuple[np.dtype, tuple[int, ...], int]] = {}
@@ -145,15 +146,25 @@ def to_array(x: np.ndarray) -> Array:
     if x.dtype.kind not in _PLAIN_KINDS or x.dtype.fields is not None:
         return Array(x)
     key = (x.dtype.str, x.shape)
-    header = _WRITTEN.get(key)
-    if header is None:
+    kept = _WRITTEN.get(key)
+    if kept is None:
         data = Array(x).data
-        header = data[: len(data) - x.nbytes]
+        kept = (data[: len(data) - x.nbytes], str(x.dtype))
         if len(_WRITTEN) >= _HEADERS_KEPT:
             _WRITTEN.clear()
-        _WRITTEN[key] = header
-    return Array(dtype=str(x.dtype), shape=tuple(x.shape), stype=SType.NUMPY,
-                 data=b"".join((header, x.data)))  # one copy of the values
+        _WRITTEN[key] = kept
+    return _array(kept[1], x.shape, b"".join((kept[0], x.data)))  # one copy of the values
+
+
+def _array(dtype: str, shape: tuple[int, ...], data: bytes) -> Array:
+    """``Array(dtype=dtype, shape=shape, stype=SType.NUMPY, data=data)`` without its
+    constructor's reading of its arguments (which of its forms, each type checked: a few
+    microseconds an array, thousands of arrays a round): the same object, its attributes
+    those the constructor sets, in its order (``tests/unit/test_array_codec.py`` holds
+    them equal under each Flower release fedsys supports)."""
+    out: Array = Array.__new__(Array)
+    out.__dict__.update(_is_dirty=True, dtype=dtype, shape=shape, stype=SType.NUMPY, data=data)
+    return out
 
 
 def from_array(array: Array) -> np.ndarray:
@@ -218,7 +229,11 @@ def model_bytes(message: Message) -> tuple[int, int]:
 
 
 def config_record(config: Mapping[str, object]) -> ConfigRecord:
-    """A fresh :class:`ConfigRecord` holding scalar config values (types kept)."""
+    """A fresh :class:`ConfigRecord` holding scalar config values (types kept).  Given a
+    ConfigRecord, its copy (Flower's ``copy``: the values' types were checked when it was
+    made; a round's instructions share one config and each gets its own record)."""
+    if type(config) is ConfigRecord:
+        return config.copy()
     return ConfigRecord({k: v for k, v in config.items()})  # type: ignore[misc]
 
 

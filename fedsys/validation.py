@@ -63,8 +63,7 @@ def weight_refusals(claims: Mapping[int, float], declared: Mapping[int, int],
     declared size is the check, the ratio the fallback.  Returns ``{node: reason}``
     with the numbers.
     """
-    import statistics
-
+    meds = others_medians(claims) if max_ratio > 0 and len(claims) > 1 else {}
     out: dict[int, str] = {}
     for node, n in claims.items():
         if node in declared:
@@ -72,9 +71,8 @@ def weight_refusals(claims: Mapping[int, float], declared: Mapping[int, int],
                 out[node] = (f"claims num-examples {n:g}, but its partition holds "
                              f"{declared[node]} (its answer to the query)")
             continue
-        others = [v for k, v in claims.items() if k != node]
-        if max_ratio > 0 and others:
-            med = statistics.median(others)
+        if max_ratio > 0 and len(claims) > 1:
+            med = meds[node]
             if med > 0 and n > max_ratio * med:
                 out[node] = (f"claims num-examples {n:g}, {n / med:.3g} times the median "
                              f"{med:g} of the round's other replies (max-examples-ratio "
@@ -96,17 +94,10 @@ def norm_refusals(norms: Mapping[int, float], earlier: Sequence[float],
     yardstick of 0 bounds nothing).  A scaled model (x 100) moves the global model by
     about 99 times its own norm; an honest update by a few percent of it.
     """
-    import statistics
-
     out: dict[int, str] = {}
-    for node, n in norms.items():
-        others = [v for k, v in norms.items() if k != node]
-        base = others if len(others) >= 2 else list(earlier)
-        if max_ratio <= 0 or not base:
-            continue
-        med = statistics.median(base)
+    for node, n, med, among_others in _yardsticks(norms, earlier, max_ratio):
         if med > 0 and n > max_ratio * med:
-            whose = "the round's other replies" if base is others else "the updates before"
+            whose = "the round's other replies" if among_others else "the updates before"
             out[node] = (f"update norm {n:.4g}, {n / med:.3g} times the median {med:.4g} of "
                          f"{whose} (max-update-ratio {max_ratio:g})")
     return out
@@ -128,16 +119,52 @@ def history_norms(norms: Mapping[int, float], accepted: Collection[int],
     refusal logged with the numbers, not a silent acceptance; the next round of three or
     more replies, bounded by each other, refills the history.
     """
+    measured = {node for node, _, med, _ in _yardsticks(norms, earlier, max_ratio) if med > 0}
+    kept = [(node, n) for node, n in norms.items() if node in accepted]
+    bounded = [n for node, n in kept if node in measured]
+    return bounded if bounded or not kept else [min(n for _, n in kept)]
+
+
+def _yardsticks(norms: Mapping[int, float], earlier: Sequence[float], max_ratio: float
+                ) -> list[tuple[int, float, float, bool]]:
+    """Each node's ``(node, norm, yardstick, whether among the round's others)`` where
+    the bound applies (:func:`norm_refusals`): the median of the round's other norms when
+    there are two or more, else of ``earlier``; none with the bound off or no yardstick."""
     import statistics
 
-    def measured(node: int) -> bool:
-        others = [v for k, v in norms.items() if k != node]
-        base = others if len(others) >= 2 else list(earlier)
-        return max_ratio > 0 and bool(base) and statistics.median(base) > 0
+    if max_ratio <= 0 or (len(norms) < 3 and not earlier):
+        return []
+    if len(norms) >= 3:
+        meds = others_medians(norms)
+        return [(node, n, meds[node], True) for node, n in norms.items()]
+    med = statistics.median(earlier)
+    return [(node, n, med, False) for node, n in norms.items()]
 
-    kept = [(node, n) for node, n in norms.items() if node in accepted]
-    bounded = [n for node, n in kept if measured(node)]
-    return bounded if bounded or not kept else [min(n for _, n in kept)]
+
+def others_medians(values: Mapping[int, float]) -> dict[int, float]:
+    """Each key's median of the *other* values: ``statistics.median([v for k, v in
+    values.items() if k != key])`` for every key (two or more values), the same numbers,
+    from one sort (the direct way sorts a list per key: a round of 100 replies sorted
+    100 lists three times).  Values that are not all finite take the direct way."""
+    import bisect
+    import statistics
+
+    if len(values) < 2:
+        raise ValueError("a median of the others needs two or more values")
+    if not all(math.isfinite(v) for v in values.values()):
+        return {k: statistics.median([v for j, v in values.items() if j != k]) for k in values}
+    s = sorted(values.values())
+    m = len(s) - 1  # the others of each key
+
+    def other(i: int, j: int) -> float:  # the j-th of the others of s[i]
+        return s[j] if j < i else s[j + 1]
+
+    out: dict[int, float] = {}
+    for k, v in values.items():
+        i = bisect.bisect_left(s, v)  # one of v's places: leaving out any gives the same list
+        h = m // 2
+        out[k] = other(i, h) if m % 2 else (other(i, h - 1) + other(i, h)) / 2
+    return out
 
 
 def share_cap_level(claims: Sequence[float], max_share: float) -> float:
@@ -194,4 +221,4 @@ def missing_nodes(sent: Mapping[str, Message], replies: Iterable[Message]) -> li
 
 
 __all__ = ["ClientUpdate", "Rejection", "capped_claims", "history_norms", "lacks", "missing_nodes",
-           "norm_refusals", "share_cap_level", "weight_refusals"]
+           "norm_refusals", "others_medians", "share_cap_level", "weight_refusals"]

@@ -13,7 +13,7 @@ from typing import Any
 
 from fedsys import config as cfgmod
 from fedsys import metrics
-from fedsys_launch import registry, stopping
+from fedsys_launch import heap, registry, stopping
 from fedsys_launch.results import load_runs, table
 from fedsys_launch.runlock import holding
 
@@ -427,6 +427,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # torch; a user's own setting stands.  Numbers do not change (only how idle
         # threads wait).
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        # freed memory kept for the next round, not returned to the system and faulted
+        # in again (fedsys_launch/heap.py; a user's MALLOC_* or GLIBC_TUNABLES stands)
+        heap.keep_freed_memory(os.environ)
         # Ctrl-C and 'kill -INT' stop a run (with its checkpoint) even where SIGINT came
         # ignored from the parent: a shell without job control starts 'cmd &' so, as does a
         # pytest-xdist worker, and Python then never raises KeyboardInterrupt

@@ -91,7 +91,8 @@ class Batcher(Protocol):
         """The outcome of each prepared call of one key, trained together."""
 
     def reply(self, prepared: Any, trained: Any, context: Context) -> Message:
-        """The node's reply (raises what the ClientApp would)."""
+        """The node's reply (raises what the ClientApp would): a new message that the
+        batcher keeps no hold of (the server takes it as it is, not a copy)."""
 
 
 def node_ids(n: int, seed: int = NODE_ID_SEED) -> list[int]:
@@ -301,37 +302,37 @@ class InProcessGrid(Grid):
 
     def deliver_batched(self, batcher: Batcher, instructions: list[Message]) -> None:
         """:meth:`deliver_all`'s work where a :class:`Batcher` takes train instructions."""
-        prepared: list[tuple[Message, Context, Any]] = []
+        prepared: list[tuple[Message, Message, Context, Any]] = []
         for msg in instructions:
             if msg.metadata.message_type != MessageType.TRAIN:
                 self.deliver(msg)
                 continue
             msg.metadata.delivered_at = now().isoformat()
-            mine = copy_message(msg)
+            mine = copy_message(msg)  # the node's, for both halves of its call
             ctx = self.context_copy(mine.metadata.dst_node_id)
             ready = self.guarded(mine, ctx, functools.partial(batcher.prepare, mine, ctx),
                                  commit=False)
             if isinstance(ready, Message):  # reading it failed: the error reply
-                self.keep(msg, ready)
+                self.keep(msg, ready, own=True)
             elif ready is None:  # not batched: the ClientApp itself
                 self.deliver(msg)
             else:
-                prepared.append((msg, ctx, ready))
+                prepared.append((msg, mine, ctx, ready))
         groups: dict[Any, list[int]] = {}
-        for i, (_, _, ready) in enumerate(prepared):
+        for i, (_, _, _, ready) in enumerate(prepared):
             groups.setdefault(batcher.key(ready), []).append(i)
         trained: dict[int, Any] = {}
         for members in groups.values():
             log(DEBUG, "%d clients trained together", len(members))
             with self.client_side.entered():
                 try:
-                    outcome = batcher.train([prepared[i][2] for i in members])
+                    outcome = batcher.train([prepared[i][3] for i in members])
                 except Exception as exc:  # each node of the group gets it as its error
                     outcome = [exc] * len(members)
             trained.update(zip(members, outcome, strict=True))
-        for i, (msg, ctx, ready) in enumerate(prepared):
-            self.keep(msg, self.guarded(copy_message(msg), ctx,
-                                        functools.partial(_answer, batcher, ready, trained[i], ctx)))
+        for i, (msg, mine, ctx, ready) in enumerate(prepared):
+            self.keep(msg, self.guarded(mine, ctx, functools.partial(
+                _answer, batcher, ready, trained[i], ctx)), own=True)
 
     def deliver(self, instruction: Message) -> None:
         """Run the ClientApp on ``instruction`` and keep its reply (one Flower's LinkState
@@ -339,16 +340,18 @@ class InProcessGrid(Grid):
         instruction.metadata.delivered_at = now().isoformat()
         self.keep(instruction, self.call(copy_message(instruction)))
 
-    def keep(self, instruction: Message, reply: object) -> None:
+    def keep(self, instruction: Message, reply: object, own: bool = False) -> None:
         """Keep ``reply`` to ``instruction`` for :meth:`pull_messages` (one Flower's
-        LinkState would refuse is logged and dropped)."""
+        LinkState would refuse is logged and dropped).  The server gets a copy, as Ray's
+        pickling gives it, unless ``own``: a reply that nothing else holds (the error
+        replies made here, a :class:`Batcher`'s)."""
         if isinstance(reply, Message):
             reply.metadata.__dict__["_message_id"] = str(uuid4())
         if why := reply_refusal(reply, instruction):
             log(ERROR, "Reply of node %s not stored: %s", instruction.metadata.dst_node_id, why)
             return
         assert isinstance(reply, Message)
-        self.replies[instruction.metadata.message_id] = copy_message(reply)
+        self.replies[instruction.metadata.message_id] = reply if own else copy_message(reply)
 
     def call(self, msg: Message) -> object:
         """The ClientApp's reply to ``msg`` (its error reply when it raises), with copies of

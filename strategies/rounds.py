@@ -89,7 +89,7 @@ class RoundEngine(MethodHooks):
             self.outgoing = Exchange()
             return []
         chosen = self.sample(grid, server_round, self.settings.clients_per_round)
-        cfg = self.round_config(server_round, config)
+        cfg = proto.config_record(self.round_config(server_round, config))  # copied per node
         payloads = {n: self.payload_for(n, p, server_round) for n, p in chosen.items()}
         records = exchange_ops.shared_records(payloads.values())
         outbox = [self.instruction(n, MessageType.TRAIN, records[id(payloads[n])], cfg,
@@ -199,7 +199,7 @@ class RoundEngine(MethodHooks):
         connected = len(list(grid.get_node_ids()))
         n = min(connected, max(s.min_evaluate_nodes, math.ceil(s.fraction_evaluate * connected)))
         chosen = self.sample(grid, server_round, n, tag=EVAL_TAG)
-        cfg = {**dict(config), proto.SERVER_ROUND: server_round}
+        cfg = proto.config_record({**dict(config), proto.SERVER_ROUND: server_round})
         return [self.instruction(nd, MessageType.EVALUATE, arrays, cfg) for nd in chosen]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:

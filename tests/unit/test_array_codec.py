@@ -32,6 +32,11 @@ ARRAYS = [
 def _same_array(got: Array, want: Array) -> None:
     assert (got.dtype, got.shape, got.stype) == (want.dtype, want.shape, want.stype)
     assert got.data == want.data
+    # the same object state as Flower's constructor leaves, attribute by attribute and in
+    # its order (to_array makes the Array without the constructor): a Flower release that
+    # sets more, or sets it otherwise, fails here
+    assert type(got) is type(want)
+    assert list(vars(got).items()) == list(vars(want).items())
 
 
 @pytest.mark.parametrize("x", ARRAYS, ids=lambda x: f"{x.dtype}{x.shape}")
@@ -46,6 +51,22 @@ def test_written_as_flower_writes_it_and_read_as_flower_reads_it_twice(x):
             assert back.tobytes() == ref.tobytes()
             assert back.flags.writeable and back.flags.c_contiguous == ref.flags.c_contiguous
             assert not np.shares_memory(back, protocol.from_array(got))
+
+
+def test_an_array_made_without_the_constructor_behaves_as_flowers_own():
+    import pickle
+
+    x = ARRAYS[0]
+    for _ in range(2):
+        got, want = protocol.to_array(x), Array(x)
+        assert pickle.loads(pickle.dumps(got)) == want  # (before object_id: Flower's cache
+        assert got.is_dirty and want.is_dirty           # of it does not pickle)
+        assert got == want and got.object_id == want.object_id
+        assert list(vars(got).items()) == list(vars(want).items())
+        assert not got.is_dirty
+        got.data = want.data = protocol.to_array(ARRAYS[1]).data  # its setter still guards it
+        assert got.is_dirty and got.object_id == want.object_id
+        assert np.array_equal(got.numpy(), ARRAYS[1])
 
 
 def test_a_record_round_trips_as_flowers_own():

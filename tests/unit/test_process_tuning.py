@@ -1,5 +1,6 @@
 """What the ``fedsys`` command sets for its own process: OpenMP threads that wait
-passively (a user's own setting kept), and the heap frozen once after a run's first round."""
+passively (a user's own setting kept), glibc's heap keeping freed memory (a user's own
+setting kept), and the heap frozen once after a run's first round."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import subprocess
 import sys
 
 import pytest
+
+from fedsys_launch import heap
 
 SHOW = """
 import os, sys
@@ -48,3 +51,44 @@ def test_the_heap_is_collected_and_frozen_once_per_process():
     out = subprocess.run([sys.executable, "-c", FREEZE], capture_output=True, text=True,
                          timeout=120, check=True).stdout.split()
     assert out == ["True", "True", "1"]
+
+
+HEAP = """
+import ctypes, os, sys
+sys.argv = ["fedsys", "keys"]
+from fedsys_launch import heap
+calls = []
+real = heap.keep_freed_memory
+heap.keep_freed_memory = lambda env: calls.append(real(env)) or calls[-1]
+from fedsys_launch.cli import main
+import contextlib, io
+with contextlib.redirect_stdout(io.StringIO()):
+    main()
+# where a block of 16 MiB comes from: glibc marks a chunk it mmapped in its size word
+# (the word before the block, bit IS_MMAPPED = 2)
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+p = libc.malloc(16 * 1024 * 1024)
+mmapped = bool(ctypes.c_size_t.from_address(p - ctypes.sizeof(ctypes.c_size_t)).value & 2)
+print(calls, "mmapped" if mmapped else "heap")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap: Linux only")
+@pytest.mark.parametrize(("given", "want"), [
+    ({}, "[True] heap"),
+    ({"MALLOC_TRIM_THRESHOLD_": "1000000"}, "[False] mmapped"),
+    ({"GLIBC_TUNABLES": ""}, "[False] mmapped"),
+])
+def test_the_command_keeps_freed_memory_unless_the_user_tunes_the_heap(given, want):
+    env = {k: v for k, v in os.environ.items() if k not in heap.USER_SETTINGS} | given
+    out = subprocess.run([sys.executable, "-c", HEAP], capture_output=True, text=True, env=env,
+                         timeout=120, check=True).stdout.splitlines()
+    assert out[-1] == want
+
+
+def test_the_thresholds_are_ones_glibc_takes():
+    # mallopt refuses an mmap threshold above half its largest heap (32 MiB on 64-bit)
+    assert heap.MMAP_THRESHOLD <= 32 * 1024 * 1024
+    assert heap.TRIM_THRESHOLD >= heap.MMAP_THRESHOLD
+    assert not heap.keep_freed_memory({"MALLOC_ARENA_MAX": "2"})

@@ -261,3 +261,30 @@ def test_the_finite_attacks_under_every_round_based_strategy(strategy, attack, r
         assert metrics["clients-ok"] == 3 and metrics["clients-rejected"] == 0, strategy
     if attack == "inflated-count" and strategy != "dp":   # DP counts every update 1 anyway
         assert "claims num-examples 200" in caplog.text and "counted as 20" in caplog.text
+
+
+def test_others_medians_are_the_direct_medians_of_the_others() -> None:
+    import statistics
+
+    from fedsys.validation import others_medians
+
+    rng = np.random.default_rng(7)
+    for trial in range(400):
+        n = int(rng.integers(2, 40))
+        if trial % 3 == 0:  # many ties
+            vals = [float(v) for v in rng.integers(0, 4, n)]
+        elif trial % 3 == 1:  # ints and floats mixed, as claims and norms may come
+            vals = [int(v) if k % 2 else float(v) for k, v in enumerate(rng.integers(0, 50, n))]
+        else:
+            vals = list(rng.standard_normal(n) * 10.0 ** float(rng.integers(-3, 4)))
+        if trial % 25 == 0:  # not all finite: the direct way
+            vals[int(rng.integers(0, n))] = float(rng.choice([np.inf, -np.inf, np.nan]))
+        keys = [int(k) for k in rng.permutation(10 * n)[:n]]
+        values = dict(zip(keys, vals, strict=True))
+        got = others_medians(values)
+        assert list(got) == keys
+        for k in keys:
+            want = statistics.median([v for j, v in values.items() if j != k])
+            assert got[k] == want or (math.isnan(got[k]) and math.isnan(want)), (values, k)
+    with pytest.raises(ValueError, match="two or more"):
+        others_medians({1: 1.0})
