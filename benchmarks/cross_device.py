@@ -66,6 +66,7 @@ VARIANTS = {
 }
 #: each variant's environment besides this process's
 VARIANT_ENV = {"inprocess-batched-default-heap": {"GLIBC_TUNABLES": ""}}
+FLOOR = "floor: plain PyTorch loop, one thread"
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -80,10 +81,11 @@ def peak_rss_mib(pid: int) -> float:
 
 
 def run_fedsys(sets: list[str], out: Path, env: dict[str, str] | None = None
-               ) -> tuple[list[float], float, float]:
-    """Round times (rounds 1..), whole wall seconds and the driver's peak RSS of one
-    ``fedsys run`` of the cross-device config with ``sets`` (``env`` added to this
-    process's environment)."""
+               ) -> tuple[list[float], float, float, float]:
+    """Round times (rounds 1..), whole wall seconds, the driver's peak RSS and the
+    training samples of a round (the rounds' median ``trained-examples``) of one ``fedsys
+    run`` of the cross-device config with ``sets`` (``env`` added to this process's
+    environment)."""
 
     cmd = [sys.executable, "-m", "fedsys_launch", "run", str(CONFIG), *(f"--set={s}" for s in sets),
            f"--set=output-dir={out}", "--set=name=xdev"]
@@ -100,65 +102,86 @@ def run_fedsys(sets: list[str], out: Path, env: dict[str, str] | None = None
         raise SystemExit(f"fedsys run failed (exit {proc.returncode}): see {out / 'log.txt'}")
     recs = [json.loads(line) for line in (out / "xdev" / "fedavg" / "metrics.jsonl")
             .read_text().splitlines() if line.strip()]
-    return [float(r["round-time"]) for r in recs if int(r["round"]) >= 1], wall, peak
+    rounds = [r for r in recs if int(r["round"]) >= 1]
+    return ([float(r["round-time"]) for r in rounds], wall, peak,
+            statistics.median(float(r.get("trained-examples", "nan")) for r in rounds))
 
 
 def floor(sets: list[str], rounds: int, messages: bool = False, evaluate: bool = False
-          ) -> list[float]:
-    """Round times of the plain PyTorch loop: the config's sampled clients' data, trained
-    one after another from the global model, then their example-weighted mean; with
-    ``messages`` each client reads the broadcast model from an ``ArrayRecord`` and sends
-    its trained model back as one, which the server reads; with ``evaluate`` the new
-    global model is scored on the central test split."""
+          ) -> tuple[list[float], int]:
+    """Round times of the plain PyTorch loop, and the samples a round trains: the
+    config's sampled clients' data, trained one after another from the global model,
+    then their example-weighted mean; with ``messages`` each client reads the broadcast
+    model from an ``ArrayRecord`` and sends its trained model back as one, which the
+    server reads; with ``evaluate`` the new global model is scored on the central test
+    split.  On the config's ``device`` (``--set device=cuda``: the model, every client's
+    data and the normalisation there from the start, each round's time taken after the
+    device has finished it)."""
     import numpy as np
     import torch
 
     from fedsys import protocol
     from fedsys.models import build_model
     from fedsys.params import from_torch, to_torch
-    from fedsys.task import client_data, dataset, score, test_sets
+    from fedsys.task import client_data, dataset, pick_device, score, test_sets
     from fedsys_launch.registry import load
 
     torch.set_num_threads(1)
     cfg = load(CONFIG, sets)
     ds = dataset(cfg)
-    data = [client_data(cfg, pid, cfg.num_clients) for pid in range(cfg.num_clients)]
-    net = build_model(cfg.model, ds.input_shape, ds.num_classes, cfg.seed, cfg.model_norm)
+    device = pick_device(cfg.device)
+    data = [tuple(t.to(device) for t in client_data(cfg, pid, cfg.num_clients))
+            for pid in range(cfg.num_clients)]
+    mean_, std_ = (torch.tensor(v, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+                   for v in (ds.mean, ds.std))
+
+    def normalise(x: torch.Tensor) -> torch.Tensor:  # Dataset.normalise, on the device
+        return x.to(torch.float32, copy=True).div_(255.0).sub_(mean_).div_(std_)
+
+    def done() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    net = build_model(cfg.model, ds.input_shape, ds.num_classes, cfg.seed, cfg.model_norm).to(device)
     global_w = {k: v.clone() for k, v in net.state_dict().items()}
     rng = np.random.default_rng(cfg.seed)
-    times = []
+    times, samples = [], 0
     (_, x_test, y_test), = test_sets(cfg)[:1]
+    x_test, y_test = x_test.to(device), y_test.to(device)
     for _ in range(rounds):
-        t0 = time.perf_counter()
+        t0, samples = done(), 0
         total = {k: torch.zeros_like(v) for k, v in global_w.items()}
         n_all = 0
         # the broadcast, read once for all the round's clients (the least a reader does)
-        start = (to_torch(protocol.from_record(protocol.to_record(from_torch(global_w))))
-                 if messages else global_w)
+        start = ({k: v.to(device) for k, v in to_torch(protocol.from_record(
+            protocol.to_record(from_torch(global_w)))).items()} if messages else global_w)
         for pid in rng.choice(cfg.num_clients, cfg.clients_per_round, replace=False):
             x, y = data[int(pid)]
             net.load_state_dict(start)
             opt = torch.optim.SGD(net.parameters(), lr=cfg.lr, momentum=cfg.momentum)
             for _ in range(cfg.local_epochs):
-                perm = torch.randperm(len(y))
+                perm = torch.randperm(len(y), device=device)
                 for i in range(0, len(y), cfg.batch_size):
                     idx = perm[i:i + cfg.batch_size]
                     opt.zero_grad()
-                    torch.nn.functional.cross_entropy(net(ds.normalise(x[idx])), y[idx]).backward()
+                    torch.nn.functional.cross_entropy(net(normalise(x[idx])), y[idx]).backward()
                     opt.step()
+                samples += len(y)
             trained = net.state_dict()
             if messages:  # the reply's ArrayRecord, read back on the server
-                trained = to_torch(protocol.from_record(protocol.to_record(from_torch(trained))))
+                trained = {k: v.to(device) for k, v in to_torch(protocol.from_record(
+                    protocol.to_record(from_torch(trained)))).items()}
             for k, v in trained.items():
                 total[k] += v * len(y)
             n_all += len(y)
         global_w = {k: v / n_all for k, v in total.items()}
         if evaluate:
             net.load_state_dict(global_w)
-            score(net, ds.normalise, x_test, y_test, cfg.eval_batch_size, torch.device("cpu"))
+            score(net, normalise, x_test, y_test, cfg.eval_batch_size, device)
             net.train()
-        times.append(time.perf_counter() - t0)
-    return times
+        times.append(done() - t0)
+    return times, samples
 
 
 def main() -> None:
@@ -199,38 +222,46 @@ def main() -> None:
                 stack.enter_context(ray_node(address, root / f"node{k}", num_cpus=1))
             variants["inprocess-ray"] = [*VARIANTS["inprocess-batched"], f"ray-address={address}"]
         passes = [one_pass(sets, args, variants, k) for k in range(args.repeat)]
-    base = "floor: plain PyTorch loop, one thread"
-    print("\n| engine | round s (median, rounds 2..) | / floor | whole run s | driver peak RSS MiB |"
-          + (" / floor, each pass |" if args.repeat > 1 else ""))
-    print("|---|---:|---:|---:|---:|" + ("---|" if args.repeat > 1 else ""))
+    print("\n| engine | round s (median, rounds 2..) | / floor | samples/s | whole run s | "
+          "driver peak RSS MiB |" + (" / floor, each pass |" if args.repeat > 1 else ""))
+    print("|---|---:|---:|---:|---:|---:|" + ("---|" if args.repeat > 1 else ""))
+
+    def cell(v: float, fmt: str) -> str:
+        return "-" if v != v else format(v, fmt)  # nan: not measured (the floors)
+
     for name in passes[0]:
         rts = [p[name][0] for p in passes]
-        ratios = [p[name][0] / p[base][0] for p in passes]
+        ratios = [p[name][0] / p[FLOOR][0] for p in passes]
         walls, peaks = [p[name][1] for p in passes], [p[name][2] for p in passes]
+        rates = [p[name][3] for p in passes]
         each = (" " + ", ".join(f"{r:.2f}" for r in ratios) + " |") if args.repeat > 1 else ""
         print(f"| {name} | {statistics.median(rts):.3f} | {statistics.median(ratios):.2f} | "
-              f"{statistics.median(walls):.1f} | {statistics.median(peaks):.0f} |{each}")
+              f"{statistics.median(rates):,.0f} | {cell(statistics.median(walls), '.1f')} | "
+              f"{cell(statistics.median(peaks), '.0f')} |{each}")
+
+
+Row = tuple[float, float, float, float]  #: round s, wall s, peak RSS MiB, samples a second
 
 
 def one_pass(sets: list[str], args: argparse.Namespace, variants: dict[str, list[str]],
-             k: int) -> dict[str, tuple[float, float, float]]:
+             k: int) -> dict[str, Row]:
     """The floors, then each engine, one after the other: per row its median round time
-    (rounds 2..), whole wall seconds and driver peak RSS (nan for the floors)."""
+    (rounds 2..), whole wall seconds, driver peak RSS (nan for the floors) and training
+    samples a second (a round's samples over its median round time)."""
     nan = float("nan")
-    fl = floor(sets, args.rounds)
-    rows = {"floor: plain PyTorch loop, one thread": (statistics.median(fl[1:] or fl), nan, nan)}
-    print(f"[pass {k + 1}] floor (plain PyTorch loop, 1 thread): {rows[next(iter(rows))][0]:.3f} s "
-          "a round", flush=True)
-    for label, kw in (("floor + Flower's messages", {"messages": True}),
+    rows: dict[str, Row] = {}
+    for label, kw in ((FLOOR, {}), ("floor + Flower's messages", {"messages": True}),
                       ("floor + messages + central evaluation", {"messages": True, "evaluate": True})):
-        more = floor(sets, args.rounds, **kw)
-        rows[label] = (statistics.median(more[1:] or more), nan, nan)
-        print(f"[pass {k + 1}] {label}: {rows[label][0]:.3f} s a round", flush=True)
+        times, n = floor(sets, args.rounds, **kw)
+        rt = statistics.median(times[1:] or times)
+        rows[label] = (rt, nan, nan, n / rt)
+        print(f"[pass {k + 1}] {label}: {rt:.3f} s a round", flush=True)
     for name, extra in variants.items():
-        times, wall, peak = run_fedsys([*sets, *extra], args.out.resolve() / f"{name}-{k}",
-                                       VARIANT_ENV.get(name))
-        rows[name] = (statistics.median(times[1:] or times), wall, peak)
-        print(f"[pass {k + 1}] {name}: {rows[name][0]:.3f} s a round ({wall:.1f} s wall, "
+        times, wall, peak, samples = run_fedsys([*sets, *extra], args.out.resolve() / f"{name}-{k}",
+                                                VARIANT_ENV.get(name))
+        rt = statistics.median(times[1:] or times)
+        rows[name] = (rt, wall, peak, samples / rt)
+        print(f"[pass {k + 1}] {name}: {rt:.3f} s a round ({wall:.1f} s wall, "
               f"{peak:.0f} MiB)", flush=True)
     return rows
 
