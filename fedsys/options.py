@@ -58,21 +58,36 @@ _BOUND = re.compile(r"^\s*([\[(])\s*(-?[\d.e+-]+|-inf)\s*,\s*([\d.e+-]+|inf)\s*(
 _CMP = re.compile(r"^\s*(>=|>|<=|<)\s*(-?[\d.e+-]+)\s*$")
 
 
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """A number's allowed range, as a predicate: above ``lo`` (or at it, unless
+    ``lo_open``), below ``hi`` (or at it, unless ``hi_open``); None: no bound on that
+    side.  A value of its own (not a closure), so that a config holding it pickles."""
+
+    lo: float | None
+    hi: float | None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def __call__(self, x: Any) -> bool:
+        lo, hi = self.lo, self.hi
+        above = lo is None or (x > lo if self.lo_open else x >= lo)
+        return bool(above and (hi is None or (x < hi if self.hi_open else x <= hi)))
+
+
 def bounds_check(text: str) -> Callable[[Any], bool]:
-    """A predicate from a bounds string: ``"> 0"``, ``">= -1"``, ``"[0, 1]"``, ``"(0, 1]"``."""
+    """A predicate from a bounds string: ``"> 0"``, ``">= -1"``, ``"[0, 1]"``, ``"(0, 1]"``
+    (a :class:`Bounds`)."""
     m = _CMP.match(text)
     if m:
         op, v = m.group(1), float(m.group(2))
-        return {
-            ">": lambda x: bool(x > v), ">=": lambda x: bool(x >= v),
-            "<": lambda x: bool(x < v), "<=": lambda x: bool(x <= v),
-        }[op]
+        return {">": Bounds(v, None, lo_open=True), ">=": Bounds(v, None),
+                "<": Bounds(None, v, hi_open=True), "<=": Bounds(None, v)}[op]
     m = _BOUND.match(text)
     if not m:
         raise ValueError(f"bad bounds {text!r}; write '> 0', '>= 0', '[0, 1]' or '(0, 1]'")
-    lo, hi = float(m.group(2)), float(m.group(3))
-    lo_open, hi_open = m.group(1) == "(", m.group(4) == ")"
-    return lambda x: bool((x > lo if lo_open else x >= lo) and (x < hi if hi_open else x <= hi))
+    return Bounds(float(m.group(2)), float(m.group(3)), lo_open=m.group(1) == "(",
+                  hi_open=m.group(4) == ")")
 
 
 def option(default: Scalar, help: str, *, choices: Iterable[str] | None = None,
@@ -219,5 +234,5 @@ def group_values(options: Any, prefix: str) -> dict[str, Scalar]:
     return {o.key: getattr(options, o.field) for o in declared(prefix, cls)}
 
 
-__all__ = ["REGISTERED_STRATEGIES", "SWITCH_WORDS", "ConfigError", "Option", "Scalar",
+__all__ = ["REGISTERED_STRATEGIES", "SWITCH_WORDS", "Bounds", "ConfigError", "Option", "Scalar",
            "bounds_check", "coerce_value", "declared", "group_values", "option", "parse_group", "suggest"]

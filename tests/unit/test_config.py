@@ -626,3 +626,37 @@ def test_the_sync_script_makes_the_committed_tables_and_replaces_stale_ones():
     assert sync.synced(text, toml) == text
     stale = text.replace("[tool.flwr.app.config.fedavgm]\n", "[tool.flwr.app.config.fedavgm]\nold-key = 1\n")
     assert stale != text and sync.synced(stale, toml) == text
+
+
+@pytest.mark.parametrize(("text", "inside", "outside"), [
+    ("> 0", [1e-300, 1.0, float("inf")], [0.0, -1.0, float("nan")]),
+    (">= -1", [-1.0, 0.0, float("inf")], [-1.0001, float("-inf"), float("nan")]),
+    ("< 2", [1.999, float("-inf")], [2.0, 3.0, float("nan")]),
+    ("<= 2", [2.0, -5.0], [2.0001, float("nan")]),
+    ("[0, 1]", [0.0, 0.5, 1.0], [-1e-9, 1.0000001, float("nan")]),
+    ("(0, 1]", [1e-12, 1.0], [0.0, 1.5]),
+    ("[0, 1)", [0.0, 0.999], [1.0]),
+    ("(-inf, inf)", [-1e300, 0.0, 1e300], [float("inf"), float("-inf"), float("nan")]),
+    ("[-inf, inf]", [float("-inf"), float("inf")], [float("nan")]),
+])
+def test_bounds_golden(text: str, inside: list[float], outside: list[float]) -> None:
+    from fedsys.options import bounds_check
+
+    check = bounds_check(text)
+    assert all(check(x) is True for x in inside), text
+    assert all(check(x) is False for x in outside), text
+    for x in (5, 0, -3):  # ints as floats
+        assert check(x) == check(float(x))
+
+
+def test_a_run_config_pickles_whole() -> None:
+    import pickle
+
+    cfg = registry.load(Path("configs/default.yaml"), ["fedcda.warmup=7", "lr=0.02"])
+    cfg.get("fedcda.warmup")  # its cached reads travel too, and stay right
+    back = pickle.loads(pickle.dumps(cfg))
+    assert back == cfg and back.to_dict() == cfg.to_dict()
+    assert back.get("fedcda.warmup") == 7 and back.group("fedcda") == cfg.group("fedcda")
+    # the schema's checks still check
+    with pytest.raises(ConfigError, match="lr"):
+        registry.from_run_config({**back.to_dict(), "lr": -1.0})
