@@ -24,6 +24,7 @@ from clients.optim import Optimiser
 from fedsys.options import parse_group
 from fedsys.params import Params
 from fedsys.protocol import TRAINED_EXAMPLES
+from fedsys.seeding import seed_torch
 
 if TYPE_CHECKING:
     import torch
@@ -248,7 +249,7 @@ def sgd_loop(
     net.to(device).train()
     opt = Optimiser(net.parameters(), cfg.optimizer, cfg.lr, momentum=cfg.momentum,
                     weight_decay=cfg.weight_decay)
-    torch.manual_seed(cfg.seed)  # dropout and similar layers
+    seed_torch(cfg.seed)  # dropout and similar layers (torch.manual_seed)
     steps, last_epoch, loss_sum, loss_n, seen = 0, -1, 0.0, 0, 0
     for epoch, idx in batches(len(y), cfg.batch_size, cfg.epochs, cfg.seed):
         if epoch != last_epoch:

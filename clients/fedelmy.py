@@ -32,7 +32,7 @@ from fedsys.fedelmy import GRAD_RATIO, POOL_HELD, pool_held
 from fedsys.options import option
 from fedsys.params import Params, RunningMean, from_torch, to_torch
 from fedsys.protocol import TRAINED_EXAMPLES
-from fedsys.seeding import derive_seed
+from fedsys.seeding import derive_seed, seed_torch
 
 if TYPE_CHECKING:
     import torch
@@ -156,7 +156,7 @@ def train_one(net: nn.Module, job: TrainJob, data: tuple[torch.Tensor, ...], epo
     net.to(device)
     params = pool_ops.trainable_params(net)
     opt = Optimiser(params, "adam", cfg.lr, weight_decay=cfg.weight_decay)
-    torch.manual_seed(seed)
+    seed_torch(seed)
     best: Params | None = None
     best_acc, last_loss, steps, examples = 0.0, 0.0, 0, 0
     logs: dict[str, float] = {}
@@ -201,13 +201,12 @@ def train_one(net: nn.Module, job: TrainJob, data: tuple[torch.Tensor, ...], epo
 
 def _prepare(job: TrainJob, options: Any) -> tuple[tuple[torch.Tensor, ...], list[Fit]]:
     """Validation split, own initialisation and the warm-up (a chain's first hop)."""
-    import torch
 
     tr, va = split_validation(len(job.y), float(options.val_fraction),
                               derive_seed(job.run_seed, job.partition_id, VAL_TAG))
     data = (job.x[tr], job.y[tr], job.x[va], job.y[va])
     if job.config.init_seed >= 0:
-        torch.manual_seed(job.config.init_seed)
+        seed_torch(job.config.init_seed)
         for m in job.net.modules():
             reset = getattr(m, "reset_parameters", None)
             if callable(reset):

@@ -10,6 +10,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from fedsys.seeding import seed_torch
+
 Builder = Callable[..., nn.Module]
 MODELS: dict[str, Builder] = {}
 
@@ -124,5 +126,5 @@ def build_model(
     if name not in MODELS:
         raise KeyError(f"unknown model {name!r}; registered: {', '.join(sorted(MODELS))}")
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        seed_torch(seed)
         return MODELS[name](in_shape, num_classes, norm=norm)

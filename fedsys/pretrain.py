@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 
 from fedsys.options import ConfigError, option
 from fedsys.params import Params, from_torch
-from fedsys.seeding import derive_seed
+from fedsys.seeding import derive_seed, seed_torch
 
 HOLDOUT_SEED = 0x401D
 HEAD_TAG = 0x4EAD
@@ -98,7 +98,7 @@ def reinit_head(net: Any, seed: int) -> str:
     name = head_name({k: v.detach().numpy() for k, v in net.state_dict().items()})
     module = net.get_submodule(name)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed(seed, HEAD_TAG))
+        seed_torch(derive_seed(seed, HEAD_TAG))
         module.reset_parameters()
     return name
 

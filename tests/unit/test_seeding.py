@@ -1,0 +1,66 @@
+"""``fedsys.seeding``: derived seeds, and ``seed_torch`` seeding as ``torch.manual_seed`` does."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from fedsys import seeding
+
+
+def test_derive_seed_golden() -> None:
+    # SeedSequence([seed, *keys]): fixed numbers on every machine, distinct per key
+    assert seeding.derive_seed(0, 1, 2) == seeding.derive_seed(0, 1, 2)
+    assert len({seeding.derive_seed(0, r, c) for r in range(10) for c in range(10)}) == 100
+    ss = np.random.SeedSequence([7, 3])
+    assert seeding.derive_seed(7, 3) == int(ss.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+    assert 0 <= seeding.derive_seed(2**62, 5) < 2**63
+
+
+@pytest.mark.parametrize("seed", [0, 1, 12345, 2**63 - 1, 0xFFFF_FFFF_FFFF_FFFF, -5])
+def test_seed_torch_draws_as_manual_seed(seed: int) -> None:
+    torch.manual_seed(seed)
+    want = (torch.rand(5), torch.randn(3), torch.randperm(10), torch.initial_seed())
+    torch.manual_seed(999)
+    seeding.seed_torch(seed)
+    got = (torch.rand(5), torch.randn(3), torch.randperm(10), torch.initial_seed())
+    assert all(torch.equal(a, b) for a, b in zip(got[:3], want[:3], strict=True))
+    assert got[3] == want[3]
+
+
+def test_seed_torch_refuses_what_manual_seed_refuses() -> None:
+    for bad in (2**64, -(2**63) - 1):
+        with pytest.raises((RuntimeError, ValueError)) as want:
+            torch.manual_seed(bad)
+        with pytest.raises((RuntimeError, ValueError)) as got:
+            seeding.seed_torch(bad)
+        assert type(got.value) is type(want.value) and str(got.value) == str(want.value)
+
+
+NO_STACK = """
+import traceback, torch
+from fedsys import seeding
+assert seeding._cpu_only()
+torch.default_generator.manual_seed(3)
+want = torch.rand(2).tolist()
+def refuse(*a, **k):
+    raise AssertionError("a stack was formatted")
+traceback.format_stack = refuse
+seeding.seed_torch(3)
+print(torch.rand(2).tolist() == want)
+try:
+    torch.manual_seed(3)  # torch's own keeps the seed for CUDA with a formatted stack
+except AssertionError:
+    print("torch formats one")
+"""
+
+
+@pytest.mark.skipif(not seeding._cpu_only(), reason="an accelerator is available: torch.manual_seed runs")
+def test_seed_torch_formats_no_stack_where_no_accelerator_can_be_used() -> None:
+    out = subprocess.run([sys.executable, "-c", NO_STACK], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split("\n")
+    assert out[:2] == ["True", "torch formats one"]
