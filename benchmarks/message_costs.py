@@ -9,7 +9,14 @@ it does now, on the same inputs (medians of ``--repeats`` timings of ``--number`
 - the partition-claim check at ``--nodes`` reported nodes: a pass over every report against
   :class:`strategies.nodes.Reports`;
 - normalising a step's 3,200 Fashion-MNIST-sized images: the expression used before against
-  :class:`fedsys.data.Normaliser` (in place on one copy).
+  :class:`fedsys.data.Normaliser` (in place on one copy);
+- an instruction's config (12 keys): a ``ConfigRecord`` built for each against a copy of the
+  round's one (:func:`fedsys.protocol.config_record`);
+- the leave-one-out medians of a round's 100 update norms: a sorted list of the others per
+  node against :func:`fedsys.validation.others_medians`;
+- seeding torch at a client's training, from 40 frames deep (a ClientApp's stack in a run):
+  ``torch.manual_seed`` against :func:`fedsys.seeding.seed_torch` (on a machine without an
+  accelerator; with one both are ``torch.manual_seed``).
 
 Every pair is also checked equal (bytes, arrays, the holder found, the tensor), so a ratio is
 never bought with a different result.
@@ -28,11 +35,13 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from fedsys import protocol
 from fedsys.data import Normaliser
 from fedsys.models import build_model
+from fedsys.seeding import seed_torch
+from fedsys.validation import others_medians
 from strategies.nodes import Reports
 
 
@@ -78,6 +87,26 @@ def main() -> None:
 
     assert torch.equal(old_norm(), norm(x))
 
+    cfg = {f"key-{i}": (i if i % 3 else float(i) if i % 2 else f"v{i}") for i in range(12)}
+    one = protocol.config_record(cfg)
+    assert ConfigRecord(dict(cfg)) == protocol.config_record(one)
+
+    rng = np.random.default_rng(0)
+    norms = {int(k): float(v) for k, v in enumerate(rng.gamma(2.0, 1.0, 100))}
+
+    def direct_medians() -> dict[int, float]:
+        return {k: statistics.median([v for j, v in norms.items() if j != k]) for k in norms}
+
+    assert direct_medians() == others_medians(norms)
+
+    def deep(fn: Callable[[], object], depth: int = 40) -> object:
+        return fn() if depth == 0 else deep(fn, depth - 1)
+
+    deep(lambda: torch.manual_seed(7))
+    want = torch.get_rng_state()
+    deep(lambda: seed_torch(7))
+    assert torch.equal(torch.get_rng_state(), want)
+
     pairs = [
         ("write the MLP's record", lambda: ArrayRecord({k: Array(v) for k, v in params.items()}),
          lambda: protocol.to_record(params), n),
@@ -86,6 +115,12 @@ def main() -> None:
         (f"partition claim, {args.nodes:,} nodes", scan,
          lambda: reports.holder(claim, asker), max(n // 20, 1)),
         ("normalise 3,200 images", old_norm, lambda: norm(x), max(n // 10, 1)),
+        ("an instruction's config record", lambda: ConfigRecord(dict(cfg)),
+         lambda: protocol.config_record(one), n),
+        ("leave-one-out medians, 100 norms", direct_medians, lambda: others_medians(norms),
+         max(n // 20, 1)),
+        ("seed torch, 40 frames deep", lambda: deep(lambda: torch.manual_seed(7)),
+         lambda: deep(lambda: seed_torch(7)), max(n // 4, 1)),
     ]
     print("| what | before ms | now ms | before / now |")
     print("|---|---:|---:|---:|")
