@@ -114,9 +114,9 @@ def floor(sets: list[str], rounds: int, messages: bool = False, evaluate: bool =
     then their example-weighted mean; with ``messages`` each client reads the broadcast
     model from an ``ArrayRecord`` and sends its trained model back as one, which the
     server reads; with ``evaluate`` the new global model is scored on the central test
-    split.  On the config's ``device`` (``--set device=cuda``: the model, every client's
-    data and the normalisation there from the start, each round's time taken after the
-    device has finished it)."""
+    split.  On the config's ``device`` (``--set device=cuda``: the model and every
+    client's data there from the start, normalised there, each round's time taken after
+    the device has finished it)."""
     import numpy as np
     import torch
 
@@ -132,12 +132,6 @@ def floor(sets: list[str], rounds: int, messages: bool = False, evaluate: bool =
     device = pick_device(cfg.device)
     data = [tuple(t.to(device) for t in client_data(cfg, pid, cfg.num_clients))
             for pid in range(cfg.num_clients)]
-    mean_, std_ = (torch.tensor(v, dtype=torch.float32, device=device).view(1, -1, 1, 1)
-                   for v in (ds.mean, ds.std))
-
-    def normalise(x: torch.Tensor) -> torch.Tensor:  # Dataset.normalise, on the device
-        return x.to(torch.float32, copy=True).div_(255.0).sub_(mean_).div_(std_)
-
     def done() -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -165,7 +159,7 @@ def floor(sets: list[str], rounds: int, messages: bool = False, evaluate: bool =
                 for i in range(0, len(y), cfg.batch_size):
                     idx = perm[i:i + cfg.batch_size]
                     opt.zero_grad()
-                    torch.nn.functional.cross_entropy(net(normalise(x[idx])), y[idx]).backward()
+                    torch.nn.functional.cross_entropy(net(ds.normalise(x[idx])), y[idx]).backward()
                     opt.step()
                 samples += len(y)
             trained = net.state_dict()
@@ -178,7 +172,7 @@ def floor(sets: list[str], rounds: int, messages: bool = False, evaluate: bool =
         global_w = {k: v / n_all for k, v in total.items()}
         if evaluate:
             net.load_state_dict(global_w)
-            score(net, normalise, x_test, y_test, cfg.eval_batch_size, device)
+            score(net, ds.normalise, x_test, y_test, cfg.eval_batch_size, device)
             net.train()
         times.append(done() - t0)
     return times, samples

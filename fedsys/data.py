@@ -81,10 +81,10 @@ class Normaliser:
     std: tuple[float, ...]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """Map a ``uint8`` batch to normalised float32."""
+        """Map a ``uint8`` batch to normalised float32 (on the batch's device)."""
         import torch
-        m = torch.tensor(self.mean, dtype=torch.float32).view(1, -1, 1, 1)
-        s = torch.tensor(self.std, dtype=torch.float32).view(1, -1, 1, 1)
+        m = torch.tensor(self.mean, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
+        s = torch.tensor(self.std, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
         # ((x / 255) - m) / s, each step in place on one new float32 copy of the batch
         return x.to(torch.float32, copy=True).div_(255.0).sub_(m).div_(s)
 

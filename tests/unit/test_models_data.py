@@ -349,3 +349,15 @@ def test_a_gz_is_read_through_an_uncompressed_copy_made_once(tmp_path, monkeypat
     (tmp_path / "blocked").write_text("a file where the cache directory would be")
     monkeypatch.setenv("FEDSYS_CACHE", str(tmp_path / "blocked"))
     assert fdata.load_fashion_mnist(str(tmp_path / "data")).x_train.shape[0] == 7
+
+
+def test_normaliser_works_on_the_batch_device() -> None:
+    import torch
+
+    from fedsys.data import Normaliser
+
+    norm = Normaliser((0.5,), (0.25,))
+    x = torch.tensor([[[[0, 255]]]], dtype=torch.uint8)
+    assert torch.equal(norm(x), torch.tensor([[[[-2.0, 2.0]]]]))
+    out = norm(x.to("meta"))  # a batch elsewhere than the CPU stays there
+    assert out.device.type == "meta" and out.dtype == torch.float32 and out.shape == x.shape

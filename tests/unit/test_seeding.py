@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
@@ -41,26 +38,33 @@ def test_seed_torch_refuses_what_manual_seed_refuses() -> None:
         assert type(got.value) is type(want.value) and str(got.value) == str(want.value)
 
 
-NO_STACK = """
-import traceback, torch
-from fedsys import seeding
-assert seeding._cpu_only()
-torch.default_generator.manual_seed(3)
-want = torch.rand(2).tolist()
-def refuse(*a, **k):
-    raise AssertionError("a stack was formatted")
-traceback.format_stack = refuse
-seeding.seed_torch(3)
-print(torch.rand(2).tolist() == want)
-try:
-    torch.manual_seed(3)  # torch's own keeps the seed for CUDA with a formatted stack
-except AssertionError:
-    print("torch formats one")
-"""
+@pytest.mark.parametrize("cpu_only", [True, False])
+def test_seed_torch_formats_no_stack_only_where_no_accelerator_can_be_used(monkeypatch, cpu_only):
+    import traceback
+
+    torch.default_generator.manual_seed(3)
+    want = torch.rand(2)
+    formatted: list[int] = []
+    real = traceback.format_stack
+    monkeypatch.setattr(traceback, "format_stack", lambda *a, **k: formatted.append(1) or real())
+    monkeypatch.setattr(seeding, "_cpu_only", lambda: cpu_only)
+    seeding.seed_torch(3)
+    assert torch.equal(torch.rand(2), want)
+    if cpu_only:
+        assert formatted == []  # the CPU generator alone
+    elif not torch.cuda.is_initialized():
+        assert formatted  # torch.manual_seed itself, which keeps the seed for the devices
 
 
-@pytest.mark.skipif(not seeding._cpu_only(), reason="an accelerator is available: torch.manual_seed runs")
-def test_seed_torch_formats_no_stack_where_no_accelerator_can_be_used() -> None:
-    out = subprocess.run([sys.executable, "-c", NO_STACK], capture_output=True, text=True,
-                         timeout=120, check=True).stdout.split("\n")
-    assert out[:2] == ["True", "torch formats one"]
+@pytest.mark.parametrize("available", [None, "cuda", "mps", "xpu"])
+def test_cpu_only_is_false_where_torch_has_an_accelerator(monkeypatch, available) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available == "cuda")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: available == "mps")
+    monkeypatch.setattr(torch.xpu, "is_available", lambda: available == "xpu")
+    if hasattr(torch, "mtia"):
+        monkeypatch.setattr(torch.mtia, "is_available", lambda: False)
+    seeding._cpu_only.cache_clear()
+    try:
+        assert seeding._cpu_only() is (available is None)
+    finally:
+        seeding._cpu_only.cache_clear()
