@@ -356,8 +356,12 @@ def test_anyone_on_the_network_reaches_the_fleet_api_only(dep: LocalDeployment,
     assert _wait_exit(p) not in (0, None)
     assert {n["node-id"] for n in dep.nodes()} == nodes
     assert {r["run-id"] for r in dep.runs()} == runs
-    # by hand, certificate checks off: every other path, however spelt, is nginx's 404
-    with httpx.Client(verify=False, timeout=30) as http:
+    # by hand, certificate checks off: every other path, however spelt, is nginx's 404.
+    # A new connection for each request: after an upstream's answer nginx may close a
+    # kept-alive connection that the client would otherwise send its next request on
+    # ("Server disconnected without sending a response", once in CI)
+    with httpx.Client(verify=False, timeout=30,
+                      limits=httpx.Limits(max_keepalive_connections=0)) as http:
         base = f"https://{dep.address}"
         for path in ("/v1/control/list-nodes", "/v1/control/start-run", "/v1/runtime/get-nodes",
                      "/v1/runtime/acquire-task", "/docs", "/openapi.json", "/health",
