@@ -241,6 +241,10 @@ def sgd_loop(
 
     Returns the mean data loss (without the penalty) of the last epoch and, as the
     metric ``trained-examples``, the examples all its steps went through.
+
+    The client's samples are copied to the training device once (as stored), each batch
+    gathered and normalised there; the batches' losses are read back once, at the end (on
+    a GPU no step waits for the one before to be read).
     """
     import torch
     from torch import nn
@@ -250,22 +254,30 @@ def sgd_loop(
     opt = Optimiser(net.parameters(), cfg.optimizer, cfg.lr, momentum=cfg.momentum,
                     weight_decay=cfg.weight_decay)
     seed_torch(cfg.seed)  # dropout and similar layers (torch.manual_seed)
-    steps, last_epoch, loss_sum, loss_n, seen = 0, -1, 0.0, 0, 0
+    x, y = x.to(device), y.to(device)
+    steps, last_epoch, seen = 0, -1, 0
+    epoch_losses: list[tuple[torch.Tensor, int]] = []  # the last epoch's (batch loss, size)
     for epoch, idx in batches(len(y), cfg.batch_size, cfg.epochs, cfg.seed):
         if epoch != last_epoch:
-            last_epoch, loss_sum, loss_n = epoch, 0.0, 0
-        xb, yb = normalise(x[idx]).to(device), y[idx].to(device)
+            last_epoch, epoch_losses = epoch, []
+        at = idx.to(device)
+        xb, yb = normalise(x[at]), y[at]
         opt.zero_grad(set_to_none=True)
         loss = nn.functional.cross_entropy(net(xb), yb)
         total = loss + penalty(net) if penalty is not None else loss
         total.backward()
         opt.step()
-        loss_sum += float(loss.detach()) * len(idx)
-        loss_n += len(idx)
+        epoch_losses.append((loss.detach(), len(idx)))
         seen += len(idx)
         steps += 1
         if cfg.max_steps and steps >= cfg.max_steps:
             break
+    loss_sum, loss_n = 0.0, 0
+    if epoch_losses:  # one read for all, summed in order as the steps came
+        values = torch.stack([v for v, _ in epoch_losses]).tolist()
+        for value, n in zip(values, (n for _, n in epoch_losses), strict=True):
+            loss_sum += value * n
+            loss_n += n
     if loss_n and not torch.isfinite(torch.tensor(loss_sum)):
         raise FloatingPointError("local training diverged (loss is NaN or Inf)")
     return TrainResult(len(y), loss_sum / max(loss_n, 1), steps,

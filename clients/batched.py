@@ -230,7 +230,7 @@ def train_together(net: nn.Module, starts: Sequence[State], jobs: Sequence[Train
     shared = all(j.normalise == jobs[0].normalise for j in jobs)
     # one normalisation: every client's samples in one pool, a step's batches read from it
     # by one index (a padded place reads the pool's first sample, masked out of the loss)
-    pool = _Pool([jobs[i] for i in order]) if shared else None
+    pool = _Pool([jobs[i] for i in order], device) if shared else None
     for t in range(max(steps, default=0)):
         live = sum(1 for i in order if steps[i] > t)
         picked, idxs = [], []
@@ -273,18 +273,22 @@ def train_together(net: nn.Module, starts: Sequence[State], jobs: Sequence[Train
 
 
 class _Pool:
-    """The samples of a round's clients in one tensor, row ``r``'s from ``starts[r]`` on."""
+    """The samples of a round's clients in one tensor on the training device, row ``r``'s
+    from ``starts[r]`` on: copied there once a round (as stored, ``uint8`` images), so that
+    a step's batches are gathered and normalised there, with only the step's indices
+    crossing over (on a GPU the step's float batches are not copied from the host)."""
 
-    def __init__(self, jobs: Sequence[TrainJob]) -> None:
+    def __init__(self, jobs: Sequence[TrainJob], device: torch.device) -> None:
         import torch
 
-        self.x = torch.cat([j.x for j in jobs])
-        self.y = torch.cat([j.y for j in jobs])
+        self.x = torch.cat([j.x for j in jobs]).to(device)
+        self.y = torch.cat([j.y for j in jobs]).to(device)
         self.starts = [0, *itertools.accumulate(len(j.y) for j in jobs[:-1])]
 
     def batch(self, idxs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The step's batches (row ``r``: the indices ``idxs[r]`` of its client's samples),
-        padded to the longest, and the mask of real samples (1) among them."""
+        padded to the longest, and the mask of real samples (1) among them, on the pool's
+        device."""
         import torch
         from torch.nn.utils.rnn import pad_sequence
 
@@ -292,7 +296,8 @@ class _Pool:
                              batch_first=True)
         lengths = torch.tensor([len(i) for i in idxs])
         keep = (torch.arange(where.shape[1]) < lengths[:, None]).to(torch.float32)
-        return self.x[where], self.y[where], keep
+        where = where.to(self.x.device)
+        return self.x[where], self.y[where], keep.to(self.x.device)
 
 
 def _padded(picked: list[tuple[torch.Tensor, torch.Tensor]]

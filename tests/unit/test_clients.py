@@ -60,6 +60,33 @@ def test_training_is_deterministic_and_reduces_loss(name):
     assert r1.num_examples == 300 and r1.steps == 3 * 10
 
 
+@pytest.mark.parametrize(("epochs", "max_steps"), [(2, 0), (3, 25), (1, 4)])
+def test_sgd_loop_reports_the_last_epochs_mean_batch_loss(epochs, max_steps):
+    """The reported loss is the mean over the last epoch's samples of each batch's loss
+    before its step (batches of 32 and a last one of 12; a ``max-steps`` cut inside an
+    epoch: that epoch's batches so far), as a plain loop with torch's SGD computes it."""
+    ds, net = setup()
+    ref = build_model("mlp", ds.input_shape, ds.num_classes, seed=0)
+    cfg = LocalConfig(epochs=epochs, batch_size=32, lr=0.1, seed=3, max_steps=max_steps)
+    got = fit("sgd", net, ds, cfg)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    per_epoch: dict[int, list[tuple[float, int]]] = {}
+    for step, (epoch, idx) in enumerate(batches(300, 32, epochs, seed=3)):
+        if max_steps and step == max_steps:
+            break
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(ref(ds.normalise(ds.x_train[idx])), ds.y_train[idx])
+        loss.backward()
+        opt.step()
+        per_epoch.setdefault(epoch, []).append((float(loss.detach()), len(idx)))
+    last = per_epoch[max(per_epoch)]
+    assert got.train_loss == pytest.approx(sum(v * n for v, n in last) / sum(n for _, n in last),
+                                           rel=1e-6)
+    assert got.steps == sum(len(b) for b in per_epoch.values())
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in
+               zip(net.state_dict().values(), ref.state_dict().values(), strict=True))
+
+
 def test_max_steps_caps_local_work():
     ds, net = setup()
     r = fit("sgd", net, ds, LocalConfig(epochs=5, batch_size=32, max_steps=7, seed=0))
