@@ -13,6 +13,10 @@ table gives milliseconds a round over rounds 2.. and the run's median ``round-ti
 Usage::
 
     python benchmarks/round_parts.py --rounds 21 --repeat 2
+    python benchmarks/round_parts.py --only kept --set model=fmnist-cnn --set samples-per-client=2
+
+(``--set``: more of the run's settings, e.g. the FMNIST CNN on two-sample clients: what a
+round costs beside the training for a 582,026-weight model, the part a GPU does not speed up.)
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ PARTS = [
 ]
 
 
-def child(rounds: int, out: str) -> None:
+def child(rounds: int, out: str, sets: list[str]) -> None:
     """One run with every part wrapped; its timings as JSON on the last line."""
     import importlib
 
@@ -89,7 +93,8 @@ def child(rounds: int, out: str) -> None:
     # as the command: main() reads sys.argv and sets the process's heap and OpenMP waiting
     sys.argv = ["fedsys", "run", str(ROOT / "configs" / "cross-device.yaml"),
                 f"--set=num-server-rounds={rounds}", "--set=engine=inprocess",
-                "--set=batch-clients=true", f"--set=output-dir={out}", "--set=name=parts"]
+                "--set=batch-clients=true", *(f"--set={kv}" for kv in sets),
+                f"--set=output-dir={out}", "--set=name=parts"]
     try:
         main()
     except SystemExit as exc:
@@ -101,12 +106,13 @@ def child(rounds: int, out: str) -> None:
     print(json.dumps({"round-time": rt, **{k: v / (rounds - 1) for k, v in spent.items()}}))
 
 
-def run_variant(name: str, rounds: int) -> dict[str, float]:
+def run_variant(name: str, rounds: int, sets: list[str]) -> dict[str, float]:
     """:func:`child` in a fresh process with the variant's environment."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")
            and k != "GLIBC_TUNABLES"} | VARIANTS[name]
     with tempfile.TemporaryDirectory(prefix="fedsys-parts-") as out:
-        proc = subprocess.run([sys.executable, __file__, "--child", str(rounds), out], env=env,
+        proc = subprocess.run([sys.executable, __file__, "--child", str(rounds), out,
+                               *(f"--set={kv}" for kv in sets)], env=env,
                               capture_output=True, text=True, cwd=ROOT, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"{name}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
@@ -119,10 +125,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=21)
     ap.add_argument("--repeat", type=int, default=1, help="passes of all the variants")
     ap.add_argument("--only", default="", help=f"comma-separated of {', '.join(VARIANTS)}")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a setting of the runs beside the cross-device config's")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(int(args.child[0]), args.child[1])
+        child(int(args.child[0]), args.child[1], args.set)
         return
     if args.rounds < 3 or args.repeat < 1:
         ap.error("--rounds 3 or more (round 1 is left out), --repeat 1 or more")
@@ -130,7 +138,7 @@ def main() -> None:
     got: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     for k in range(args.repeat):
         for n in names:
-            got[n].append(run_variant(n, args.rounds))
+            got[n].append(run_variant(n, args.rounds, args.set))
             print(f"[pass {k + 1}] {n}: {got[n][-1]['round-time']:.3f} s a round", flush=True)
     keys = ["round-time"] + [f"{c + '.' if c else ''}{a}" for _, c, a in PARTS]
     print("\n| ms a round (median of passes) | " + " | ".join(names) + " |")

@@ -155,7 +155,7 @@ def train_together(net: nn.Module, starts: Sequence[State], jobs: Sequence[Train
     list of (TrainResult or FloatingPointError, dict)
         Per job, in order: what :func:`~clients.base.sgd_loop` would report (or the error
         it would raise for a loss that is NaN or Inf), and the trained weights (on the
-        jobs' device; what was not trained is ``starts``'s).
+        CPU, rows of one stacked tensor per name; what was not trained is ``starts``'s).
 
     Raises
     ------
@@ -188,8 +188,18 @@ def train_together(net: nn.Module, starts: Sequence[State], jobs: Sequence[Train
     order = sorted(range(len(jobs)), key=lambda i: -steps[i])  # those training first
 
     def stacked(names: list[str]) -> State:
-        return {n: torch.stack([starts[i][n].detach() for i in order]).to(device)
-                for n in names}
+        """The clients' tensors of each name stacked on the device, each distinct tensor
+        copied there once (a round's broadcast model is one tensor shared by every
+        client's start: one copy to a GPU, not one per client)."""
+        out = {}
+        for n in names:
+            moved: dict[int, torch.Tensor] = {}
+            for i in order:
+                t = starts[i][n]
+                if id(t) not in moved:
+                    moved[id(t)] = t.detach().to(device)
+            out[n] = torch.stack([moved[id(starts[i][n])] for i in order])
+        return out
 
     weights, rest = stacked(trained), stacked(fixed)
     dtype = next(iter(weights.values())).dtype
@@ -259,9 +269,12 @@ def train_together(net: nn.Module, starts: Sequence[State], jobs: Sequence[Train
         opt.step_rows(live, [grads[n] for n in trained])
         loss_sum[:live] += data.detach().to(torch.float64) * sizes
     sums = loss_sum.tolist()
+    # the stacks back on the host in one copy each (on the CPU: themselves), a client's
+    # weights a row of them
+    host = {k: v.cpu() for k, v in (weights | rest).items()}
     out: list[tuple[TrainResult | FloatingPointError, State]] = [None] * rows  # type: ignore[list-item]
     for r, i in enumerate(order):
-        state = {k: (weights[k][r] if k in weights else rest[k][r]) for k in starts[i]}
+        state = {k: host[k][r] for k in starts[i]}
         result: TrainResult | FloatingPointError
         if loss_n[r] and not math.isfinite(sums[r]):
             result = FloatingPointError("local training diverged (loss is NaN or Inf)")

@@ -15,16 +15,25 @@
 #    on the batched in-process engine, the six runs at once (scripts/gpu_units.sh); what
 #    finishes within the time left is reported, what does not says how far it got.
 #
-# Everything worth keeping goes to $OUT (the device tool's folder: it comes back), small:
-# the tables, each run's metrics.jsonl, the logs' tails.  A dry run on the CPU (minutes):
+# What comes back ($OUT, the device tool's folder: at most 8 files, 2 folders down):
+# summary.md (the tables, each step's outcome), throughput.log, and results.tar.gz (every
+# run's metrics.jsonl, finished or cut off, the benchmark's records, the runs' logs).
+# The work itself stays in .gpu-work/ (git-ignored: kept on a warm device machine between
+# calls): run the same command again on the same machine and it goes on, the throughput
+# step not repeated, each cut-off run from its last checkpoint (every 10 rounds), for
+# what BUDGET leaves it (a second call: BUDGET=<seconds the lease has left, less a margin>).
+# A dry run on the CPU (minutes):
 #   PATH=.venv/bin:$PATH DEVICE=cpu QUICK=1 OUT=/tmp/i64 bash scripts/gpu_issue64.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/issue64}
+WORK=${WORK:-.gpu-work}
 DEVICE=${DEVICE:-cuda}
 QUICK=${QUICK:-}            # set: a few rounds of each, for trying the script on the CPU
-SECONDS_FEDCDA=${SECONDS_FEDCDA:-330}  # with the throughput step (at most 200 s): under the device tool's 600 s a call
-mkdir -p "$OUT"
+BUDGET=${BUDGET:-570}       # seconds for the whole script: under the device tool's 600 s a call
+# SECONDS_FEDCDA: step 2's time; unset, what BUDGET leaves after steps 1 and 1b (at most
+# 200 + 150 s) less 30 s for the report and the archive
+mkdir -p "$OUT" "$WORK"
 if [[ -f .gpu/setup.sh ]]; then source .gpu/setup.sh; fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the checkout, for the scripts' imports
 export FEDSYS=${FEDSYS:-python3 -m fedsys_launch.cli}
@@ -35,49 +44,83 @@ say "device: $DEVICE $(nvidia-smi --query-gpu=name,memory.total --format=csv,noh
 python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0], \
 'cuda', torch.cuda.is_available())" 2>&1 | tee -a "$OUT/summary.md"
 
-# 1. throughput
+# 1. throughput (once: an earlier call's table stands)
 if [[ -n $QUICK ]]; then rounds=2; extra=(--set samples-per-client=20)
 else rounds=4; extra=(); fi
 variants=inprocess-batched,flower
 client_gpus=0.1; [[ $DEVICE == cpu ]] && client_gpus=0  # a CPU dry run has no GPU to share
-say "1. throughput: benchmarks/cross_device.py --cnn --rounds $rounds --set device=$DEVICE"
-timeout 200 python3 benchmarks/cross_device.py --cnn --rounds "$rounds" --set device="$DEVICE" \
-    --set client-num-gpus="$client_gpus" "${extra[@]}" --only "$variants" --out "$OUT/xd" \
-    > "$OUT/throughput.log" 2>&1
-say "throughput exit $?"
+if grep -q '^| engine' "$WORK/throughput.log" 2>/dev/null; then
+  say "1. throughput: measured by an earlier call on this machine"
+else
+  say "1. throughput: benchmarks/cross_device.py --cnn --rounds $rounds --set device=$DEVICE"
+  rm -rf "$WORK/xd"
+  timeout 200 python3 benchmarks/cross_device.py --cnn --rounds "$rounds" --set device="$DEVICE" \
+      --set client-num-gpus="$client_gpus" "${extra[@]}" --only "$variants" --out "$WORK/xd" \
+      > "$WORK/throughput.log" 2>&1
+  say "throughput exit $?"
+  find "$WORK/xd" \( -name '*.pt' -o -name '*.png' \) -delete 2>/dev/null
+  python3 -m ray.scripts.scripts stop --force > /dev/null 2>&1
+fi
+cp "$WORK/throughput.log" "$OUT/throughput.log"
 sed -n '/^| engine/,$p' "$OUT/throughput.log" | tee -a "$OUT/summary.md"
 grep -q '^| engine' "$OUT/throughput.log" || tail -5 "$OUT/throughput.log"
-find "$OUT/xd" \( -name '*.pt' -o -name '*.png' \) -delete 2>/dev/null
-python3 -m ray.scripts.scripts stop --force > /dev/null 2>&1
+
+# 1b. where the batched GPU round's time goes: the training (BatchTraining.train, the samples/s
+#     of the training itself) against the messages, checks and aggregation around it
+if grep -q '^| round-time' "$WORK/parts.log" 2>/dev/null; then
+  say "1b. round parts: measured by an earlier call on this machine"
+else
+  say "1b. round parts: benchmarks/round_parts.py --only kept (the CNN setting, device $DEVICE)"
+  parts=(--set model=fmnist-cnn --set num-clients=100 --set clients-per-round=100 --set lr=0.01
+         --set device="$DEVICE")
+  [[ -n $QUICK ]] && parts+=(--set samples-per-client=20)
+  timeout 150 python3 benchmarks/round_parts.py --only kept --rounds "$((rounds + 1))" \
+      "${parts[@]}" > "$WORK/parts.log" 2>&1
+  say "round parts exit $?"
+fi
+sed -n '/^| ms a round/,$p' "$WORK/parts.log" | tee -a "$OUT/summary.md"
+grep -q '^| round-time' "$WORK/parts.log" || tail -5 "$WORK/parts.log"
 
 # 2. FedCDA against FedAvg at Table 1's schedule, 3 seeds, six runs at once
-if [[ -n $QUICK ]]; then sched=(--set num-server-rounds=3 --set local-epochs=1 --set fedcda.warmup=1)
+if [[ -n $QUICK ]]; then sched=(--set num-server-rounds=3 --set local-epochs=1 --set fedcda.warmup=1
+  --set checkpoint-every=1)
 else sched=(); fi
 say "2. FedCDA vs FedAvg, configs/fedcda-paper-dir0.3.yaml, seeds 0 1 2, engine inprocess (batched)"
-SEEDS="0 1 2" JOBS=6 DEVICE="$DEVICE" GPUS=0 OUT_RUNS="$OUT/runs" \
-  EXTRA="--set engine=inprocess --set batch-clients=true --set checkpoint-every=1000 ${sched[*]}" \
+SECONDS_FEDCDA=${SECONDS_FEDCDA:-$((BUDGET - (SECONDS - start) - 30))}
+say "   step 2 gets $SECONDS_FEDCDA s"
+SEEDS="0 1 2" JOBS=6 DEVICE="$DEVICE" GPUS=0 OUT_RUNS="$WORK/runs" \
+  EXTRA="--set engine=inprocess --set batch-clients=true --set checkpoint-every=10 ${sched[*]}" \
   timeout "$SECONDS_FEDCDA" bash scripts/gpu_units.sh fedcda paper-dir0.3 2>&1 | tee -a "$OUT/summary.md"
-for d in "$OUT"/runs/.tmp/*/; do  # a unit the time cut keeps its strategy's folder: how far it got
+sleep 5  # the cut runs' last writes
+rm -rf "$WORK/partial"; mkdir -p "$WORK/partial"
+for d in "$WORK"/runs/.tmp/*/; do  # a unit the time cut keeps its folder: how far it got
   m=$(find "$d" -mindepth 3 -maxdepth 3 -name metrics.jsonl 2>/dev/null | head -1)
   [[ -n $m ]] || continue
+  c=$(dirname "$m")/checkpoint.pt
   say "unfinished $(basename "$d"): last round recorded $(tail -1 "$m" | python3 -c \
-    'import json, sys; print(json.loads(sys.stdin.read()).get("round"))')"
-  cp "$m" "$OUT/runs/$(basename "$d").partial.jsonl"
+    'import json, sys; print(json.loads(sys.stdin.read()).get("round"))')$([[ -f $c ]] \
+    && echo ", a checkpoint to go on from" || echo ", no checkpoint yet")"
+  cp "$m" "$WORK/partial/$(basename "$d").jsonl"
 done
-rm -rf "$OUT/runs/.tmp"
-find "$OUT/runs" \( -name '*.pt' -o -name '*.png' \) -delete 2>/dev/null
-python3 - "$OUT/runs" <<'PY' 2>&1 | tee -a "$OUT/summary.md"
+python3 - "$WORK/runs" "$WORK/partial" <<'PY' 2>&1 | tee -a "$OUT/summary.md"
 import json, statistics, sys
 from pathlib import Path
-rows = {}
-for f in sorted(Path(sys.argv[1]).glob("*/seed-*/*/metrics.jsonl")):
+done = [(f, f.parent.name, f.parent.parent.name, "")
+        for f in sorted(Path(sys.argv[1]).glob("*/seed-*/*/metrics.jsonl"))]
+cut = [(f, f.stem.rsplit("-", 2)[2], "seed-" + f.stem.rsplit("-", 2)[1], " (cut off)")
+       for f in sorted(Path(sys.argv[2]).glob("*.jsonl"))]
+print("| strategy | seed | rounds | accuracy, last 10 rounds (mean ± sd) |")
+print("| --- | --- | --- | --- |")
+for f, label, seed, note in sorted(done + cut, key=lambda t: (t[1], t[2])):
     recs = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
     acc = [100 * r["accuracy"] for r in recs if r.get("round", 0) > 0 and "accuracy" in r]
-    last = acc[-10:]
-    rows.setdefault(f.parent.name, []).append((f.parent.parent.name, len(acc), statistics.mean(last),
-                                               statistics.pstdev(last)))
-for label, rs in rows.items():
-    for seed, n, m, s in rs:
-        print(f"| {label} | {seed} | {n} rounds | last-10 {m:.2f} ± {s:.2f} |")
+    if acc:
+        last = acc[-10:]
+        print(f"| {label} | {seed} | {len(acc)}{note} | {statistics.mean(last):.2f} ± "
+              f"{statistics.pstdev(last):.2f} |")
 PY
+# everything else in one file (the device tool brings back 8 files, 2 folders down)
+tar czf "$OUT/results.tar.gz" --exclude='*.pt' --exclude='*.png' --exclude='.fedsys.lock' \
+  -C "$WORK" throughput.log parts.log xd runs partial 2>&1 | tail -3
+say "results.tar.gz: $(du -k "$OUT/results.tar.gz" 2>/dev/null | cut -f1) KB"
 say "done"

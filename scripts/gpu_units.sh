@@ -7,7 +7,9 @@
 # `python scripts/report.py <method>` reads them.  Units run in the order given
 # (settings, then seeds, then the preset's strategies), JOBS at a time; a unit whose
 # metrics.jsonl is there is skipped.  Checkpoints and models are emptied after a unit (the
-# report needs the records; keep the box's results small).  On an offline GPU box, first
+# report needs the records; keep the box's results small).  A unit cut off (a time limit, a
+# kill) keeps its folder under $OUT/.tmp: run the script again and it goes on from its last
+# checkpoint (`fedsys resume`; `--set checkpoint-every=k` in EXTRA bounds the rounds lost).  On an offline GPU box, first
 # `source .gpu/setup.sh` (../shared/gpu/README.md); FEDSYS then defaults to
 # `python3 -m fedsys_launch.cli`.
 # DEVICE (cuda), GPUS (1: a client's share of the GPU as Ray counts it; 1 starts one ClientApp
@@ -45,17 +47,25 @@ unit() {
   local setting=$1 seed=$2 label=$3 entry=$4
   local dest="$OUT/$setting/seed-$seed/$label" tmp="$OUT/.tmp/$setting-$seed-$label"
   [[ -f "$dest/metrics.jsonl" ]] && return 0
-  rm -rf "$tmp"; mkdir -p "$tmp" "$(dirname "$dest")"
-  local t0=$SECONDS
-  if $FEDSYS run "configs/$method-$setting.yaml" --set seed="$seed" --set strategy="$entry" \
+  local t0=$SECONDS how
+  if [[ -f "$tmp/u/$label/checkpoint.pt" ]]; then  # cut off before: on from its checkpoint
+    how="resumed from round $(tail -1 "$tmp/u/$label/metrics.jsonl" 2>/dev/null | python3 -c \
+      'import json, sys; print(json.loads(sys.stdin.read()).get("round"))' 2>/dev/null)"
+    $FEDSYS resume "$tmp/u" >> "$tmp.log" 2>&1
+  else
+    how=new
+    rm -rf "$tmp"; mkdir -p "$tmp" "$(dirname "$dest")"
+    $FEDSYS run "configs/$method-$setting.yaml" --set seed="$seed" --set strategy="$entry" \
       --set device="$DEVICE" --set client-num-gpus="$GPUS" $EXTRA --set output-dir="$tmp" --set name=u \
-      > "$tmp.log" 2>&1 && [[ -f "$tmp/u/$label/model.pt" ]]; then
+      > "$tmp.log" 2>&1
+  fi
+  if [[ $? == 0 && -f "$tmp/u/$label/model.pt" ]]; then
     for f in "$tmp/u/$label"/*.pt; do : > "$f"; done
     rm -f "$tmp/u/$label"/*.png
     mv "$tmp/u/$label" "$dest"
-    echo "unit $setting seed $seed $label: done in $((SECONDS - t0)) s"
+    echo "unit $setting seed $seed $label ($how): done in $((SECONDS - t0)) s"
   else
-    echo "unit $setting seed $seed $label: FAILED after $((SECONDS - t0)) s; log:"; tail -5 "$tmp.log"
+    echo "unit $setting seed $seed $label ($how): FAILED after $((SECONDS - t0)) s; log:"; tail -5 "$tmp.log"
   fi
 }
 export -f unit
