@@ -87,6 +87,7 @@ if [[ -n $QUICK ]]; then sched=(--set num-server-rounds=3 --set local-epochs=1 -
 else sched=(); fi
 say "2. FedCDA vs FedAvg, configs/fedcda-paper-dir0.3.yaml, seeds 0 1 2, engine inprocess (batched)"
 SECONDS_FEDCDA=${SECONDS_FEDCDA:-$((BUDGET - (SECONDS - start) - 30))}
+(( SECONDS_FEDCDA >= 30 )) || SECONDS_FEDCDA=30  # steps 1 and 1b overran: still a start
 say "   step 2 gets $SECONDS_FEDCDA s"
 SEEDS="0 1 2" JOBS=6 DEVICE="$DEVICE" GPUS=0 OUT_RUNS="$WORK/runs" \
   EXTRA="--set engine=inprocess --set batch-clients=true --set checkpoint-every=10 ${sched[*]}" \
