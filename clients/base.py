@@ -217,13 +217,17 @@ def _train_with(trainer: Trainer, job: TrainJob, kind: str) -> TrainResult:
             p.requires_grad_(True)
 
 
-def batches(n: int, batch_size: int, epochs: int, seed: int) -> Iterator[tuple[int, torch.Tensor]]:
-    """Yield ``(epoch, indices)`` of seeded shuffled mini-batches."""
+def batches(n: int, batch_size: int, epochs: int, seed: int,
+            device: torch.device | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+    """Yield ``(epoch, indices)`` of seeded shuffled mini-batches (drawn on the CPU; with
+    ``device``, each epoch's order copied there once and the indices read from it)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
     for epoch in range(epochs):
         perm = torch.randperm(n, generator=gen)
+        if device is not None:
+            perm = perm.to(device)
         for i in range(0, n, batch_size):
             yield epoch, perm[i : i + batch_size]
 
@@ -242,9 +246,9 @@ def sgd_loop(
     Returns the mean data loss (without the penalty) of the last epoch and, as the
     metric ``trained-examples``, the examples all its steps went through.
 
-    The client's samples are copied to the training device once (as stored), each batch
-    gathered and normalised there; the batches' losses are read back once, at the end (on
-    a GPU no step waits for the one before to be read).
+    The client's samples are copied to the training device once (as stored), each epoch's
+    order once, each batch gathered and normalised there; the batches' losses are read back
+    once, at the end (on a GPU no step waits for a copy or a read).
     """
     import torch
     from torch import nn
@@ -257,11 +261,10 @@ def sgd_loop(
     x, y = x.to(device), y.to(device)
     steps, last_epoch, seen = 0, -1, 0
     epoch_losses: list[tuple[torch.Tensor, int]] = []  # the last epoch's (batch loss, size)
-    for epoch, idx in batches(len(y), cfg.batch_size, cfg.epochs, cfg.seed):
+    for epoch, idx in batches(len(y), cfg.batch_size, cfg.epochs, cfg.seed, device):
         if epoch != last_epoch:
             last_epoch, epoch_losses = epoch, []
-        at = idx.to(device)
-        xb, yb = normalise(x[at]), y[at]
+        xb, yb = normalise(x[idx]), y[idx]
         opt.zero_grad(set_to_none=True)
         loss = nn.functional.cross_entropy(net(xb), yb)
         total = loss + penalty(net) if penalty is not None else loss

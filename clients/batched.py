@@ -41,6 +41,9 @@ if TYPE_CHECKING:
     from torch import nn
 
 State = dict[str, "torch.Tensor"]
+#: steps whose batches are read ahead (their indices one copy to the device): bounds the
+#: memory the read-ahead holds
+PLANNED_STEPS = 256
 
 
 def steps_of(n: int, cfg: LocalConfig) -> int:
@@ -241,33 +244,44 @@ def train_together(net: nn.Module, starts: Sequence[State], jobs: Sequence[Train
     # one normalisation: every client's samples in one pool, a step's batches read from it
     # by one index (a padded place reads the pool's first sample, masked out of the loss)
     pool = _Pool([jobs[i] for i in order], device) if shared else None
-    for t in range(max(steps, default=0)):
-        live = sum(1 for i in order if steps[i] > t)
-        picked, idxs = [], []
-        for r in range(live):
-            epoch, idx = next(feeds[r])
-            if epoch != last_epoch[r]:
-                last_epoch[r], loss_n[r] = epoch, 0
-                loss_sum[r] = 0.0
-            if pool is None:
-                job = jobs[order[r]]
-                picked.append((job.normalise(job.x[idx]), job.y[idx]))
-            idxs.append(idx)
-            loss_n[r] += len(idx)
-            seen[r] += len(idx)
-        if pool is not None:  # one call for the step's every sample (the clients' own function)
-            xs, ys, keep = pool.batch(idxs)
-            xs = jobs[0].normalise(xs.flatten(0, 1)).unflatten(0, xs.shape[:2])
-        else:
-            xs, ys, keep = _padded(picked)
-        keep = keep.to(xs.dtype)
-        sizes = keep.sum(1).to(device, torch.float64)
-        view = {n: w[:live] for n, w in weights.items()}
-        grads, data = step(view, {n: v[:live] for n, v in rest.items()},
-                           {n: v[:live] for n, v in anchor.items()}, mus[:live],
-                           xs.to(device), ys.to(device), keep.to(device))
-        opt.step_rows(live, [grads[n] for n in trained])
-        loss_sum[:live] += data.detach().to(torch.float64) * sizes
+    total, done = max(steps, default=0), 0
+    while done < total:
+        # the next steps' batches read from the clients' feeds first (which rows start an
+        # epoch at each step, each step's indices), so that the pool's indices for all of
+        # them cross to the device in one copy: a step then waits for no copy
+        plan: list[tuple[int, list[int], list[torch.Tensor]]] = []
+        for t in range(done, min(done + PLANNED_STEPS, total)):
+            live = sum(1 for i in order if steps[i] > t)
+            fresh, idxs = [], []
+            for r in range(live):
+                epoch, idx = next(feeds[r])
+                if epoch != last_epoch[r]:
+                    last_epoch[r], loss_n[r] = epoch, 0
+                    fresh.append(r)
+                idxs.append(idx)
+                loss_n[r] += len(idx)
+                seen[r] += len(idx)
+            plan.append((live, fresh, idxs))
+        done += len(plan)
+        gathered = pool.schedule([idxs for *_, idxs in plan]) if pool is not None else None
+        for k, (live, fresh, idxs) in enumerate(plan):
+            for r in fresh:
+                loss_sum[r].fill_(0.0)  # on the device, no copy from the host
+            if pool is not None and gathered is not None:  # one call for the step's samples
+                where, keep = gathered[k]
+                xs, ys = pool.x[where], pool.y[where]
+                xs = jobs[0].normalise(xs.flatten(0, 1)).unflatten(0, xs.shape[:2])
+            else:
+                xs, ys, keep = _padded([(jobs[order[r]].normalise(jobs[order[r]].x[idx]),
+                                         jobs[order[r]].y[idx]) for r, idx in enumerate(idxs)])
+            keep = keep.to(xs.dtype)
+            sizes = keep.sum(1).to(device, torch.float64)
+            view = {n: w[:live] for n, w in weights.items()}
+            grads, data = step(view, {n: v[:live] for n, v in rest.items()},
+                               {n: v[:live] for n, v in anchor.items()}, mus[:live],
+                               xs.to(device), ys.to(device), keep.to(device))
+            opt.step_rows(live, [grads[n] for n in trained])
+            loss_sum[:live] += data.detach().to(torch.float64) * sizes
     sums = loss_sum.tolist()
     # the stacks back on the host in one copy each (on the CPU: themselves), a client's
     # weights a row of them
@@ -288,8 +302,8 @@ def train_together(net: nn.Module, starts: Sequence[State], jobs: Sequence[Train
 class _Pool:
     """The samples of a round's clients in one tensor on the training device, row ``r``'s
     from ``starts[r]`` on: copied there once a round (as stored, ``uint8`` images), so that
-    a step's batches are gathered and normalised there, with only the step's indices
-    crossing over (on a GPU the step's float batches are not copied from the host)."""
+    a step's batches are gathered and normalised there, with only the steps' indices
+    crossing over, many steps' in one copy (:meth:`schedule`)."""
 
     def __init__(self, jobs: Sequence[TrainJob], device: torch.device) -> None:
         import torch
@@ -298,19 +312,29 @@ class _Pool:
         self.y = torch.cat([j.y for j in jobs]).to(device)
         self.starts = [0, *itertools.accumulate(len(j.y) for j in jobs[:-1])]
 
-    def batch(self, idxs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The step's batches (row ``r``: the indices ``idxs[r]`` of its client's samples),
-        padded to the longest, and the mask of real samples (1) among them, on the pool's
-        device."""
+    def schedule(self, steps: list[list[torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """For each step (row ``r``: the indices ``steps[t][r]`` of its client's samples) the
+        places of its batches in the pool, padded to the longest, and the mask of real
+        samples (1) among them: on the pool's device, all steps' in one copy of each."""
         import torch
         from torch.nn.utils.rnn import pad_sequence
 
-        where = pad_sequence([i + s for i, s in zip(idxs, self.starts, strict=False)],
-                             batch_first=True)
-        lengths = torch.tensor([len(i) for i in idxs])
-        keep = (torch.arange(where.shape[1]) < lengths[:, None]).to(torch.float32)
-        where = where.to(self.x.device)
-        return self.x[where], self.y[where], keep.to(self.x.device)
+        wheres, keeps = [], []
+        for idxs in steps:
+            where = pad_sequence([i + s for i, s in zip(idxs, self.starts, strict=False)],
+                                 batch_first=True)
+            lengths = torch.tensor([len(i) for i in idxs])
+            wheres.append(where)
+            keeps.append((torch.arange(where.shape[1]) < lengths[:, None]).to(torch.float32))
+        flat_where = torch.cat([w.flatten() for w in wheres]).to(self.x.device)
+        flat_keep = torch.cat([k.flatten() for k in keeps]).to(self.x.device)
+        out, at = [], 0
+        for where, keep in zip(wheres, keeps, strict=True):
+            n = where.numel()
+            out.append((flat_where[at : at + n].view(where.shape),
+                        flat_keep[at : at + n].view(keep.shape)))
+            at += n
+        return out
 
 
 def _padded(picked: list[tuple[torch.Tensor, torch.Tensor]]

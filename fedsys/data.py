@@ -83,10 +83,20 @@ class Normaliser:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Map a ``uint8`` batch to normalised float32 (on the batch's device)."""
         import torch
-        m = torch.tensor(self.mean, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
-        s = torch.tensor(self.std, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
+        m, s = _statistics(self.mean, self.std, x.device)
         # ((x / 255) - m) / s, each step in place on one new float32 copy of the batch
         return x.to(torch.float32, copy=True).div_(255.0).sub_(m).div_(s)
+
+
+@functools.lru_cache(maxsize=64)
+def _statistics(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:class:`Normaliser`'s mean and std as float32 tensors on ``device``, shaped to
+    broadcast over a batch: made once per device (on a GPU each making is a copy the host
+    waits for), read only."""
+    import torch
+    return (torch.tensor(mean, dtype=torch.float32, device=device).view(1, -1, 1, 1),
+            torch.tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1))
 
 
 # --------------------------------------------------------------------------- FMNIST

@@ -135,6 +135,27 @@ def test_a_finished_client_is_left_exactly_as_it_was(float64):
         assert not all(torch.equal(both[0][1][k], first[0][1][k]) for k in starts[0])
 
 
+@pytest.mark.parametrize("ahead", [1, 2, 5])
+def test_reading_batches_ahead_changes_nothing(monkeypatch, ahead):
+    """The steps whose batches are read ahead at once (``PLANNED_STEPS``: their indices one
+    copy to the device) leave every number as reading them step by step would: clients of
+    unequal sizes over 2 epochs (rows finishing, epochs starting inside a read-ahead), with
+    momentum and the proximal term, compared to the bit with the default read-ahead (all of
+    this run's 10 steps at once)."""
+    import clients.batched as batched
+
+    cfg = LocalConfig(epochs=2, batch_size=16, lr=0.05, momentum=0.9)
+    net, starts, jobs = _clients("mlp", (1, 28, 28), [70, 10, 45, 33], cfg)
+    specs = [BatchSpec(0.01)] * len(jobs)
+    whole = train_together(net, starts, jobs, specs)
+    assert max(r.steps for r, _ in whole) == 10 <= batched.PLANNED_STEPS  # type: ignore[union-attr]
+    monkeypatch.setattr(batched, "PLANNED_STEPS", ahead)
+    parts = train_together(net, starts, jobs, specs)
+    for (r1, w1), (r2, w2) in zip(whole, parts, strict=True):
+        assert r1 == r2
+        assert all(torch.equal(w1[k], w2[k]) for k in w1)
+
+
 def test_step_rows_is_step_on_each_row():
     """The optimiser's update of stacked rows is its update of each row alone, to the bit
     (SGD with momentum and Adam; the last row finished after the first step)."""
