@@ -39,6 +39,23 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the checkout, for the scr
 export FEDSYS=${FEDSYS:-python3 -m fedsys_launch.cli}
 start=$SECONDS
 say() { echo "[$((SECONDS - start)) s] $*" | tee -a "$OUT/summary.md"; }
+# the GPU's utilisation while a step runs (nvidia-smi once a second into $WORK/gpu-NAME.csv):
+# whether the step kept the chip busy or waited on the host; its mean goes in the summary
+watcher= watched=
+watch_gpu() {  # NAME
+  command -v nvidia-smi > /dev/null || return 0
+  watched="$WORK/gpu-$1.csv"
+  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 \
+    > "$watched" 2>/dev/null &
+  watcher=$!
+}
+stop_gpu() {  # WHAT (for the summary)
+  [[ -n $watcher ]] || return 0
+  kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; watcher=
+  say "   GPU during $1: $(awk -F', *' '$1 ~ /^[0-9]+$/ {u += $1; if ($2 > m) m = $2; n++}
+    END {if (n) printf "utilisation %.0f %% (mean of %d samples a second apart), memory up to %d MiB",
+    u / n, n, m; else print "no samples"}' "$watched")"
+}
 
 say "device: $DEVICE $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1)"
 python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0], \
@@ -54,10 +71,12 @@ if grep -q '^| engine' "$WORK/throughput.log" 2>/dev/null; then
 else
   say "1. throughput: benchmarks/cross_device.py --cnn --rounds $rounds --set device=$DEVICE"
   rm -rf "$WORK/xd"
+  watch_gpu throughput
   timeout 200 python3 benchmarks/cross_device.py --cnn --rounds "$rounds" --set device="$DEVICE" \
       --set client-num-gpus="$client_gpus" "${extra[@]}" --only "$variants" --out "$WORK/xd" \
       > "$WORK/throughput.log" 2>&1
   say "throughput exit $?"
+  stop_gpu "step 1 (both engines and the floor)"
   find "$WORK/xd" \( -name '*.pt' -o -name '*.png' \) -delete 2>/dev/null
   python3 -m ray.scripts.scripts stop --force > /dev/null 2>&1
 fi
@@ -74,9 +93,11 @@ else
   parts=(--set model=fmnist-cnn --set num-clients=100 --set clients-per-round=100 --set lr=0.01
          --set device="$DEVICE")
   [[ -n $QUICK ]] && parts+=(--set samples-per-client=20)
+  watch_gpu parts
   timeout 150 python3 benchmarks/round_parts.py --only kept --rounds "$((rounds + 1))" \
       "${parts[@]}" > "$WORK/parts.log" 2>&1
   say "round parts exit $?"
+  stop_gpu "step 1b (the batched engine alone)"
 fi
 sed -n '/^| ms a round/,$p' "$WORK/parts.log" | tee -a "$OUT/summary.md"
 grep -q '^| round-time' "$WORK/parts.log" || tail -5 "$WORK/parts.log"
@@ -89,9 +110,11 @@ say "2. FedCDA vs FedAvg, configs/fedcda-paper-dir0.3.yaml, seeds 0 1 2, engine 
 SECONDS_FEDCDA=${SECONDS_FEDCDA:-$((BUDGET - (SECONDS - start) - 30))}
 (( SECONDS_FEDCDA >= 30 )) || SECONDS_FEDCDA=30  # steps 1 and 1b overran: still a start
 say "   step 2 gets $SECONDS_FEDCDA s"
+watch_gpu "table1-$(date +%H%M%S)"
 SEEDS="0 1 2" JOBS=6 DEVICE="$DEVICE" GPUS=0 OUT_RUNS="$WORK/runs" \
   EXTRA="--set engine=inprocess --set batch-clients=true --set checkpoint-every=10 ${sched[*]}" \
   timeout "$SECONDS_FEDCDA" bash scripts/gpu_units.sh fedcda paper-dir0.3 2>&1 | tee -a "$OUT/summary.md"
+stop_gpu "step 2 (six runs at once)"
 sleep 5  # the cut runs' last writes
 rm -rf "$WORK/partial"; mkdir -p "$WORK/partial"
 for d in "$WORK"/runs/.tmp/*/; do  # a unit the time cut keeps its folder: how far it got
@@ -122,6 +145,7 @@ for f, label, seed, note in sorted(done + cut, key=lambda t: (t[1], t[2])):
 PY
 # everything else in one file (the device tool brings back 8 files, 2 folders down)
 tar czf "$OUT/results.tar.gz" --exclude='*.pt' --exclude='*.png' --exclude='.fedsys.lock' \
-  -C "$WORK" throughput.log parts.log xd runs partial 2>&1 | tail -3
+  -C "$WORK" throughput.log parts.log xd runs partial $(cd "$WORK" && ls gpu-*.csv 2>/dev/null) \
+  2>&1 | tail -3
 say "results.tar.gz: $(du -k "$OUT/results.tar.gz" 2>/dev/null | cut -f1) KB"
 say "done"
