@@ -272,8 +272,9 @@ def train_together(net: nn.Module, starts: Sequence[State], jobs: Sequence[Train
                 xs, ys = pool.x[where], pool.y[where]
                 xs = jobs[0].normalise(xs.flatten(0, 1)).unflatten(0, xs.shape[:2])
             else:
-                xs, ys, keep = _padded([(jobs[order[r]].normalise(jobs[order[r]].x[idx]),
-                                         jobs[order[r]].y[idx]) for r, idx in enumerate(idxs)])
+                mine = [jobs[order[r]] for r in range(live)]  # each its own normalisation
+                xs, ys, keep = _padded([(j.normalise(j.x[idx]), j.y[idx])
+                                        for j, idx in zip(mine, idxs, strict=True)])
             keep = keep.to(xs.dtype)
             sizes = keep.sum(1).to(device, torch.float64)
             view = {n: w[:live] for n, w in weights.items()}

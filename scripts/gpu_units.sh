@@ -9,8 +9,8 @@
 # metrics.jsonl is there is skipped.  Checkpoints and models are emptied after a unit (the
 # report needs the records; keep the box's results small).  A unit cut off (a time limit, a
 # kill) keeps its folder under $OUT/.tmp: run the script again and it goes on from its last
-# checkpoint (`fedsys resume`; `--set checkpoint-every=k` in EXTRA bounds the rounds lost).  On an offline GPU box, first
-# `source .gpu/setup.sh` (../shared/gpu/README.md); FEDSYS then defaults to
+# checkpoint (`fedsys resume`; `--set checkpoint-every=k` in EXTRA bounds the rounds lost).
+# On an offline GPU box, first `source .gpu/setup.sh` (../shared/gpu/README.md); FEDSYS then defaults to
 # `python3 -m fedsys_launch.cli`.
 # DEVICE (cuda), GPUS (1: a client's share of the GPU as Ray counts it; 1 starts one ClientApp
 # actor per run, so that 10 runs at once hold 10 actors, not 100) and EXTRA (more --set flags) change

@@ -117,6 +117,23 @@ def test_each_batched_client_is_the_client_trained_alone(float64, model, shape, 
             assert all(torch.equal(trained[k], start[k]) for k in start if not k.startswith("3."))
 
 
+def test_clients_with_their_own_normalisation_are_each_trained_as_alone(float64):
+    """Clients whose normalisations differ (no shared pool: each batch normalised by its
+    client's own function, then padded) end as each trained alone: unequal sizes, momentum,
+    the proximal term."""
+    cfg = LocalConfig(epochs=1, batch_size=32, lr=0.05, momentum=0.9)
+    net, starts, jobs = _clients("mlp", (1, 28, 28), [60, 10, 75, 33], cfg)
+    for c, job in enumerate(jobs):
+        job.normalise = lambda t, c=c: (t - 0.1 * c) / (0.5 + 0.1 * c)
+    together = train_together(net, starts, jobs, [BatchSpec(0.01)] * len(jobs))
+    for start, job, (res, trained) in zip(starts, jobs, together, strict=True):
+        expected, weights = _alone(net, start, job, 0.01)
+        assert not isinstance(res, Exception)
+        assert res.steps == expected.steps  # type: ignore[attr-defined]
+        assert res.train_loss == pytest.approx(expected.train_loss, rel=1e-9)  # type: ignore[attr-defined]
+        assert _worst_relative(trained, weights) < 1e-5
+
+
 def test_a_finished_client_is_left_exactly_as_it_was(float64):
     """A client of 10 samples takes one step, one of 70 three: the first's weights after
     the batched loop are, to the bit, what they were after the step both took (the same
