@@ -1,7 +1,7 @@
 """Every change fedsys makes to Flower's own code, in one module.
 
 fedsys runs Flower's SuperLink, SuperNode, SuperExec and simulation runtime as Flower ships
-them, but for the six behaviours below, each of which cost replies, processes or time
+them, but for the seven behaviours below, each of which cost replies, processes or time
 where it was measured (docs/performance.md, "What each patch of Flower buys").  Each is a
 :class:`Patch`: the Flower releases it was written for, what Flower does and what the patch
 makes it do, what that buys, and a check of its target (a function's parameters, a
@@ -90,6 +90,14 @@ PATCHES: dict[str, Patch] = {p.name: p for p in (
           "the in-process engine sets it for the ServerApp and each ClientApp call it makes",
           "the in-process engine itself (docs/performance.md, 'The in-process engine'); "
           "without it, engine 'inprocess' runs as engine 'flower'"),
+    Patch("orderly-shutdown", "flwr.server.superlink.fleet.vce.backend.raybackend.RayBackend",
+          "1.41, 1.42",
+          "when a simulation stops, Ray is shut down while the runtime's worker threads may "
+          "still be in a Ray call, and such a thread ends the process at once (exit 1)",
+          "Ray is shut down once no worker thread is in a Ray call (up to SHUTDOWN_GRACE_S, "
+          "5 s; later messages get an error reply without reaching Ray)",
+          "a stopped run exits 130/143 saying how to continue (was: exit 1 and no word, once "
+          "in a CI run of the SIGTERM test)"),
 )}
 
 _warned: set[str] = set()
@@ -365,6 +373,119 @@ def prompt_dispatch(environ: Mapping[str, str] = os.environ) -> Iterator[bool]:
         vce_api.add_messages_to_queue = original
 
 
+# ------------------------------------------------------------------ orderly-shutdown
+
+#: Seconds the Ray backend's ``terminate`` waits for the ClientApp calls in flight to return
+#: before it shuts Ray down; after that it leaves Ray as it is (the process is ending: the
+#: command exits at most 10 s later, ``fedsys_launch.cli.exit_now_if_threads_linger``).
+SHUTDOWN_GRACE_S = 5.0
+#: The parameters of Flower's ``RayBackend`` methods that :func:`orderly_shutdown` wraps.
+BACKEND_PARAMETERS = {"process_message": ("self", "message", "context"), "terminate": ("self",)}
+
+
+def check_orderly_shutdown() -> str | None:
+    """Why :func:`orderly_shutdown` cannot go in, or None."""
+    try:
+        from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+    except ImportError as exc:
+        return f"no Ray backend ({exc})"
+    for name, expected in BACKEND_PARAMETERS.items():
+        found = _parameters(getattr(RayBackend, name, None))
+        if found != expected:
+            return f"RayBackend.{name} takes {found}, not {expected}"
+    return None
+
+
+class _InFlight:
+    """The ClientApp calls one backend has in flight, and whether it is closing."""
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition()
+        self.calls = 0
+        self.closing = False
+
+
+_in_flight_lock = threading.Lock()
+
+
+def _in_flight(backend: Any) -> _InFlight:
+    with _in_flight_lock:
+        state = vars(backend).get("_fedsys_in_flight")
+        if state is None:
+            state = backend._fedsys_in_flight = _InFlight()
+        return state
+
+
+def _wrap_backend(process_message: Callable[..., Any], terminate: Callable[[Any], None],
+                  grace: Callable[[], float]) -> tuple[Callable[..., Any], Callable[[Any], None]]:
+    """Flower's ``process_message`` and ``terminate`` of its Ray backend, ordered: a call
+    made once ``terminate`` has begun is answered with an error reply without reaching Ray;
+    ``terminate`` waits up to ``grace()`` seconds for the calls in flight, then runs
+    Flower's own (the actors ended, Ray shut down) only if none is left."""
+
+    def ordered_process_message(self: Any, message: Any, context: Any) -> Any:
+        state = _in_flight(self)
+        with state.changed:
+            if state.closing:
+                from flwr.app import Error, Message
+                from flwr.common.constant import ErrorCode
+
+                return Message(Error(code=ErrorCode.UNKNOWN, reason="the simulation is "
+                                     "stopping: message not delivered"),
+                               reply_to=message), context
+            state.calls += 1
+        try:
+            return process_message(self, message, context)
+        finally:
+            with state.changed:
+                state.calls -= 1
+                state.changed.notify_all()
+
+    def ordered_terminate(self: Any) -> None:
+        state = _in_flight(self)
+        with state.changed:
+            state.closing = True
+            drained = state.changed.wait_for(lambda: state.calls == 0, timeout=grace())
+            left = state.calls
+        if drained:
+            terminate(self)
+        else:
+            _LOG.debug("fedsys: %d ClientApp call(s) still running after %.0f s: Ray is left "
+                       "to the process's exit", left, grace())
+
+    return ordered_process_message, ordered_terminate
+
+
+@contextlib.contextmanager
+def orderly_shutdown(environ: Mapping[str, str] = os.environ) -> Iterator[bool]:
+    """Within it, Flower's Ray backend shuts Ray down only once no thread of the simulation
+    runtime is inside a Ray call (:func:`_wrap_backend`); yields whether it is in place.
+    Flower's own methods are put back after.
+
+    Why: when a run stops (Ctrl-C, SIGTERM, an error), Flower's runtime sets its stop event
+    and calls ``RayBackend.terminate`` (``ray.shutdown()``) from the main thread while its
+    worker threads may still wait on an actor's reply or submit a message they had taken.
+    A thread that reaches Ray's core worker while it shuts down ends the whole process at
+    once with exit status 1 ("The core worker has already been shutdown", ray-project/ray
+    #19115): the stop's exit status and its word on how to continue were lost (CI,
+    2026-12-06); a call still waiting fails (the actor's owner gone), and a submit after
+    the shutdown starts a new local Ray cluster.
+    """
+    if not _usable("orderly-shutdown", check_orderly_shutdown(), environ):
+        yield False
+        return
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
+    originals = RayBackend.process_message, RayBackend.terminate
+    ordered = _wrap_backend(*originals, grace=lambda: SHUTDOWN_GRACE_S)
+    RayBackend.process_message = ordered[0]  # type: ignore[method-assign]
+    RayBackend.terminate = ordered[1]  # type: ignore[method-assign,assignment]
+    try:
+        yield True
+    finally:
+        RayBackend.process_message, RayBackend.terminate = originals  # type: ignore[method-assign]
+
+
 # ------------------------------------------------------------------ task-identity
 
 _IDENTITY = ("_task_id", "_run_id", "_node_id")
@@ -412,11 +533,14 @@ CHECKS: dict[str, Callable[[], str | None]] = {
     "warm-app-processes": check_executor,
     "prompt-dispatch": check_dispatch,
     "task-identity": check_task_identity,
+    "orderly-shutdown": check_orderly_shutdown,
 }
 
 
 __all__ = ["CHECKS", "DISPATCH_PARAMETERS", "ENV", "PATCHES", "Patch", "check_busy_timeout",
-           "check_dispatch", "check_executor", "check_superlink_claim", "check_supernode_claim",
-           "check_task_identity", "flower_version", "prompt_dispatch", "skip", "sqlite_busy_timeout",
-           "superlink_start_window", "supernode_start_window", "task_identity",
-           "task_identity_usable", "turned_off", "warm_app_processes", "with_busy_timeout"]
+           "check_dispatch", "check_executor", "check_orderly_shutdown",
+           "check_superlink_claim", "check_supernode_claim", "check_task_identity",
+           "flower_version", "orderly_shutdown", "prompt_dispatch", "skip",
+           "sqlite_busy_timeout", "superlink_start_window", "supernode_start_window",
+           "task_identity", "task_identity_usable", "turned_off", "warm_app_processes",
+           "with_busy_timeout"]

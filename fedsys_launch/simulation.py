@@ -175,7 +175,7 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
         app_dir = write_app_dir(cfg, Path(tmp))
         context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
                           run_config=dict(cfg.to_dict()))
-        with flower_patches.prompt_dispatch():
+        with flower_patches.prompt_dispatch(), flower_patches.orderly_shutdown():
             _run_simulation(
                 num_supernodes=cfg.num_clients,
                 exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
