@@ -60,9 +60,11 @@ unit() {
       > "$tmp.log" 2>&1
   fi
   if [[ $? == 0 && -f "$tmp/u/$label/model.pt" ]]; then
-    for f in "$tmp/u/$label"/*.pt; do : > "$f"; done
-    rm -f "$tmp/u/$label"/*.png
-    mv "$tmp/u/$label" "$dest"
+    # moved first, emptied after: a kill in between leaves a finished unit (its records
+    # whole, its files big), never a finished run with an emptied checkpoint to resume
+    rm -rf "$dest"; mv "$tmp/u/$label" "$dest"  # (a leftover without records replaced)
+    for f in "$dest"/*.pt; do : > "$f"; done
+    rm -f "$dest"/*.png
     echo "unit $setting seed $seed $label ($how): done in $((SECONDS - t0)) s"
   else
     echo "unit $setting seed $seed $label ($how): FAILED after $((SECONDS - t0)) s; log:"; tail -5 "$tmp.log"

@@ -77,7 +77,11 @@ def test_each_unit_runs_once_and_a_cut_unit_goes_on_from_its_checkpoint(tmp_path
     out, after = _units(tmp_path, "0 1")
     assert after[len(calls):] == [["resume", str(cut.parent)]]
     assert "seed 1 fedcda (resumed from round 40): done" in out, out
-    assert (runs / "seed-1" / "fedcda" / "model.pt").is_file()
+    finished = runs / "seed-1" / "fedcda"
+    # the leftover without records replaced, not the resumed run moved into it
+    assert sorted(p.name for p in finished.iterdir()) == ["checkpoint.pt", "metrics.jsonl",
+                                                          "model.pt"]
+    assert all(p.stat().st_size == 0 for p in finished.glob("*.pt"))  # the records are kept
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "scripts").glob("*.sh")))
