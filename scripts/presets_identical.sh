@@ -35,7 +35,10 @@ pretrained=${PRETRAINED:-$here/runs/lss}
 cd "$checkout"; export PYTHONPATH="$checkout"
 mkdir -p runs/lss
 for f in pretrained.pt pretrained-labels.pt; do
-  [ -e "runs/lss/$f" ] || cp "$pretrained/$f" runs/lss/ 2>/dev/null \
+  # copied under a name of its own, then renamed: the two halves started side by side in one
+  # checkout copy at once (one of them warned that the file was missing)
+  [ -e "runs/lss/$f" ] || { cp "$pretrained/$f" "runs/lss/.$f.$$" 2>/dev/null \
+    && mv -f "runs/lss/.$f.$$" "runs/lss/$f"; } \
     || echo "warning: no $pretrained/$f: the LSS presets that start from it will fail"
 done
 small=(--set samples-per-client=300 --set test-subset=1000)
