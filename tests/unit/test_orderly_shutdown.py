@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -130,21 +131,32 @@ slow_app = ClientApp()
 
 @slow_app.train()
 def _train(msg: Message, context: Context) -> Message:
+    started = str(msg.content["config"].get("started", ""))
+    if started:  # the test waits for this file: the actor is in the ClientApp
+        Path(started).write_text("training")
     time.sleep(float(msg.content["config"]["sleep"]))
     return Message(RecordDict({"metrics": MetricRecord({"slept": 1})}), reply_to=msg)
 
 
 @pytest.mark.slow
-def test_flowers_ray_backend_shuts_ray_down_after_the_training_client_replies(monkeypatch):
+def test_flowers_ray_backend_shuts_ray_down_after_the_training_client_replies(monkeypatch,
+                                                                               tmp_path):
     """Flower's ``RayBackend`` on a Ray cluster of its own: ``terminate`` while an actor
-    trains.  Flower's own order shuts Ray down under the waiting thread (its call fails,
-    the actor's owner gone); here the call returns the ClientApp's reply, then Ray goes
-    down, and a later message is answered without starting Ray again."""
+    trains.  Flower's own order shuts Ray down under the waiting thread (seen: its call
+    failed, the actor's owner gone, or waited in ``ray.get`` for ever, so that the process
+    could not exit); here the call returns the ClientApp's reply, then Ray goes down, and a
+    later message is answered without starting Ray again."""
     import ray
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("PYTHONPATH", "")  # RayBackend.init_ray rewrites it; put back after
+    # the ordering is under test, not the grace: a loaded machine's slow actor start-up
+    # must not turn into a call that outlasts it
+    monkeypatch.setattr(flower_patches, "SHUTDOWN_GRACE_S", 120.0)
+    started = tmp_path / "started"
+    msg = _message()
+    msg.content["config"]["started"] = str(started)
     if ray.is_initialized():  # a connection an earlier test of this process left
         ray.shutdown()
     with flower_patches.orderly_shutdown({}) as on:
@@ -154,14 +166,14 @@ def test_flowers_ray_backend_shuts_ray_down_after_the_training_client_replies(mo
         try:
             backend.build(lambda: slow_app)
             replies: list[Message] = []
-            t = threading.Thread(target=lambda: replies.append(
-                backend.process_message(_message(), _context())[0]))
+            t = threading.Thread(target=lambda: replies.append(  # (daemon: see above)
+                backend.process_message(msg, _context())[0]), daemon=True)
             t.start()
-            state = flower_patches._in_flight(backend)
-            end = time.monotonic() + 60
-            while state.calls == 0 and time.monotonic() < end:
+            end = time.monotonic() + 120
+            while not started.exists() and time.monotonic() < end:
                 time.sleep(0.01)
-            time.sleep(0.5)  # the actor is in its two-second sleep
+            assert started.exists(), "the actor never began the ClientApp"
+            time.sleep(0.3)  # the actor is in its two-second sleep
             backend.terminate()
             assert replies, "terminate returned before the call in flight"
             assert not replies[0].has_error(), replies[0].error
