@@ -23,6 +23,13 @@ component, the images with ``ENV`` or compose's ``environment``):
 ``FEDSYS_PLUGINS``
     The module names ``plugins`` may list, separated by ``,`` (exact names).  Unset or
     empty: none, so a run config naming any plugin is refused.
+``FEDSYS_DENY``
+    Absolute directories separated by ``:`` that no path key may name, whatever the
+    roots (``fedsys deploy`` sets the deployment directory: its keys, certificates, CA,
+    staged apps, database and logs).  A path key resolving at or under one (symlinks
+    followed), or a run directory ``<output-dir>/<name>`` there, is refused naming the
+    key and saying it is inside the deployment.  Unset or empty: none; a relative entry
+    is refused like one of ``FEDSYS_ROOTS``.
 
 The keys only read (:data:`READ_KEYS`: ``data-dir``, ``init-from``, ``branch-from``) may
 also lie under ``$FEDSYS_DATA`` (when set) and the Debian package's Fashion-MNIST
@@ -61,6 +68,7 @@ from fedsys.data import DEBIAN_FMNIST
 
 ROOTS_ENV = "FEDSYS_ROOTS"
 PLUGINS_ENV = "FEDSYS_PLUGINS"
+DENY_ENV = "FEDSYS_DENY"
 
 #: Keys naming a file or directory the apps write (or remove files in); ``pretrain.out``
 #: is written by ``fedsys pretrain`` alone, and checked all the same.
@@ -91,6 +99,9 @@ class Policy:
         The working directory relative paths are taken from.
     source : str
         Where ``roots`` came from, for refusals (``"FEDSYS_ROOTS"`` or the default).
+    deny : tuple of Path
+        Resolved directories no path key may name, whatever the roots (``FEDSYS_DENY``:
+        the deployment directory).
     """
 
     roots: tuple[Path, ...]
@@ -98,6 +109,7 @@ class Policy:
     plugins: frozenset[str] = frozenset()
     base: Path = Path("/")
     source: str = ROOTS_ENV
+    deny: tuple[Path, ...] = ()
 
     def reading(self, *paths: str) -> Policy:
         """This policy with ``paths`` (resolved from :attr:`base`) also allowed to read."""
@@ -116,8 +128,8 @@ def within(path: Path, roots: Iterable[Path]) -> bool:
     return any(path.is_relative_to(root) for root in roots)
 
 
-def parse_roots(text: str, base: Path) -> tuple[Path, ...]:
-    """``FEDSYS_ROOTS``'s directories, resolved.
+def parse_roots(text: str, base: Path, variable: str = ROOTS_ENV) -> tuple[Path, ...]:
+    """``FEDSYS_ROOTS``'s directories (or ``variable``'s: ``FEDSYS_DENY``), resolved.
 
     Raises
     ------
@@ -125,19 +137,19 @@ def parse_roots(text: str, base: Path) -> tuple[Path, ...]:
         ``text`` is empty, or an entry is empty or not absolute.
     """
     if not text.strip():
-        raise ConfigError(f"environment variable {ROOTS_ENV} is set but empty; give absolute "
+        raise ConfigError(f"environment variable {variable} is set but empty; give absolute "
                           f"directories separated by '{os.pathsep}', or unset it for "
                           f"<working directory>/{default_output_dir()}")
     out = []
     for entry in text.split(os.pathsep):
         if not entry.strip() or not Path(entry.strip()).is_absolute():
-            raise ConfigError(f"environment variable {ROOTS_ENV}: entry {entry!r} is not an "
+            raise ConfigError(f"environment variable {variable}: entry {entry!r} is not an "
                               f"absolute directory; give absolute directories separated by "
                               f"'{os.pathsep}'")
         try:
             out.append(resolve(entry.strip(), base))
         except (OSError, RuntimeError) as exc:  # a symlink loop
-            raise ConfigError(f"environment variable {ROOTS_ENV}: entry {entry!r} cannot be "
+            raise ConfigError(f"environment variable {variable}: entry {entry!r} cannot be "
                               f"resolved ({exc})") from None
     return tuple(out)
 
@@ -176,8 +188,8 @@ def policy_from_env(environ: Mapping[str, str], cwd: Path | None = None) -> Poli
     Raises
     ------
     ConfigError
-        ``FEDSYS_ROOTS`` or ``FEDSYS_PLUGINS`` cannot be read (:func:`parse_roots`,
-        :func:`parse_plugins`).
+        ``FEDSYS_ROOTS``, ``FEDSYS_DENY`` or ``FEDSYS_PLUGINS`` cannot be read
+        (:func:`parse_roots`, :func:`parse_plugins`).
     """
     base = (cwd if cwd is not None else Path.cwd()).resolve()
     if ROOTS_ENV in environ:
@@ -187,7 +199,19 @@ def policy_from_env(environ: Mapping[str, str], cwd: Path | None = None) -> Poli
         source = f"the default, {ROOTS_ENV} unset"
     data = environ.get("FEDSYS_DATA", "")
     read = tuple(resolve(d, base) for d in (data, DEBIAN_FMNIST) if d)
-    return Policy(roots, read, parse_plugins(environ.get(PLUGINS_ENV, "")), base, source)
+    deny_text = environ.get(DENY_ENV, "")
+    deny = parse_roots(deny_text, base, DENY_ENV) if deny_text.strip() else ()
+    return Policy(roots, read, parse_plugins(environ.get(PLUGINS_ENV, "")), base, source, deny)
+
+
+def _denied(path: Path, policy: Policy) -> Path | None:
+    """The directory of ``policy.deny`` that holds the resolved ``path``, if any."""
+    return next((d for d in policy.deny if path.is_relative_to(d)), None)
+
+
+def _deny_refusal(key: str, value: str, inside: Path, where: str = "") -> str:
+    return (f"config key '{key}'{where}: {value!r} is inside the deployment ({inside}: its "
+            f"keys, certificates, database and logs; {DENY_ENV}), which no run may name")
 
 
 def _allowed(policy: Policy, read: bool) -> str:
@@ -203,7 +227,10 @@ def _path_refusal(key: str, value: str, policy: Policy, where: str = "") -> str 
     read = key in READ_KEYS
     roots = policy.roots + policy.read_roots if read else policy.roots
     try:
-        if within(resolve(value, policy.base), roots):
+        path = resolve(value, policy.base)
+        if (inside := _denied(path, policy)) is not None:  # whatever the roots
+            return _deny_refusal(key, value, inside, where)
+        if within(path, roots):
             return None
     except (OSError, RuntimeError, ValueError):  # an unknown ~user, a NUL byte, a loop
         pass
@@ -216,7 +243,8 @@ def check_paths(cfg: RunConfig, policy: Policy, keys: Iterable[str] = PATH_KEYS)
 
     Every strategy variant is checked too (``fedcda[fedcda.cache-dir=...]`` may set a
     path of its own), and each variant's result directory ``<output-dir>/<name>/<label>``.
-    An empty value names nothing and passes.
+    An empty value names nothing and passes.  Whatever the roots, no path and no run
+    directory ``<output-dir>/<name>`` may lie under ``policy.deny`` (the deployment).
 
     Parameters
     ----------
@@ -243,11 +271,17 @@ def check_paths(cfg: RunConfig, policy: Policy, keys: Iterable[str] = PATH_KEYS)
             if refusal is not None and key not in refused:
                 refused.add(key)
                 out.append(refusal)
-        if label and "output-dir" in keys and "output-dir" not in refused:
-            run_dir = resolve(cfg.output_dir, policy.base) / cfg.name
-            if not within(resolve(run_dir / label, policy.base), policy.roots):
-                out.append(f"config key 'strategy': label {label!r} puts its results outside "
-                           f"the directories a run may write here; {_allowed(policy, False)}")
+        if "output-dir" not in keys or "output-dir" in refused:
+            continue
+        run_dir = resolve(cfg.output_dir, policy.base) / cfg.name
+        if not label and (inside := _denied(resolve(run_dir, policy.base), policy)):
+            refused.add("output-dir")  # '<output-dir>/<name>' is where the run writes
+            out.append(_deny_refusal("name", str(run_dir), inside, " (with output-dir)"))
+        elif label and (inside := _denied(resolve(run_dir / label, policy.base), policy)):
+            out.append(_deny_refusal("strategy", label, inside, " (its results)"))
+        elif label and not within(resolve(run_dir / label, policy.base), policy.roots):
+            out.append(f"config key 'strategy': label {label!r} puts its results outside "
+                       f"the directories a run may write here; {_allowed(policy, False)}")
     return out
 
 
@@ -293,7 +327,7 @@ def admit(run_config: Mapping[str, Any], policy: Policy,
     return cfg
 
 
-__all__ = ["CLIENT_KEYS", "PATH_KEYS", "PLUGINS_ENV", "READ_KEYS", "ROOTS_ENV", "WRITE_KEYS",
-           "Policy", "admit", "check_paths", "check_plugins", "default_output_dir", "enforce",
+__all__ = ["CLIENT_KEYS", "DENY_ENV", "PATH_KEYS", "PLUGINS_ENV", "READ_KEYS", "ROOTS_ENV",
+           "WRITE_KEYS", "Policy", "admit", "check_paths", "check_plugins", "default_output_dir", "enforce",
            "parse_plugins", "parse_roots", "plugin_names", "policy_from_env", "resolve",
            "within"]

@@ -32,6 +32,7 @@ def dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
         d.mkdir()
     monkeypatch.setenv(confine.ROOTS_ENV, str(root))
     monkeypatch.delenv(confine.PLUGINS_ENV, raising=False)
+    monkeypatch.delenv(confine.DENY_ENV, raising=False)
     monkeypatch.delenv("FEDSYS_DATA", raising=False)
     monkeypatch.chdir(cwd)
     return {"root": root, "outside": outside, "cwd": cwd}
@@ -123,6 +124,90 @@ def test_every_key_that_names_a_file_or_directory_is_confined():
     looks = {o.key for o in schema().options if o.type is str and not o.choices
              and (any(w in o.key for w in words) or "directory" in o.help.lower())}
     assert looks - not_paths == set(confine.PATH_KEYS), looks - not_paths
+
+
+# ------------------------------------------------------------------ the deployment
+
+#: What a run config named in issue 75 (item 5), one place of the deployment per path key.
+INTO_DEPLOYMENT = {"output-dir": "keys", "fedcda.cache-dir": "certs", "pretrain.out": "cli/m.pt",
+                   "init-from": "ca/ca.key", "branch-from": "superlink.db", "data-dir": "keys"}
+
+
+@pytest.fixture
+def deployment(dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A deployment directory inside the allowed root, as ``runs/deploy`` lay inside the
+    default root ``./runs``, with ``$FEDSYS_DATA`` holding it too, and this process's
+    ``FEDSYS_DENY`` naming it, as ``fedsys deploy`` sets it for the apps' SuperExecs."""
+    dep = dirs["root"] / "deploy"
+    for sub in ("keys", "certs", "ca", "cli"):
+        (dep / sub).mkdir(parents=True)
+    (dep / "ca" / "ca.key").write_text("not for runs\n")
+    (dep / "superlink.db").write_text("")
+    monkeypatch.setenv(confine.DENY_ENV, str(dep))
+    monkeypatch.setenv("FEDSYS_DATA", str(dirs["root"]))
+    return dep
+
+
+@pytest.mark.parametrize("key", confine.PATH_KEYS)
+def test_each_path_key_into_the_deployment_is_refused_whatever_the_roots(
+        key, deployment, dirs, monkeypatch, caplog):
+    assert set(INTO_DEPLOYMENT) == set(confine.PATH_KEYS)
+    value = str(deployment / INTO_DEPLOYMENT[key])
+    ctx = _context({**BASE, "output-dir": str(dirs["root"]), key: value})
+    says = (f"config key '{key}': '{value}' is inside the deployment ({deployment}: its keys, "
+            f"certificates, database and logs; FEDSYS_DENY), which no run may name")
+    with pytest.raises(ConfigError) as exc:
+        server_app.run_config(ctx)
+    assert str(exc.value) == says
+    assert f"run refused: {says}" in caplog.text
+    # a file that is not there is refused alike: the refusal tells nothing of what exists
+    missing = _context({**BASE, "output-dir": str(dirs["root"]),
+                        key: str(deployment / "ca" / "no-such.key")})
+    with pytest.raises(ConfigError, match="is inside the deployment"):
+        server_app.run_config(missing)
+    # the roots (and $FEDSYS_DATA) hold the deployment: FEDSYS_DENY alone refuses it
+    monkeypatch.delenv(confine.DENY_ENV)
+    assert server_app.run_config(ctx).get(key) == value
+
+
+def test_a_way_round_into_the_deployment_is_refused(deployment, dirs):
+    """A symlink in the root, dot segments, the run directory ``<output-dir>/<name>``
+    and a variant's results label: each resolves into the deployment and is refused."""
+    root = dirs["root"]
+    (root / "link").symlink_to(deployment / "certs", target_is_directory=True)
+    policy = confine.policy_from_env(os.environ)
+    for value in (f"{root}/link", f"{root}/link/runs", f"{root}/x/../deploy/keys"):
+        refusals = confine.check_paths(_cfg(**{"output-dir": value}), policy)
+        assert len(refusals) == 1 and "is inside the deployment" in refusals[0], value
+        assert refusals[0].startswith("config key 'output-dir': "), refusals
+    named = confine.check_paths(_cfg(**{"output-dir": str(root), "name": "deploy"}), policy)
+    assert named == [f"config key 'name' (with output-dir): '{deployment}' is inside the "
+                     f"deployment ({deployment}: its keys, certificates, database and logs; "
+                     f"FEDSYS_DENY), which no run may name"]
+    escape = "a" + "/.." * 12 + str(deployment / "keys")
+    label = _cfg(**{"output-dir": str(root / "runs"), "strategy": f"fedavg[init-reinit={escape}]"})
+    refusals = confine.check_paths(label, policy)
+    assert len(refusals) == 1 and refusals[0].startswith("config key 'strategy' (its results): ")
+    assert "is inside the deployment" in refusals[0], refusals
+    # beside the deployment, in the same root, is allowed
+    assert confine.check_paths(_cfg(**{"output-dir": str(root), "name": "deploy2"}), policy) == []
+
+
+def test_a_site_refuses_a_data_dir_in_the_deployment_its_own_too(deployment, dirs):
+    node = {proto.PARTITION_ID: 0, proto.NUM_PARTITIONS: 2}
+    ctx = _context({**BASE, "data-dir": str(deployment / "keys")}, node)
+    with pytest.raises(ConfigError, match=r"^config key 'data-dir': .* is inside the deployment"):
+        client_app.app(proto.query_message(100), ctx)
+    ctx = _context(BASE, {**node, "data-dir": str(deployment)})  # node config: the same
+    with pytest.raises(ConfigError, match=r"^config key 'data-dir': .* is inside the deployment"):
+        client_app.app(proto.query_message(100), ctx)
+
+
+@pytest.mark.parametrize("text", ["relative/dir", f"/abs{os.pathsep}"])
+def test_a_bad_deny_variable_is_one_line_naming_it(text, tmp_path):
+    with pytest.raises(ConfigError, match=r"^environment variable FEDSYS_DENY: entry "):
+        confine.policy_from_env({confine.DENY_ENV: text}, tmp_path)
+    assert confine.policy_from_env({confine.DENY_ENV: ""}, tmp_path).deny == ()
 
 
 # ------------------------------------------------------------------ plugins
