@@ -196,8 +196,10 @@ class LocalDeployment:
         (``CUDA_VISIBLE_DEVICES``); empty leaves the environment as it is.
     roots : str
         ``FEDSYS_ROOTS`` of the server's SuperExec (directories joined by ``:``): where a
-        submitted run config's paths may lie on the server (:mod:`fedsys.confine`; empty:
-        the app's own default, ``<its working directory>/runs``).
+        submitted run config's paths may lie on the server (:mod:`fedsys.confine`).  None
+        may contain ``root`` or lie in it (:meth:`refuse_roots`); every SuperExec that
+        runs apps also gets ``FEDSYS_DENY=root``, so no run config names a path in the
+        deployment whatever the roots.
     plugins : str
         ``FEDSYS_PLUGINS`` of every SuperExec: the modules a run's ``plugins`` may name
         (empty: none).
@@ -286,7 +288,7 @@ class LocalDeployment:
         this deployment (:meth:`command`)."""
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         inherited = {k: v for k, v in os.environ.items()
-                     if k not in ("FEDSYS_ROOTS", "FEDSYS_PLUGINS")}
+                     if k not in ("FEDSYS_ROOTS", "FEDSYS_PLUGINS", "FEDSYS_DENY")}
         return {**inherited, **FLWR_ENV, "PATH": path}
 
     # ------------------------------------------------------------------ state
@@ -353,6 +355,7 @@ class LocalDeployment:
             return [nginx_bin(), "-e", "stderr", "-p", str(work), "-c", str(work / "nginx.conf"),
                     "-g", "daemon off;"], {}
         policy = {"FEDSYS_PLUGINS": self.plugins} if self.plugins else {}
+        policy["FEDSYS_DENY"] = str(self.root)  # keys, certs, CA, apps, database, logs
         if name == SERVER_EXEC:
             # Flower's flower-superexec, its app processes forked warm (fedsys_launch/superexec.py);
             # the operator's confinement of submitted run configs (fedsys.confine)
@@ -506,6 +509,23 @@ class LocalDeployment:
         (self.cli_home / "config.toml").write_text(
             connection_toml(self.control_address, self.ca_cert if self.tls else None))
 
+    def refuse_roots(self) -> None:
+        """Raise :class:`DeployError` if a root of :attr:`roots` contains the deployment
+        directory or lies in it (or there are none: the app's default, ``<its working
+        directory>/runs``, is in it): a run config could name the keys, certificates and
+        database there, and ``FEDSYS_DENY`` alone would refuse every run."""
+        roots = [Path(r).expanduser().resolve() for r in self.roots.split(os.pathsep) if r]
+        if not roots:
+            raise DeployError("give the roots, directories outside the deployment directory "
+                              f"{self.root} where runs may write (--roots)")
+        for r in roots:
+            if self.root.is_relative_to(r) or r.is_relative_to(self.root):
+                how = "contains" if self.root.is_relative_to(r) else "lies in"
+                raise DeployError(
+                    f"the root {r} {how} the deployment directory {self.root}: a run config "
+                    "could name its keys, certificates and database; choose a --dir outside "
+                    "the roots, or --roots (FEDSYS_ROOTS) apart from it")
+
     def refuse_if_running(self) -> None:
         """Raise :class:`DeployError` if a deployment in ``root`` still runs."""
         old = LocalDeployment.load(self.root) if (self.root / STATE_FILE).exists() else None
@@ -516,6 +536,7 @@ class LocalDeployment:
     def up(self, wait: float = 120.0) -> None:
         """Start everything, make each site's key and Runtime API secret (and register
         the keys with ``auth``), wait until all nodes are online."""
+        self.refuse_roots()
         nginx_bin()  # before anything starts: one line when there is no proxy to run
         self.refuse_if_running()
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -1,9 +1,10 @@
 """``fedsys deploy``: a real Flower deployment as processes on 127.0.0.1.
 
 ``up`` starts a SuperLink, its SuperExec and N SuperNodes with their SuperExecs
-(the topology of ``docker-compose.yml``), ``run`` submits the fedsys app with a
-YAML experiment and prints the results table, ``status`` shows what runs, ``down``
-stops everything.  State lives in ``--dir`` (default ``runs/deploy``), so later
+(the topology of ``docker-compose.yml``), with TLS and node authentication unless
+``--insecure``, ``run`` submits the fedsys app with a YAML experiment and prints the
+results table, ``status`` shows what runs, ``down`` stops everything.  State lives in
+``--dir`` (default ``deployment``, outside the default roots ``./runs``), so later
 invocations find the deployment.  ``run --superlink HOST:PORT`` submits to any
 SuperLink instead, e.g. the docker-compose one.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -21,6 +23,7 @@ from typing import Any
 from fedsys_launch import registry
 from fedsys_launch.deploy import (
     CONNECTION,
+    STATE_FILE,
     SUPERLINK,
     DeployError,
     LocalDeployment,
@@ -30,11 +33,13 @@ from fedsys_launch.deploy import (
 )
 from fedsys_launch.runlock import busy, in_use
 
-DEFAULT_DIR = "runs/deploy"
+DEFAULT_DIR = "deployment"
+#: The default ``--dir`` before issue 75, inside the default roots ``./runs``.
+OLD_DEFAULT_DIR = "runs/deploy"
 APP_DIR = Path(__file__).resolve().parents[1]
 
 EPILOG = """examples:
-  fedsys deploy up --nodes 3 --tls --auth          SuperLink + 3 SuperNodes, HTTPS, node keys
+  fedsys deploy up --nodes 3                       SuperLink + 3 SuperNodes, HTTPS, node keys
   fedsys deploy run configs/smoke.yaml --set num-clients=3 --set clients-per-round=3
   fedsys deploy status                             processes, SuperNodes, runs
   fedsys deploy down                               stop everything
@@ -71,10 +76,14 @@ def add_parser(sub: Any) -> None:
     up = dsub.add_parser("up", help="start SuperLink, SuperExecs and SuperNodes")
     up.add_argument("--nodes", type=int, default=2, help="SuperNodes (default 2)")
     up.add_argument("--tls", action="store_true",
-                    help="HTTPS with a private CA (certificates in DIR/certs)")
+                    help="HTTPS with a private CA (certificates in DIR/certs): the default")
     up.add_argument("--auth", action="store_true",
                     help="only registered SuperNode keys (DIR/keys) may connect; "
-                    "SuperExec secret")
+                    "SuperExec secret: the default")
+    up.add_argument("--insecure", action="store_true",
+                    help="no TLS and no node authentication: the sites' port speaks plain "
+                    "HTTP and anyone who reaches it may register a SuperNode, join the runs "
+                    "and receive the model (for a throw-away trial only)")
     up.add_argument("--port", type=int, default=0,
                     help="the sites' port: a reverse proxy that forwards Flower's Fleet API "
                     "and nothing else (default: a free one)")
@@ -86,7 +95,8 @@ def add_parser(sub: Any) -> None:
     up.add_argument("--roots", metavar="DIR[:DIR...]", default=None,
                     help="where a submitted run config's paths (output-dir, branch-from, "
                     "init-from, fedcda.cache-dir, ...) may lie on the server: FEDSYS_ROOTS of "
-                    "the server's SuperExec (default: $FEDSYS_ROOTS, else ./runs)")
+                    "the server's SuperExec (default: $FEDSYS_ROOTS, else ./runs); none may "
+                    "contain --dir, and nothing in --dir may be named whatever the roots")
     up.add_argument("--plugins", metavar="MODULES", default="",
                     help="modules a submitted run's 'plugins' may name, comma-separated: "
                     "FEDSYS_PLUGINS of every SuperExec (default: none)")
@@ -147,14 +157,28 @@ def cmd_up(args: argparse.Namespace) -> int:
     """``fedsys deploy up``."""
     if args.nodes < 1:
         raise DeployError("--nodes must be at least 1")
+    if args.insecure and (args.tls or args.auth):
+        given = [f for f, on in (("--tls", args.tls), ("--auth", args.auth)) if on]
+        raise DeployError(f"--insecure turns TLS and node authentication off: drop "
+                          f"{' and '.join(given)}")
+    secure = not args.insecure
+    if secure and not shutil.which("openssl"):
+        raise DeployError("TLS, the default, needs openssl for the private CA and the "
+                          "SuperLink's certificate (apt-get install openssl)")
     dep = LocalDeployment(Path(args.dir), num_nodes=args.nodes, data_dir=args.data_dir,
-                          tls=args.tls, auth=args.auth, port=args.port,
+                          tls=secure, auth=secure, port=args.port,
                           link_port=args.link_port, gpus=args.gpus,
                           roots=_roots(args.roots), plugins=args.plugins,
                           node_nice=args.node_nice)
     dep.refuse_if_running()
+    dep.refuse_roots()
+    if args.insecure:
+        print(f"WARNING: --insecure: no TLS and no node authentication: the sites' port "
+              f"{dep.address} speaks plain HTTP, anyone who reaches it may register a "
+              "SuperNode, join the runs and receive the model, and any local process may "
+              "take the ServerApp's task (no SuperExec secret)", file=sys.stderr, flush=True)
     t0 = time.monotonic()
-    mode = ", ".join(m for m, on in (("TLS", args.tls), ("node auth", args.auth)) if on)
+    mode = ", ".join(m for m, on in (("TLS", dep.tls), ("node auth", dep.auth)) if on)
     print(f"fedsys deploy: sites' port {dep.address} (the Fleet API only; the SuperLink on "
           f"loopback {dep.control_address}) ({mode or 'insecure'}), {args.nodes} SuperNodes, "
           f"state in {dep.root}; runs may write under {dep.roots}"
@@ -196,6 +220,18 @@ def _remote(args: argparse.Namespace) -> LocalDeployment:
     return dep
 
 
+def _load(where: str) -> LocalDeployment:
+    """The deployment in ``--dir``; where the default has none but the default before
+    issue 75 (``runs/deploy``) has one, the error says so."""
+    try:
+        return LocalDeployment.load(Path(where))
+    except DeployError as exc:
+        if where == DEFAULT_DIR and (Path(OLD_DEFAULT_DIR) / STATE_FILE).exists():
+            raise DeployError(f"{exc}; the default --dir was {OLD_DEFAULT_DIR} before: "
+                              f"--dir {OLD_DEFAULT_DIR} finds that one") from None
+        raise
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """``fedsys deploy run CONFIG``."""
     from fedsys_launch.results import load_runs, table
@@ -209,7 +245,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.superlink:
         dep = _remote(args)
     else:
-        dep = LocalDeployment.load(Path(args.dir))
+        dep = _load(args.dir)
         if not all(dep.is_running(n) for n in dep.names()):
             raise DeployError(f"the deployment in {dep.root} is not (fully) running; "
                               "see 'fedsys deploy status'")
@@ -265,7 +301,7 @@ def _components(dep: LocalDeployment) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """``fedsys deploy status``."""
-    dep = LocalDeployment.load(Path(args.dir))
+    dep = _load(args.dir)
     _components(dep)
     if not dep.is_running(SUPERLINK):
         print("the SuperLink is not running")
@@ -286,7 +322,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     """``fedsys deploy down``."""
-    dep = LocalDeployment.load(Path(args.dir))
+    dep = _load(args.dir)
     n = dep.down()
     print(f"stopped {n} processes; nothing of {dep.root} is running")
     return 0

@@ -70,8 +70,10 @@ def test_secure_commands_carry_tls_and_auth(tmp_path: Path) -> None:
     ex, env = dep.command(node_exec_name(1))
     assert ex[ex.index("--runtime-api-address") + 1] == "127.0.0.1:1002"
     assert ex[ex.index("--superexec-auth-secret-file") + 1] == str(dep.site_secret(1))
-    assert env == {"CUDA_VISIBLE_DEVICES": "5"}
-    assert dep.command(node_exec_name(0))[1] == {"CUDA_VISIBLE_DEVICES": "3"}
+    deny = {"FEDSYS_DENY": str(tmp_path.resolve())}  # the apps name nothing in the deployment
+    assert env == {"CUDA_VISIBLE_DEVICES": "5", **deny}
+    assert dep.command(node_exec_name(0))[1] == {"CUDA_VISIBLE_DEVICES": "3", **deny}
+    assert dep.command(SERVER_EXEC)[1] == deny
 
 
 def test_insecure_commands(tmp_path: Path) -> None:
@@ -79,7 +81,8 @@ def test_insecure_commands(tmp_path: Path) -> None:
     assert dep.names() == [SUPERLINK, PROXY, SERVER_EXEC, node_name(0), node_exec_name(0)]
     for name in (SUPERLINK, SERVER_EXEC, node_name(0), node_exec_name(0)):
         args, env = dep.command(name)
-        assert "--insecure" in args and env == {}
+        assert "--insecure" in args
+        assert env == ({"FEDSYS_DENY": str(tmp_path.resolve())} if "superexec" in name else {})
         assert not any(a.startswith("--ssl") or "supernode-auth" in a or "private-key" in a
                        for a in args)
     # a site's Runtime API and its SuperExec share a secret with or without --auth
@@ -138,6 +141,90 @@ def test_node_nice_outside_0_to_19_is_refused(bad: str, capsys: pytest.CaptureFi
     with pytest.raises(SystemExit) as e:
         cli.main(["deploy", "up", "--node-nice", bad])
     assert e.value.code == 2 and "not a niceness from 0 to 19" in capsys.readouterr().err
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[LocalDeployment]:
+    """``fedsys deploy up`` as a newcomer types it, in ``tmp_path`` with no FEDSYS_ROOTS:
+    the deployments ``up`` would start (recorded; nothing is started)."""
+    ups: list[LocalDeployment] = []
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FEDSYS_ROOTS", raising=False)
+    monkeypatch.setattr(LocalDeployment, "up", lambda self, wait=0.0: ups.append(self))
+    return ups
+
+
+@pytest.mark.skipif(not shutil.which("openssl"), reason="needs openssl")
+def test_up_with_no_flags_is_secure_and_outside_the_default_roots(
+        started: list[LocalDeployment], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 75: ``fedsys deploy up`` alone turns on TLS and node authentication, and its
+    deployment directory is not inside the default roots, so it is not refused."""
+    assert cli.main(["deploy", "up"]) == 0
+    out = capsys.readouterr()
+    (dep,) = started
+    assert dep.tls and dep.auth
+    assert dep.root == (tmp_path / "deployment").resolve()
+    assert dep.roots == str((tmp_path / "runs").resolve())
+    assert "(TLS, node auth)" in out.out and "WARNING" not in out.err, out
+    link, _ = dep.command(SUPERLINK)
+    assert "--insecure" not in link and "--enable-supernode-auth" in link
+    # --tls and --auth, as older scripts give them, change nothing
+    assert cli.main(["deploy", "up", "--tls", "--auth"]) == 0
+    assert (started[1].tls, started[1].auth) == (True, True)
+
+
+def test_insecure_is_asked_for_and_says_what_it_opens(
+        started: list[LocalDeployment], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["deploy", "up", "--insecure"]) == 0
+    out = capsys.readouterr()
+    (dep,) = started
+    assert not dep.tls and not dep.auth
+    assert "--insecure" in dep.command(SUPERLINK)[0]
+    warning = [line for line in out.err.splitlines() if "WARNING" in line]
+    assert len(warning) == 1, out.err
+    for says in (f"sites' port {dep.address} speaks plain HTTP", "register a SuperNode",
+                 "receive the model", "no SuperExec secret"):
+        assert says in warning[0], warning
+    assert "(insecure)" in out.out
+    assert cli.main(["deploy", "up", "--insecure", "--tls"]) == 2
+    assert "error: --insecure turns TLS and node authentication off: drop --tls" in \
+        capsys.readouterr().err
+    assert len(started) == 1
+
+
+def test_up_refuses_roots_that_hold_the_deployment(
+        started: list[LocalDeployment], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 75: the default before (``--dir runs/deploy`` in the default root ``./runs``),
+    ``--roots`` or ``$FEDSYS_ROOTS`` holding ``--dir``, and a root inside ``--dir``: each is
+    refused before anything starts, naming both and what to do."""
+    here = tmp_path.resolve()
+    for args, env in (
+            (["--dir", "runs/deploy"], None),
+            (["--roots", str(here)], None),
+            ([], f"/elsewhere{os.pathsep}{here}"),
+            (["--dir", "d", "--roots", str(here / "d" / "runs")], None)):
+        if env is not None:
+            monkeypatch.setenv("FEDSYS_ROOTS", env)
+        assert cli.main(["deploy", "up", "--insecure", *args]) == 2, args
+        err = capsys.readouterr().err
+        assert err.startswith("error: the root ") and "the deployment directory" in err, err
+        assert "choose a --dir outside the roots" in err and err.count("\n") == 1, err
+        monkeypatch.delenv("FEDSYS_ROOTS", raising=False)
+    assert started == []
+    with pytest.raises(DeployError, match="give the roots"):  # the app's default is inside
+        LocalDeployment(tmp_path / "x").refuse_roots()
+
+
+def test_a_deployment_under_the_old_default_is_pointed_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "deploy").mkdir(parents=True)
+    LocalDeployment(tmp_path / "runs" / "deploy", num_nodes=1, node_ports=[1]).save()
+    assert cli.main(["deploy", "status"]) == 2
+    assert "--dir runs/deploy finds that one" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not (shutil.which("openssl") and shutil.which("ssh-keygen")),
