@@ -98,7 +98,56 @@ PATCHES: dict[str, Patch] = {p.name: p for p in (
           "5 s; later messages get an error reply without reaching Ray)",
           "a stopped run exits 130/143 saying how to continue (was: exit 1 and no word, once "
           "in a CI run of the SIGTERM test)"),
+    Patch("private-task-tokens", "flwr.supercore.superexec.executor.subprocess_executor."
+          "SubprocessExecutor.launch, flwr.supercore.interceptors.RuntimeTokenHttpInterceptor",
+          "1.41, 1.42",
+          "an app process gets its task token as --token on its command line, which any local "
+          "user reads in /proc/PID/cmdline, and its Runtime calls carry the token alone",
+          "the token travels to the app process in memory (fork server or spawn pipe), its "
+          "title shows --token ***, and the process signs each Runtime call with a key only "
+          "its SuperExec could derive from the token (fedsys_launch/runtime_auth.py)",
+          "a site's local user cannot take the site's tasks (issue 75; security: a target "
+          "that does not fit stops the SuperExec)"),
+    Patch("signed-task-calls", "flwr.supercore.dependencies.runtime.authenticate_task",
+          "1.41, 1.42",
+          "the Runtime API accepts every call after AcquireTask on the task token alone",
+          "with a SuperExec secret set, a call must also be signed with the task's key, "
+          "over its path, time, nonce and body, each signature good once",
+          "a token read anywhere takes no task (security: stops the component if it does "
+          "not fit)"),
+    Patch("task-lease", "flwr.supernode.start_client_internal._push_messages",
+          "1.41, 1.42",
+          "a SuperNode waits for ever for the reply of the message it handed out: a task "
+          "taken and finished without a reply, or never answered, leaves the node deaf to "
+          "every later message and run",
+          "a message whose task ended without a reply, or that is older than its TTL or "
+          "FEDSYS_TASK_LEASE_S (3600 s), gets Flower's error reply (logged), and the node "
+          "serves the next message",
+          "a dropped task costs one message, not the node (issue 75)"),
+    Patch("fleet-ownership", "flwr.superlink.servicer.fleet.fleet_handlers",
+          "1.41, 1.42",
+          "pull-object and confirm-message-received serve any object or message of a "
+          "running run to any registered node, and push-messages takes a reply whatever "
+          "node it names",
+          "a node pulls and confirms only what was handed to it, and replies only as "
+          "itself to a message handed to it (403 otherwise, logged)",
+          "a registered site cannot read or break another site's downloads, nor reply for "
+          "it (issue 75; security: stops the SuperLink if it does not fit)"),
+    Patch("bound-node-signatures", "flwr.superlink.routers.fleet.node_auth.authenticate_node, "
+          "flwr.supernode.node_auth_http_interceptor.NodeAuthHttpInterceptor",
+          "1.41, 1.42",
+          "a SuperNode signs a timestamp only: a captured header is good for any request "
+          "within 300 s",
+          "fedsys's SuperNode signs the path, time, a nonce and the body's digest, and the "
+          "SuperLink takes each signature once; a plain Flower SuperNode's timestamp "
+          "signature is still taken unless FEDSYS_NODE_SIGNATURES=bound",
+          "no replayed or transplanted Fleet request (issue 75)"),
 )}
+
+#: patches whose absence opens a hole: a target that does not fit stops the component
+#: (turning one off by FEDSYS_FLOWER_PATCHES is still the operator's choice, warned)
+SECURITY = frozenset({"private-task-tokens", "signed-task-calls", "fleet-ownership",
+                      "bound-node-signatures"})
 
 _warned: set[str] = set()
 _warn_lock = threading.Lock()
@@ -145,11 +194,20 @@ def _parameters(fn: object) -> tuple[str, ...] | None:
 
 def _usable(name: str, why: str | None, environ: Mapping[str, str]) -> bool:
     """Whether patch ``name`` goes in: not turned off, and its target matches (``why`` is
-    None); else :func:`skip` says why (a patch turned off says so at INFO)."""
+    None); else :func:`skip` says why (a patch turned off says so at INFO).  A
+    :data:`SECURITY` patch turned off is a WARNING, and one that does not fit stops the
+    process: running on without it would open what it closes."""
     if turned_off(name, environ):
-        _LOG.info("fedsys: Flower patch '%s' turned off (%s)", name, ENV)
+        level = logging.WARNING if name in SECURITY else logging.INFO
+        _LOG.log(level, "fedsys: Flower patch '%s' turned off (%s)%s", name, ENV,
+                 f": {PATCHES[name].upstream}" if name in SECURITY else "")
         return False
     if why is not None:
+        if name in SECURITY:
+            raise SystemExit(f"fedsys: Flower patch '{name}' does not fit flwr "
+                             f"{flower_version()} ({why}); without it {PATCHES[name].upstream}. "
+                             f"Use flwr {PATCHES[name].versions}, or accept that by "
+                             f"{ENV}={name}")
         skip(name, why)
         return False
     return True
@@ -292,23 +350,6 @@ def check_executor() -> str | None:
     if not callable(launch) or getattr(executor, "subprocess", None) is not subprocess:
         return "SubprocessExecutor.launch does not start its process with subprocess.Popen"
     return None
-
-
-def warm_app_processes(start: Callable[[], Callable[..., Any]],
-                       environ: Mapping[str, str] = os.environ) -> bool:
-    """Route Flower's ``SubprocessExecutor`` through the ``Popen`` (``subprocess.Popen``'s
-    arguments) that ``start()`` returns (:class:`fedsys_launch.superexec.WarmStarter`'s, its fork
-    server started only when the patch goes in); whether it went in."""
-    if not _usable("warm-app-processes", check_executor(), environ):
-        return False
-    import subprocess
-    from types import SimpleNamespace
-
-    from flwr.supercore.superexec.executor import subprocess_executor as executor
-
-    executor.subprocess = SimpleNamespace(  # type: ignore[assignment,attr-defined]
-        Popen=start(), DEVNULL=subprocess.DEVNULL)
-    return True
 
 
 # ------------------------------------------------------------------ prompt-dispatch
@@ -526,6 +567,476 @@ def task_identity(task_id: int, run_id: int, node_id: int) -> Iterator[None]:
 
 
 #: Each patch's check of its target, by name (the tests run every one).
+# ------------------------------------------------------------------ private-task-tokens
+
+def check_token_interceptor() -> str | None:
+    """Why :func:`sign_task_calls` cannot go in, or None."""
+    try:
+        from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor
+    except ImportError as exc:
+        return f"no RuntimeTokenHttpInterceptor ({exc})"
+    if _parameters(getattr(RuntimeTokenHttpInterceptor, "intercept", None)) != (
+            "self", "context", "call_next"):
+        return "RuntimeTokenHttpInterceptor.intercept is not intercept(self, context, call_next)"
+    try:
+        source = inspect.getsource(RuntimeTokenHttpInterceptor)
+    except (OSError, TypeError):
+        return "RuntimeTokenHttpInterceptor's source cannot be read"
+    return None if "self._token" in source else "RuntimeTokenHttpInterceptor keeps no _token"
+
+
+def check_private_tokens() -> str | None:
+    """Why :func:`private_task_tokens` cannot go in, or None."""
+    import importlib
+
+    try:  # the module (flwr.supercore.cli's name flower_superexec is its function)
+        flower_superexec = importlib.import_module("flwr.supercore.cli.flower_superexec")
+    except ImportError as exc:
+        return f"no flower_superexec ({exc})"
+    found = _parameters(getattr(flower_superexec, "run_superexec", None)) or ()
+    if "superexec_auth_secret" not in found:
+        return "flower_superexec.run_superexec takes no superexec_auth_secret"
+    return check_executor() or check_token_interceptor()
+
+
+def private_task_tokens(start: Callable[[], Callable[..., Any]],
+                        secret: Callable[[bytes], None],
+                        environ: Mapping[str, str] = os.environ) -> bool:
+    """Route Flower's ``SubprocessExecutor`` through the ``Popen`` that ``start()`` returns
+    (:class:`fedsys_launch.superexec.AppStarter`'s: the token in memory, the title without
+    it) and hand ``secret`` the SuperExec secret Flower's ``flower-superexec`` loads (the
+    task keys are made from it); whether it went in."""
+    if not _usable("private-task-tokens", check_private_tokens(), environ):
+        return False
+    import importlib
+    import subprocess
+    from types import SimpleNamespace
+
+    from flwr.supercore.superexec.executor import subprocess_executor as executor
+
+    flower_superexec = importlib.import_module("flwr.supercore.cli.flower_superexec")
+
+    executor.subprocess = SimpleNamespace(  # type: ignore[assignment,attr-defined]
+        Popen=start(), DEVNULL=subprocess.DEVNULL)
+    run = flower_superexec.run_superexec
+
+    def run_superexec(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("superexec_auth_secret"):
+            secret(kwargs["superexec_auth_secret"])
+        return run(*args, **kwargs)
+
+    flower_superexec.run_superexec = run_superexec  # type: ignore[attr-defined]
+    return True
+
+
+def sign_task_calls(keys: Mapping[str, bytes]) -> None:
+    """In an app process: sign every Runtime call made with a token of ``keys`` with that
+    token's key (:func:`fedsys_launch.runtime_auth.sign_task_call`), beside the token."""
+    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor
+
+    from fedsys_launch.runtime_auth import sign_task_call
+
+    intercept = RuntimeTokenHttpInterceptor.intercept
+
+    def signed(self: Any, context: Any, call_next: Callable[[Any], Any]) -> Any:
+        key = keys.get(self._token)
+        if key is not None:
+            body = context.message.SerializeToString(deterministic=True)
+            context.request.headers.update(sign_task_call(key, context.request.url.path, body))
+        return intercept(self, context, call_next)
+
+    signed.__doc__ = intercept.__doc__
+    RuntimeTokenHttpInterceptor.intercept = signed  # type: ignore[method-assign]
+
+
+# ------------------------------------------------------------------ signed-task-calls
+
+def check_task_auth() -> str | None:
+    """Why :func:`signed_task_calls` cannot go in, or None."""
+    try:
+        from flwr.supercore.auth import derive_auth_secret  # noqa: F401
+        from flwr.supercore.dependencies import runtime
+        from flwr.supercore.protobuf.translation import get_protobuf_request  # noqa: F401
+    except ImportError as exc:
+        return f"a module it reads is gone ({exc})"
+    found = _parameters(getattr(runtime, "authenticate_task", None))  # imported there
+    if found != ("request", "token", "state"):
+        return f"runtime.authenticate_task takes {found}, not (request, token, state)"
+    return None
+
+
+def signed_task_calls(environ: Mapping[str, str] = os.environ) -> bool:
+    """Make this process's Runtime API (a SuperNode's or the SuperLink's) refuse a task's
+    call that is not signed with the task's key, when it has a SuperExec secret; whether
+    it went in."""
+    if not _usable("signed-task-calls", check_task_auth(), environ):
+        return False
+    from flwr.supercore.auth import derive_auth_secret
+    from flwr.supercore.dependencies import runtime
+    from flwr.supercore.error import ApiErrorCode, FlowerError
+    from flwr.supercore.protobuf.translation import get_protobuf_request
+
+    from fedsys_launch.runtime_auth import NonceStore, check_task_call, task_key
+
+    authenticate = runtime.authenticate_task  # type: ignore[attr-defined]
+    nonces = NonceStore()
+
+    def authenticate_task(request: Any, token: str | None, state: Any) -> Any:
+        task = authenticate(request, token, state)
+        secret = getattr(request.app.state, "superexec_auth_secret", None)
+        if secret is None or token is None:
+            return task
+        body = get_protobuf_request(request).SerializeToString(deterministic=True)
+        why = check_task_call(task_key(derive_auth_secret(secret), token), request.url.path,
+                              body, request.headers, nonces)
+        if why is not None:
+            _LOG.warning("fedsys: Runtime call %s of task %s refused: %s", request.url.path,
+                         task.task_id, why)
+            raise FlowerError(ApiErrorCode.RUNTIME_AUTHENTICATION_FAILED,
+                              "Runtime task-token authentication failed.")
+        return task
+
+    authenticate_task.__doc__ = authenticate.__doc__
+    runtime.authenticate_task = authenticate_task  # type: ignore[attr-defined]
+    return True
+
+
+# ------------------------------------------------------------------ task-lease
+
+LEASE_ENV = "FEDSYS_TASK_LEASE_S"
+LEASE_S = 3600.0
+
+
+def check_task_lease() -> str | None:
+    """Why :func:`task_lease` cannot go in, or None."""
+    try:
+        from flwr.supernode import start_client_internal as sci
+        from flwr.supernode.nodestate.in_memory_nodestate import (  # noqa: F401
+            CLIENT_APP_CRASHED_ERROR,
+            InMemoryNodeState,
+        )
+    except ImportError as exc:
+        return f"a module it reads is gone ({exc})"
+    found = _parameters(getattr(sci, "_push_messages", None))
+    if found != ("state", "object_store", "send", "push_object"):
+        return f"_push_messages takes {found}"
+    try:
+        source = inspect.getsource(InMemoryNodeState)
+    except (OSError, TypeError):
+        return "InMemoryNodeState's source cannot be read"
+    missing = [a for a in ("msg_store", "lock_msg_store", "is_retrieved", "_store_error_replies")
+               if a not in source]
+    return f"InMemoryNodeState has no {', '.join(missing)}" if missing else None
+
+
+def answer_dropped(state: Any, lease_s: float, now: Callable[[], float]) -> list[str]:
+    """Give Flower's error reply to each message of ``state`` (a SuperNode's) that waits
+    for a reply its task will not send (:func:`fedsys_launch.runtime_auth.unanswered`);
+    the reasons, logged."""
+    from flwr.common.constant import Status, SubStatus
+    from flwr.supernode.nodestate.in_memory_nodestate import CLIENT_APP_CRASHED_ERROR
+
+    from fedsys_launch.runtime_auth import unanswered
+
+    with state.lock_msg_store:
+        entries = list(state.msg_store.values())
+    replied = {e.message.metadata.reply_to_message_id for e in entries}
+    said = []
+    for entry in entries:
+        meta = entry.message.metadata
+        if meta.reply_to_message_id or meta.message_id in replied:
+            continue
+        tasks = state.get_tasks(run_ids=[meta.run_id],
+                                statuses=[Status.PENDING, Status.STARTING, Status.RUNNING])
+        why = unanswered(len(tasks), meta.created_at, meta.ttl, now(), lease_s)
+        if why is None:
+            continue
+        for task in tasks:
+            state.finish_task(task.task_id, SubStatus.FAILED, f"fedsys: {why}")
+        with state.lock_msg_store:
+            entry.is_retrieved = True  # Flower answers only messages handed out
+        state._store_error_replies({meta.run_id}, CLIENT_APP_CRASHED_ERROR)
+        said.append(f"message {meta.message_id[:12]}... of run {meta.run_id}: {why}")
+        _LOG.warning("fedsys: message %s of run %s %s: error reply sent, the node serves "
+                     "the next message", meta.message_id[:12], meta.run_id, why)
+    return said
+
+
+def task_lease(lease_s: float, environ: Mapping[str, str] = os.environ,
+               poll_s: float = 0.5) -> bool:
+    """Make the SuperNode stop waiting for a reply its task will not send
+    (:func:`answer_dropped`); whether it went in."""
+    if not _usable("task-lease", check_task_lease(), environ):
+        return False
+    import time
+
+    from flwr.supernode import start_client_internal as sci
+
+    push = sci._push_messages
+
+    def _push_messages(state: Any, object_store: Any, send: Any, push_object: Any) -> None:
+        claimed: set[int] = set()
+        while not _has_reply(state):
+            answer_dropped(state, lease_s, time.time)
+            claimed = _given_back(state, claimed)
+            if not _has_reply(state):
+                time.sleep(poll_s)
+        push(state, object_store, send, push_object)
+
+    _push_messages.__doc__ = push.__doc__
+    sci._push_messages = _push_messages
+    return True
+
+
+def _given_back(state: Any, claimed: set[int]) -> set[int]:
+    """The node's claimed tasks now; a task claimed before and pending now was given back
+    (Flower's start window passed without its app process checking in): logged."""
+    from flwr.common.constant import Status
+
+    tasks = state.get_tasks(statuses=[Status.PENDING, Status.STARTING])
+    for task in tasks:
+        if task.task_id in claimed and task.status.status == Status.PENDING:
+            _LOG.warning("fedsys: task %s of run %s was claimed and its app process did not "
+                         "check in within the start window: given back to the SuperExec",
+                         task.task_id, task.run_id)
+    return {t.task_id for t in tasks if t.status.status == Status.STARTING}
+
+
+def _has_reply(state: Any) -> bool:
+    with state.lock_msg_store:
+        return any(e.message.metadata.reply_to_message_id and not e.is_retrieved
+                   for e in state.msg_store.values())
+
+
+# ------------------------------------------------------------------ fleet-ownership
+
+def check_fleet_ownership() -> str | None:
+    """Why :func:`fleet_ownership` cannot go in, or None."""
+    try:
+        from flwr.superlink.servicer.fleet import fleet_handlers as fh
+    except ImportError as exc:
+        return f"no fleet_handlers ({exc})"
+    want = {"pull_messages": ("request", "state", "store"),
+            "push_messages": ("request", "state"),
+            "pull_object": ("request", "state"),
+            "confirm_message_received": ("request", "state", "store")}
+    for name, params in want.items():
+        found = _parameters(getattr(fh, name, None))
+        if found != params:
+            return f"fleet_handlers.{name} takes {found}, not {params}"
+    return None
+
+
+def fleet_ownership(environ: Mapping[str, str] = os.environ) -> bool:
+    """Make the SuperLink's Fleet API serve a node only what was handed to it
+    (:class:`fedsys_launch.runtime_auth.Ownership`); whether it went in."""
+    if not _usable("fleet-ownership", check_fleet_ownership(), environ):
+        return False
+    from fastapi import HTTPException
+    from flwr.common.constant import Status
+    from flwr.superlink.servicer.fleet import fleet_handlers as fh
+
+    from fedsys_launch.runtime_auth import Ownership, reply_refusal
+
+    own = Ownership()
+    pull_messages, push_messages = fh.pull_messages, fh.push_messages
+    pull_object, confirm = fh.pull_object, fh.confirm_message_received
+
+    def refuse(what: str, node: int, why: str) -> None:
+        _LOG.warning("fedsys: Fleet %s of node %s refused: %s", what, node, why)
+        raise HTTPException(status_code=403, detail=f"{what} refused: not this node's")
+
+    def forget_ended(state: Any) -> None:
+        runs = own.runs()
+        if runs:
+            for run, st in state.get_run_status(runs).items():
+                if st.status == Status.FINISHED:
+                    own.forget_run(run)
+
+    def pull_messages_owned(request: Any, state: Any, store: Any) -> Any:
+        response = pull_messages(request, state, store)
+        for msg, tree in zip(response.messages_list, response.message_object_trees, strict=True):
+            own.handed(request.node.node_id, msg.metadata.run_id, msg.metadata.message_id,
+                       _tree_ids(tree))
+        forget_ended(state)
+        return response
+
+    def push_messages_owned(request: Any, state: Any) -> Any:
+        for msg in request.messages_list:
+            why = reply_refusal(request.node.node_id, msg.metadata.src_node_id,
+                                msg.metadata.run_id, msg.metadata.reply_to_message_id, own)
+            if why is not None:
+                refuse("push-messages", request.node.node_id, why)
+        return push_messages(request, state)
+
+    def pull_object_owned(request: Any, state: Any) -> Any:
+        if not own.may_pull(request.node.node_id, request.run_id, request.object_id):
+            refuse("pull-object", request.node.node_id,
+                   f"object {request.object_id[:12]}... is not in a message handed to it")
+        return pull_object(request, state)
+
+    def confirm_owned(request: Any, state: Any, store: Any) -> Any:
+        if not own.may_confirm(request.node.node_id, request.run_id, request.message_object_id):
+            refuse("confirm-message-received", request.node.node_id,
+                   f"message {request.message_object_id[:12]}... was not handed to it")
+        return confirm(request, state, store)
+
+    fh.pull_messages, fh.push_messages = pull_messages_owned, push_messages_owned
+    fh.pull_object, fh.confirm_message_received = pull_object_owned, confirm_owned
+    return True
+
+
+def _tree_ids(tree: Any) -> list[str]:
+    """Every object id of an ``ObjectTree`` (Flower's protobuf), its root included."""
+    out, todo = [], [tree]
+    while todo:
+        t = todo.pop()
+        out.append(t.object_id)
+        todo.extend(t.children)
+    return out
+
+
+# ------------------------------------------------------------------ bound-node-signatures
+
+SIGNATURES_ENV = "FEDSYS_NODE_SIGNATURES"
+
+
+def check_node_signatures() -> str | None:
+    """Why :func:`bound_node_signatures` cannot go in, or None."""
+    try:
+        from flwr.superlink.routers.fleet import node_auth
+        from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
+    except ImportError as exc:
+        return f"a module it reads is gone ({exc})"
+    if _parameters(getattr(node_auth, "authenticate_node", None)) != ("request",):
+        return "node_auth.authenticate_node is not authenticate_node(request)"
+    try:
+        source = inspect.getsource(NodeAuthHttpInterceptor)
+    except (OSError, TypeError):
+        return "NodeAuthHttpInterceptor's source cannot be read"
+    missing = [a for a in ("_private_key", "_public_key_bytes") if a not in source]
+    return f"NodeAuthHttpInterceptor has no {', '.join(missing)}" if missing else None
+
+
+def sign_node_requests(environ: Mapping[str, str] = os.environ) -> bool:
+    """In a SuperNode: sign each Fleet request's path, time, a nonce and its body's digest
+    with the node's key; whether it went in."""
+    if not _usable("bound-node-signatures", check_node_signatures(), environ):
+        return False
+    import secrets
+    from base64 import b64encode
+
+    from flwr.common.constant import TIMESTAMP_HEADER
+    from flwr.supercore.constant import FLEET_HTTP_PUBLIC_KEY_HEADER, FLEET_HTTP_SIGNATURE_HEADER
+    from flwr.supercore.date import now
+    from flwr.supercore.primitives.asymmetric import sign_message
+    from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
+
+    from fedsys_launch.runtime_auth import NODE_BODY, NODE_NONCE, canonical, digest
+
+    def intercept(self: Any, context: Any, call_next: Callable[[Any], Any]) -> Any:
+        ts, nonce = now().isoformat(), secrets.token_hex(16)
+        body = digest(context.message.SerializeToString(deterministic=True))
+        signed = sign_message(self._private_key,
+                              canonical(context.request.url.path, ts, nonce, body))
+        context.request.headers.update({
+            FLEET_HTTP_PUBLIC_KEY_HEADER: b64encode(self._public_key_bytes).decode("ascii"),
+            TIMESTAMP_HEADER: ts, NODE_NONCE: nonce, NODE_BODY: body,
+            FLEET_HTTP_SIGNATURE_HEADER: b64encode(signed).decode("ascii")})
+        return call_next(context)
+
+    intercept.__doc__ = NodeAuthHttpInterceptor.intercept.__doc__
+    NodeAuthHttpInterceptor.intercept = intercept  # type: ignore[method-assign]
+    return True
+
+
+def bound_node_signatures(environ: Mapping[str, str] = os.environ) -> bool:
+    """In the SuperLink: check a bound node signature (path, time, nonce, body; each
+    nonce once) where the request carries one, else Flower's timestamp signature unless
+    ``FEDSYS_NODE_SIGNATURES=bound``; whether it went in."""
+    if not _usable("bound-node-signatures", check_node_signatures(), environ):
+        return False
+    import datetime
+    from base64 import b64decode
+
+    from fastapi import HTTPException
+    from flwr.common.constant import TIMESTAMP_HEADER
+    from flwr.supercore.constant import FLEET_HTTP_PUBLIC_KEY_HEADER, FLEET_HTTP_SIGNATURE_HEADER
+    from flwr.supercore.date import now
+    from flwr.supercore.primitives.asymmetric import bytes_to_public_key, verify_signature
+    from flwr.superlink.routers.fleet import node_auth
+
+    from fedsys_launch.runtime_auth import (
+        MAX_SKEW_S,
+        NODE_BODY,
+        NODE_NONCE,
+        NonceStore,
+        canonical,
+        digest,
+    )
+
+    require = environ.get(SIGNATURES_ENV, "") == "bound"
+    flower_check = node_auth.authenticate_node
+    nonces = NonceStore()
+
+    def refuse(why: str) -> None:
+        _LOG.warning("fedsys: Fleet request refused: %s", why)
+        raise HTTPException(status_code=401, detail="Invalid SuperNode authentication")
+
+    def authenticate_node(request: Any) -> None:
+        nonce, body_sha = request.headers.get(NODE_NONCE), request.headers.get(NODE_BODY)
+        if not (nonce and body_sha):
+            if require:
+                refuse(f"{request.url.path} without a bound signature ({SIGNATURES_ENV}=bound)")
+            return flower_check(request)
+        try:
+            ts = request.headers[TIMESTAMP_HEADER]
+            age = (now() - datetime.datetime.fromisoformat(ts)).total_seconds()
+            key = b64decode(request.headers[FLEET_HTTP_PUBLIC_KEY_HEADER], validate=True)
+            sig = b64decode(request.headers[FLEET_HTTP_SIGNATURE_HEADER], validate=True)
+            body = request.state.protobuf_request.SerializeToString(deterministic=True)
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
+            return refuse(f"{request.url.path}: unreadable signature headers ({exc})")
+        if not abs(age) < MAX_SKEW_S:
+            return refuse(f"{request.url.path}: signed {age:.0f} s from now")
+        if digest(body) != body_sha:
+            return refuse(f"{request.url.path}: body does not match its signature")
+        if not verify_signature(bytes_to_public_key(key),
+                                canonical(request.url.path, ts, nonce, body_sha), sig):
+            return refuse(f"{request.url.path}: signature does not match the key")
+        if not nonces.reserve(nonce, now().timestamp() + 2 * MAX_SKEW_S):
+            return refuse(f"{request.url.path}: signature used before")
+        # the identity part of Flower's check, with a signature it accepts for this key
+        return _flower_identity(request)
+
+    node_auth.authenticate_node = authenticate_node
+    return True
+
+
+def _flower_identity(request: Any) -> None:
+    """Flower's node check for the key and node id of a request whose bound signature was
+    verified: the node id the request names must be the key's (or the key the request
+    registers/activates)."""
+    from base64 import b64decode
+
+    from fastapi import HTTPException
+    from flwr.proto.fleet_pb2 import ActivateNodeRequest, RegisterNodeFleetRequest
+    from flwr.supercore.constant import FLEET_HTTP_PUBLIC_KEY_HEADER
+    from flwr.superlink.dependencies.linkstate import get_linkstate
+
+    key = b64decode(request.headers[FLEET_HTTP_PUBLIC_KEY_HEADER], validate=True)
+    proto = request.state.protobuf_request
+    if isinstance(proto, RegisterNodeFleetRequest | ActivateNodeRequest):
+        ok = proto.public_key == key
+    else:
+        node_id = proto.node.node_id if hasattr(proto, "node") else proto.node_id
+        ok = get_linkstate(request).get_node_id_by_public_key(key) == node_id
+    if not ok:
+        _LOG.warning("fedsys: Fleet request %s refused: the node id is not the key's",
+                     request.url.path)
+        raise HTTPException(status_code=401, detail="Invalid SuperNode authentication")
+
+
 CHECKS: dict[str, Callable[[], str | None]] = {
     "sqlite-busy-timeout": check_busy_timeout,
     "superlink-start-window": check_superlink_claim,
@@ -534,6 +1045,11 @@ CHECKS: dict[str, Callable[[], str | None]] = {
     "prompt-dispatch": check_dispatch,
     "task-identity": check_task_identity,
     "orderly-shutdown": check_orderly_shutdown,
+    "private-task-tokens": check_private_tokens,
+    "signed-task-calls": check_task_auth,
+    "task-lease": check_task_lease,
+    "fleet-ownership": check_fleet_ownership,
+    "bound-node-signatures": check_node_signatures,
 }
 
 
@@ -542,5 +1058,5 @@ __all__ = ["CHECKS", "DISPATCH_PARAMETERS", "ENV", "PATCHES", "Patch", "check_bu
            "check_superlink_claim", "check_supernode_claim", "check_task_identity",
            "flower_version", "orderly_shutdown", "prompt_dispatch", "skip",
            "sqlite_busy_timeout", "superlink_start_window", "supernode_start_window",
-           "task_identity", "task_identity_usable", "turned_off", "warm_app_processes",
+           "task_identity", "task_identity_usable", "turned_off",
            "with_busy_timeout"]

@@ -83,8 +83,31 @@ def drop_own_modules(modules: dict[str, Any]) -> list[str]:
     return gone
 
 
-def run_app(argv: Sequence[str], quiet: bool) -> None:
-    """In the forked child: run the Flower command ``argv`` as a fresh process would."""
+def redacted(argv: Sequence[str]) -> list[str]:
+    """``argv`` with the value of ``--token`` shown as ``***``: a process title is
+    readable by every local user (``/proc/PID/cmdline``)."""
+    out = list(argv)
+    for i, arg in enumerate(out[:-1]):
+        if arg == "--token":
+            out[i + 1] = "***"
+    return out
+
+
+def token_of(argv: Sequence[str]) -> str | None:
+    """The value of ``--token`` in ``argv``, if any."""
+    args = list(argv)
+    return args[args.index("--token") + 1] if "--token" in args[:-1] else None
+
+
+def run_app(argv: Sequence[str], quiet: bool, key: bytes | None = None) -> None:
+    """In the child: run the Flower command ``argv`` as a fresh process would, its title
+    without the token, its Runtime calls signed with ``key`` (the task's, when the
+    SuperExec has a secret)."""
+    token = token_of(argv)
+    if key is not None and token is not None:
+        from fedsys_launch import flower_patches
+
+        flower_patches.sign_task_calls({token: key})
     drop_own_modules(sys.modules)
     if quiet:
         null = os.open(os.devnull, os.O_WRONLY)
@@ -94,30 +117,47 @@ def run_app(argv: Sequence[str], quiet: bool) -> None:
     random.seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
-    setproctitle.setproctitle(" ".join(argv))
+    setproctitle.setproctitle(" ".join(redacted(argv)))
     sys.argv = list(argv)
     console_entry(os.path.basename(argv[0]))()
 
 
-class WarmStarter:
+class AppStarter:
     """Stands in for the :mod:`subprocess` module in Flower's ``SubprocessExecutor``:
-    ``Popen(args)`` forks the app process from the fork server instead of executing a
-    new interpreter."""
+    ``Popen(args)`` starts the app process from the fork server (``preload`` names
+    modules) or as a fresh interpreter (``multiprocessing``'s spawn, no preload), its
+    arguments, the task token among them, passed through a pipe rather than the command
+    line.
+
+    ``auth_secret`` is Flower's auth-scope secret of the SuperExec secret, once Flower's
+    SuperExec has loaded it (:func:`fedsys_launch.flower_patches.private_task_tokens`):
+    each app process then gets its task's key (:func:`fedsys_launch.runtime_auth.task_key`).
+    """
 
     DEVNULL = subprocess.DEVNULL
 
     def __init__(self, preload: list[str]) -> None:
-        self.context = multiprocessing.get_context("forkserver")
-        self.context.set_forkserver_preload(preload)
-        forkserver.ensure_running()  # the imports now, before the first task arrives
+        self.auth_secret: bytes | None = None
+        self.context: Any
+        if preload:
+            self.context = multiprocessing.get_context("forkserver")
+            self.context.set_forkserver_preload(preload)
+            forkserver.ensure_running()  # the imports now, before the first task arrives
+        else:
+            self.context = multiprocessing.get_context("spawn")
 
     def Popen(self, args: Sequence[str], stdout: object = None,  # noqa: N802 (subprocess's name)
               stderr: object = None) -> multiprocessing.process.BaseProcess:
+        from fedsys_launch.runtime_auth import task_key
+
         multiprocessing.active_children()  # reaps the app processes that have ended
         command = [str(a) for a in args]
+        token = token_of(command)
+        key = (task_key(self.auth_secret, token)
+               if self.auth_secret is not None and token is not None else None)
         path = _installed(command[0])
         proc = self.context.Process(target=run_app, name=command[0],
-                                    args=([path, *command[1:]], stdout == subprocess.DEVNULL))
+                                    args=([path, *command[1:]], stdout == subprocess.DEVNULL, key))
         proc.start()
         return proc
 
@@ -129,24 +169,31 @@ def _installed(command: str) -> str:
     return here if os.path.exists(here) else command
 
 
-def apply(environ: Mapping[str, str] = os.environ) -> WarmStarter | None:
-    """Start the fork server and route Flower's ``SubprocessExecutor`` through it (the
-    patch ``warm-app-processes`` of :mod:`fedsys_launch.flower_patches`); none when
-    ``FEDSYS_APP_PRELOAD`` names nothing installed, or the patch does not fit this Flower
-    (a WARNING: every app process then starts as Flower starts it)."""
+def apply(environ: Mapping[str, str] = os.environ) -> AppStarter:
+    """Route Flower's ``SubprocessExecutor`` through an :class:`AppStarter` (the patch
+    ``private-task-tokens`` of :mod:`fedsys_launch.flower_patches`; its fork server only
+    where ``FEDSYS_APP_PRELOAD`` names modules that are installed and the patch
+    ``warm-app-processes`` is not turned off).  A Flower release the patch does not fit
+    stops the SuperExec: its app processes would show their tokens."""
     from fedsys_launch import flower_patches
 
     preload = preload_modules(environ)
-    if not preload:
-        return None
-    started: list[WarmStarter] = []
+    if preload and not flower_patches._usable("warm-app-processes",
+                                              flower_patches.check_executor(), environ):
+        preload = []
+    started: list[AppStarter] = []
 
     def start() -> Callable[..., object]:
-        started.append(WarmStarter(preload))
+        started.append(AppStarter(preload))
         return started[0].Popen
 
-    flower_patches.warm_app_processes(start, environ)
-    return started[0] if started else None
+    def secret(value: bytes) -> None:
+        from flwr.supercore.auth import derive_auth_secret
+
+        started[0].auth_secret = derive_auth_secret(value)
+
+    flower_patches.private_task_tokens(start, secret, environ)
+    return started[0] if started else AppStarter([])
 
 
 def main() -> None:

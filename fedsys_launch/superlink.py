@@ -19,9 +19,14 @@ ClientApp (``FEDSYS_CLIENTAPP_START_S``, default 300 s instead of Flower's 30 s)
 ``flwr-serverapp`` that has not checked in 30 s after its run's task was claimed is
 otherwise started a second time beside the first, two ServerApps then driving one run.
 
-Both changes are patches of Flower's own code, in :mod:`fedsys_launch.flower_patches`
-(``sqlite-busy-timeout``, ``superlink-start-window``): a Flower release they do not fit
-keeps its own behaviour, with a WARNING.  Used by ``fedsys deploy`` (:mod:`fedsys_launch.deploy`)
+And it closes what the threat model needs closed (docs/deployment.md): the ServerApp's
+Runtime calls signed with its task's key (``signed-task-calls``), a node served only the
+messages and objects handed to it (``fleet-ownership``), and nodes' request signatures
+bound to the request and good once (``bound-node-signatures``).
+
+These are patches of Flower's own code, in :mod:`fedsys_launch.flower_patches`: a Flower
+release the first two do not fit keeps its own behaviour, with a WARNING; one the security
+patches do not fit stops the SuperLink.  Used by ``fedsys deploy`` (:mod:`fedsys_launch.deploy`)
 as ``python -m fedsys_launch.superlink``.
 """
 
@@ -51,6 +56,9 @@ def main() -> None:
     ``flower-superlink``."""
     flower_patches.sqlite_busy_timeout(busy_timeout_ms())
     flower_patches.superlink_start_window(start_window_s())
+    flower_patches.signed_task_calls()
+    flower_patches.fleet_ownership()
+    flower_patches.bound_node_signatures()
     hand_over("flower-superlink", flower_superlink)
 
 

@@ -62,9 +62,19 @@ def start_window_s(environ: Mapping[str, str] = os.environ) -> float:
     return env_positive(environ, ENV, DEFAULT_S, "seconds")
 
 
+def task_lease_s(environ: Mapping[str, str] = os.environ) -> float:
+    """The longest a message's task may hold the node, from ``FEDSYS_TASK_LEASE_S``
+    (seconds) or :data:`fedsys_launch.flower_patches.LEASE_S`."""
+    return env_positive(environ, flower_patches.LEASE_ENV, flower_patches.LEASE_S, "seconds")
+
+
 def main() -> None:
-    """Set the start window, then hand over to Flower's ``flower-supernode``."""
+    """Set the start window, the task lease and the signatures of the node's requests and
+    of its ClientApps' Runtime calls, then hand over to Flower's ``flower-supernode``."""
     flower_patches.supernode_start_window(start_window_s())
+    flower_patches.task_lease(task_lease_s())
+    flower_patches.signed_task_calls()
+    flower_patches.sign_node_requests()
     hand_over("flower-supernode", flower_supernode)
 
 
