@@ -404,3 +404,33 @@ def test_up_is_not_reported_when_a_superexec_dies_as_its_node_comes_online(
     monkeypatch.setattr(steady, "is_running", lambda name: True)
     monkeypatch.setattr(steady, "nodes", lambda: [{"node-id": 1, "status": "online"}])
     assert steady.wait_online(1, timeout=5, settle=0.01) == [{"node-id": 1, "status": "online"}]
+
+
+def test_compose_is_secure_and_its_apps_name_nothing_of_the_deployment() -> None:
+    """Issue 75 in ``docker-compose.yml``: TLS and node authentication with no flag to
+    add; every service that runs apps (a SuperExec) has ``FEDSYS_DENY`` covering each
+    certificate, key and secret mounted into it, and the run tool's state where it lies
+    in the server's roots."""
+    import yaml
+
+    services = yaml.safe_load((SCRIPTS.parent / "docker-compose.yml").read_text())["services"]
+    link = services["superlink"]["command"].split()
+    assert "--insecure" not in link and "--enable-supernode-auth" in link
+    assert "--ssl-certfile" in link and "--superexec-auth-secret-file" in link
+    for name in ("supernode-0", "supernode-1"):
+        node = services[name]["command"].split()
+        assert "--root-certificates" in node and "--auth-supernode-private-key" in node
+    apps = {n: s for n, s in services.items()
+            if "fedsys_launch.superexec" in str(s.get("command", ""))}
+    assert len(apps) == 5, sorted(apps)  # the server's and each site's, cpu and gpu
+    for name, svc in apps.items():
+        deny = [Path(d) for d in svc.get("environment", {}).get("FEDSYS_DENY", "").split(":")
+                if d]
+        mounted = [Path(v.split(":")[1]) for v in svc["volumes"]]
+        secret = [m for m in mounted if m.parts[1] in ("certs", "keys")]
+        assert secret and all(any(m.is_relative_to(d) for d in deny) for m in secret), (name, deny)
+    run = services["run"]["entrypoint"]
+    run_dir = Path(run[run.index("--dir") + 1])
+    server = services["superexec-server"]["environment"]
+    if run_dir.is_relative_to(server["FEDSYS_ROOTS"]):
+        assert any(run_dir.is_relative_to(d) for d in server["FEDSYS_DENY"].split(":"))
