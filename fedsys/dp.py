@@ -24,6 +24,11 @@ Accountant", AISTATS 2019, Thm. 27; dp_accounting's ``_compute_rdp_sample_wor_ga
 N = 100, m = 10, z = 1, 30 rounds, delta 1e-5 reported 7.57 where the mechanism spends
 32.27.
 
+The population a round is accounted over is the pool its sample was drawn from, not the
+``num-clients`` the config declares (issue 75 item 7a): rounds from pools of different sizes
+compose by adding their RDP (:func:`epsilon_of`).  Integer buffers pass clipping and noise
+untouched, so a release carries the sent model's (:func:`reset_integers`).
+
 The noise is drawn from the operating system's entropy (:func:`entropy_rng`), never from
 the run's seed, which the config, the checkpoints and the results pages hold: a seeded
 noise can be regenerated and subtracted by whoever reads the seed.
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import secrets
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -138,6 +144,49 @@ def rdp_per_release(noise_multiplier: float, population: int = 0, sample: int = 
     return tuple(float(o) for o in every.orders), tuple(float(v) for v in values)
 
 
+def reset_integers(model: Params, reference: Params) -> tuple[Params, list[str]]:
+    """``model`` with every integer (non-floating-point) entry that ``reference`` holds set
+    to ``reference``'s value, and the names of those that differed.
+
+    Clipping and noise act on the floating-point entries only, and fedsys's mean takes the
+    element-wise maximum of integer buffers (:func:`fedsys.params.mean`), so a BatchNorm's
+    ``num_batches_tracked`` would be released raw: the largest local step count of the
+    round's clients, outside any epsilon (issue 75 item 7c).  Under DP the release keeps
+    the sent model's values (a post-processing of public data)."""
+    changed = [k for k, v in model.items() if not is_float(v) and k in reference
+               and not np.array_equal(v, reference[k])]
+    if not changed:
+        return model, []
+    return {k: np.array(reference[k], dtype=np.asarray(v).dtype) if k in changed else v
+            for k, v in model.items()}, changed
+
+
+def epsilon_of(noise_multiplier: float, releases: Mapping[tuple[int, int], int],
+               delta: float) -> float:
+    """The epsilon at ``delta`` after ``releases[(pool, sample)]`` releases of this module's
+    mechanism on ``sample`` clients drawn without replacement from ``pool``, for each
+    ``(pool, sample)`` (:func:`rdp_per_release`; ``sample`` 0 or at least ``pool``: no
+    amplification).  Renyi DP composes by addition at each order (Mironov, "Renyi
+    Differential Privacy", CSF 2017, Prop. 1), so rounds drawn from pools of different
+    sizes add their own curves; converted with ``dp_accounting``'s ``compute_epsilon``.
+    The rate of a release is that of the pool it was drawn from (issue 75 item 7a), never
+    the ``m / N`` the config declares."""
+    kinds = [(int(p), int(m), int(n)) for (p, m), n in sorted(releases.items()) if n > 0]
+    if not kinds:
+        return 0.0
+    if noise_multiplier <= 0:
+        return float("inf")
+    from dp_accounting import rdp
+
+    orders: tuple[float, ...] = ()
+    total = np.zeros(0)
+    for pool, sample, n in kinds:
+        orders, per = rdp_per_release(float(noise_multiplier), pool, sample)
+        total = (total if total.size else np.zeros(len(per))) + n * np.asarray(per)
+    eps, _ = rdp.rdp_privacy_accountant.compute_epsilon(orders, list(total), delta)
+    return float(eps)
+
+
 def epsilon(noise_multiplier: float, releases: int, delta: float, population: int = 0,
             sample: int = 0) -> float:
     """The epsilon at ``delta`` after ``releases`` releases of this module's mechanism,
@@ -148,16 +197,9 @@ def epsilon(noise_multiplier: float, releases: int, delta: float, population: in
     amplification.  The amplification holds only while the sample is secret (the DP
     wrapper draws it from the operating system's entropy); epsilon never falls when m
     grows."""
-    if releases <= 0:
-        return 0.0
-    if noise_multiplier <= 0:
-        return float("inf")
-    from dp_accounting import rdp
-
-    orders, per = rdp_per_release(float(noise_multiplier), int(population), int(sample))
-    eps, _ = rdp.rdp_privacy_accountant.compute_epsilon(orders, [releases * v for v in per], delta)
-    return float(eps)
+    return epsilon_of(noise_multiplier, {(int(population), int(sample)): int(releases)}, delta)
 
 
 __all__ = ["OUTSIDE_EPSILON", "accountant_multiplier", "add_noise", "clip_update", "entropy_rng", "epsilon",
-           "fixed_denominator_mean", "rdp_per_release", "sum_sensitivity"]
+           "epsilon_of", "fixed_denominator_mean", "rdp_per_release", "reset_integers",
+           "sum_sensitivity"]

@@ -188,7 +188,8 @@ class ChainStrategy(FedsysStrategy):
         record: dict[str, Any] = {"pass": p + 1, "hop": h + 1, "client": pid, "hop-tries": tries}
         if verdict is None:
             self.skip(rnd, f"client {pid}", why)
-            record.update({"clients-ok": 0, "clients-rejected": 1, "hop-skipped": 1})
+            record.update({"clients-ok": 0, "clients-rejected": 1, "hop-skipped": 1,
+                           **self.privacy_metrics()})
             return record
         (upd,) = verdict.updates
         self.warmed = self.warmed or warm
@@ -199,7 +200,15 @@ class ChainStrategy(FedsysStrategy):
             record.update({k: v for k, v in upd.metrics.items() if k != proto.PARTITION_ID})
         else:
             self.add_client_metrics(record, verdict)
+        record.update(self.privacy_metrics())
         return record
+
+    def privacy_metrics(self) -> dict[str, float]:
+        """The DP wrapper's round metrics (``dp-epsilon``, :mod:`strategies.dp`) for a
+        step's record, a skipped hop's too (the epsilon stands).  A chain's records held
+        none before issue 75; other wrappers' metrics stay out of them, so a run without
+        DP keeps its records as they were."""
+        return {k: v for w in self.wrappers if w.name == "dp" for k, v in w.round_metrics().items()}
 
     def on_updates(self, rnd: int, updates: list[ClientUpdate]) -> None:
         """Called with a step's accepted updates (nothing here; FedELMY's pool check)."""

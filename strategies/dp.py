@@ -10,11 +10,16 @@ What is released, per method:
 - FedAvg, FedProx, FedAdam/FedYogi (before the server step), parallel FedELMY, one-shot
   FedAvg without its warm-up hop: the model sent plus the sum of the round's accepted
   clipped updates and N(0, (zC)^2), over the m clients asked (DP-FedAvg's fixed
-  denominator: a refused or missing client counts as an update of 0); accounted as m of
-  ``num-clients`` sampled without replacement (the parallel plans ask every client:
-  no amplification);
+  denominator: a refused or missing client counts as an update of 0); accounted as m
+  sampled without replacement from the pool the round drew from, the connected sites, at
+  most ``num-clients`` (issue 75 item 7a: with 10 of 100 sites connected every round takes
+  the same 10; a WARNING says when the pool is below ``num-clients``); the parallel plans
+  ask every client: no amplification;
 - FedSeq, FedELMY's chain: a hop releases one client's clipped model plus N(0, (zC)^2); a
-  client is in one hop per pass, so a pass is one release for it (no amplification);
+  client is in one hop per pass, so each pass begun is one release for it, whether its
+  hop ran or was skipped (no amplification; issue 75 item 7b);
+- integer buffers (BatchNorm's ``num_batches_tracked``) are neither clipped nor noised: a
+  release carries the values of the model sent, said once (issue 75 item 7c);
 - IMA on top (``ima.base: dp``) averages released models: post-processing, free.
 
 Refused, one line each, in every order (:meth:`DP.inert_options`): FedCDA (its selection
@@ -124,9 +129,20 @@ class DP(StrategyWrapper):
         self.accepted = 0
         self.reference: Params | None = None
         self.releases = 0
+        #: ``(pool, sample) -> releases``: each round's release under the rate of the pool
+        #: its sample was drawn from (``(0, 0)``: no amplification), the accountant's input.
+        self.ledger: dict[tuple[int, int], int] = {}
+        #: A chain's passes begun at its latest release: a client's releases (issue 75 7b).
+        self.passes = 0
+        #: Releases of a checkpoint written before issue 75 (its rounds' pools unknown).
+        self.legacy = 0
         self.clipped = 0.0
         self.std = 0.0
         self._released_round = 0
+        self._nodes: Any = None
+        self._pass_of: Callable[[int], tuple[int, int]] | None = None
+        self._warned_pool = 0
+        self._told_integers = False
 
     @classmethod
     def from_config(cls, cfg: Any, build: Callable[[str], Any] | None = None) -> Any:
@@ -150,6 +166,8 @@ class DP(StrategyWrapper):
         nodes = getattr(strategy, "nodes", None)
         if nodes is not None:
             nodes.secret_draws = not self.options.reproducible_noise
+        self._nodes = nodes
+        self._pass_of = getattr(strategy, "where", None) if strategy.name in CHAINS else None
         self.started = True
 
     def inert_options(self, strategy: Wrapped, num_rounds: int) -> list[str]:
@@ -204,7 +222,8 @@ class DP(StrategyWrapper):
             self.reference = self.reference if self.reference is not None else ref
             params, norm = dp.clip_update(u.params, ref, c)
             if self.options.mode == "client" and norm > c * (1 + 1e-4):
-                bad.append(Rejection(u.node_id, u.partition_id, f"update norm {norm:.4g} above "
+                # not the norm itself: it is the client's raw data, outside epsilon (75 7d)
+                bad.append(Rejection(u.node_id, u.partition_id, f"update norm above "
                                      f"dp.clipping-norm {c:g}: the client did not clip"))
                 continue
             clipped += norm > c
@@ -219,23 +238,57 @@ class DP(StrategyWrapper):
         release per round or hop."""
         if self.accepted == 0 or self.reference is None:
             return model
+        m = max(self.asked, self.accepted)
         if server_round != self._released_round:
             self._released_round = server_round
             self.releases += 1
-        m = max(self.asked, self.accepted)
+            self._account(server_round, m)
         self.std = self.options.noise_multiplier * self.options.clipping_norm / m
         rng = (np.random.default_rng(derive_seed(self.seed, server_round, slot, NOISE_TAG))
                if self.options.reproducible_noise else dp.entropy_rng())
-        return dp.add_noise(dp.fixed_denominator_mean(model, self.reference, self.accepted, m),
-                            self.std, rng)
+        out = dp.add_noise(dp.fixed_denominator_mean(model, self.reference, self.accepted, m),
+                           self.std, rng)
+        out, reset = dp.reset_integers(out, self.reference)
+        if reset and not self._told_integers:
+            self._told_integers = True
+            log(INFO, "[dp] integer buffers %s are released as the model sent (not clipped or "
+                "noised, the clients' values would be released raw: a local step count)",
+                reset[:5])
+        return out
+
+    def _account(self, server_round: int, asked: int) -> None:
+        """Book one release: a chain's pass (issue 75 item 7b), or the round's rate
+        (:func:`pool_rate`, item 7a), with a WARNING the first time, and each time after,
+        that the pool drawn from is smaller than any before and than ``num-clients``."""
+        if self._pass_of is not None:
+            self.passes = max(self.passes, self._pass_of(server_round)[0] + 1)
+            return
+        pool = int(getattr(self._nodes, "pool", 0) or 0)
+        key = pool_rate(self.population, self.sample, pool, asked)
+        self.ledger[key] = self.ledger.get(key, 0) + 1
+        if self.sample and 0 < pool < self.population and (
+                not self._warned_pool or pool < self._warned_pool):
+            self._warned_pool = pool
+            log(WARNING, "[dp] round %d: the sample of %d was drawn from %d connected of "
+                "num-clients %d: epsilon is accounted at the rate %d/%d of that pool, not "
+                "%d/%d (%s)", server_round, asked, pool, self.population, asked, pool,
+                self.sample, self.population,
+                "no amplification: every connected client is in every such round"
+                if key == (0, 0) else "each connected client is likelier to be sampled")
 
     def spent(self) -> float:
-        """Epsilon at ``dp.delta`` after the releases so far."""
+        """Epsilon at ``dp.delta`` after the releases so far: a chain's client is released
+        once in each pass begun, skipped hops or not (issue 75 item 7b); a round's release
+        at the rate of the pool its sample was drawn from (item 7a)."""
         o = self.options
         if self.method in CHAINS:  # a client is in one hop per pass
-            per = math.ceil(self.releases / max(self.population, 1))
-            return dp.epsilon(o.noise_multiplier, per, o.delta)
-        return dp.epsilon(o.noise_multiplier, self.releases, o.delta, self.population, self.sample)
+            legacy = math.ceil(self.legacy / max(self.population, 1))
+            return dp.epsilon(o.noise_multiplier, max(self.passes, legacy), o.delta)
+        ledger = dict(self.ledger)
+        if self.legacy:  # a checkpoint before issue 75: the config's rate, as it was counted
+            key = pool_rate(self.population, self.sample, self.population, self.sample)
+            ledger[key] = ledger.get(key, 0) + self.legacy
+        return dp.epsilon_of(o.noise_multiplier, ledger, o.delta)
 
     def round_metrics(self) -> dict[str, float]:
         """``dp-epsilon`` (spent so far, at ``dp.delta``), ``dp-noise-std`` (per weight of
@@ -270,12 +323,35 @@ class DP(StrategyWrapper):
                 "amplification")
 
     def state_dict(self) -> dict[str, Any]:
-        """The releases so far (the accountant's input)."""
-        return {"releases": self.releases}
+        """The releases so far (the accountant's input): their count, their pools and
+        samples, a chain's passes."""
+        return {"releases": self.releases, "passes": self.passes, "legacy": self.legacy,
+                "ledger": [[p, m, n] for (p, m), n in sorted(self.ledger.items())]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output."""
+        """Restore :meth:`state_dict` output (one written before issue 75 holds only the
+        count: its releases are accounted at the config's rate, as they were)."""
         self.releases = int(state.get("releases", 0))
+        self.passes = int(state.get("passes", 0))
+        self.ledger = {(int(p), int(m)): int(n) for p, m, n in state.get("ledger", [])}
+        self.legacy = int(state.get("legacy", self.releases if "ledger" not in state else 0))
+
+
+def pool_rate(population: int, sample: int, pool: int, asked: int) -> tuple[int, int]:
+    """``(population, sample)`` for :func:`fedsys.dp.epsilon_of` of one round that asked
+    ``asked`` clients drawn from a ``pool`` of connected ones (``pool`` 0: unknown, a round
+    loop that does not draw through :class:`~strategies.nodes.NodeDirectory`).
+
+    Without a fixed ``clients-per-round`` (``sample`` 0), in a parallel plan or without a
+    ``num-clients`` (``population`` 0): ``(0, 0)``, no amplification.  Else the rate of
+    the pool drawn from, ``asked / min(pool, population)``: a client in a pool of 10 is in every sample of 10 whatever the config's
+    ``num-clients`` 100 says (issue 75 item 7a); a pool larger than ``num-clients`` (nodes
+    keyed by their ids) is taken as ``num-clients``, never more amplification than the
+    config declares.  ``(0, 0)`` when every client of the pool is asked."""
+    if sample <= 0 or population <= 0:
+        return 0, 0
+    size, m = (min(pool, population), asked) if pool > 0 else (population, sample)
+    return (0, 0) if m >= size else (size, m)
 
 
 def _unusable(ref: Params | None, round_ref: Params | None) -> str:
@@ -307,4 +383,4 @@ _ESTIMATORS = ("dp with estimators: true: the estimators release each round the 
                "models' distances and their losses on client data, outside DP's noise")
 
 
-__all__ = ["DP", "NOISE_TAG", "DPOptions"]
+__all__ = ["DP", "NOISE_TAG", "DPOptions", "pool_rate"]

@@ -73,12 +73,16 @@ class FedElmyStrategy(ChainStrategy):
             return
         self.held_warned = True
         u = held[0]
+        # under DP no client's gradient norms in the log (issue 75 item 7d): the ratio is left out
+        ratio = ("its ratio to the loss's not logged under dp" if any(
+            w.name == "dp" for w in self.wrappers)
+            else f"{float(u.metrics.get(GRAD_RATIO, 0.0)):.2g} times the loss's")
         log(WARNING, "[%s] round %d: client %d's FedELMY pool stayed near the received model "
-            "and learnt little (the distance terms' gradient %.2g times the loss's while App. "
+            "and learnt little (the distance terms' gradient %s while App. "
             "A's s stayed 1, or was off: fedelmy.scaling false); on a small model lower "
             "fedelmy.beta (docs/methods.md: 'FedELMY's pool on a small model'); the records' '%s' says "
             "which later hops were held too", self.label,
-            rnd, u.partition_id, float(u.metrics.get(GRAD_RATIO, 0.0)), POOL_HELD)
+            rnd, u.partition_id, ratio, POOL_HELD)
 
 
 class FedSeqStrategy(FedElmyStrategy):
@@ -127,6 +131,7 @@ class ParallelStrategy(FedElmyStrategy):
             record[key] = sum(u.metrics[key] * u.num_examples for u in ok) / n
         record[proto.TRAINED_EXAMPLES] = sum(u.metrics.get(proto.TRAINED_EXAMPLES, 0) for u in ok)
         self.add_client_metrics(record, verdict)
+        record.update(self.privacy_metrics())
         return record
 
     def evaluate_now(self, rnd: int) -> bool:

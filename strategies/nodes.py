@@ -88,6 +88,10 @@ class NodeDirectory:
     #: stay the same (a federation of 100,000 nodes is not keyed again each round).
     keyed: tuple[list[int], int, dict[int, int], list[int]] | None = field(
         default=None, repr=False, compare=False)
+    #: How many keys (partitions, else nodes) the last training sample was drawn from: the
+    #: pool whose rate m / pool a DP accountant must use (issue 75 item 7a: with 10 of 100
+    #: sites connected every round takes the same 10, whatever num-clients says).
+    pool: int = field(default=0, compare=False)
 
     def share(self, known: Known) -> None:
         """Keep what the nodes declare in ``known`` from now on (a run's strategies share
@@ -171,6 +175,7 @@ class NodeDirectory:
         min_train_nodes)`` once ``min_available_nodes`` are connected.  The draw is over
         the nodes' sorted keys with ``default_rng(seed, round, tag)`` (with
         :attr:`secret_draws`, a training sample from 128 bits of the OS's entropy).
+        A training draw keeps the size of the pool it drew from in :attr:`pool`.
         """
         if k is None:
             connected = len(self.wait(grid, self.min_available_nodes, label))
@@ -186,6 +191,8 @@ class NodeDirectory:
             self.keyed = (ids, len(self.known.partition_ids), by_pid, pids)
         if len(pids) < k:
             log(WARNING, "round %d: %d nodes known, %d wanted", server_round, len(pids), k)
+        if tag == SAMPLE_TAG:
+            self.pool = len(pids)
         secret = self.secret_draws and tag == SAMPLE_TAG
         rng = np.random.default_rng(secrets.randbits(128) if secret
                                     else derive_seed(self.seed, server_round, tag))

@@ -10,7 +10,13 @@ the seed's round noise regenerated and subtracted recovers the model (item 1); r
 DP compose in one order (item 2); N = 100, m = 10, z = 1, 30 rounds reported 7.57 and
 N = 10 reported 42.5 at m = 9 but 30.1 at m = 10 (item 3); norms 1, 1, 25 refuse the third
 reply under DP while 30, 1, 25 keep it, and an update without its reference is not
-clipped (item 4)."""
+clipped (item 4).
+
+Issue 75 item 7, epsilon as spent, each test failing on the code before it (f0fa491):
+10 of 100 sites connected reported 32.27 where dp_accounting says 110.69 (7a); FedSeq
+with 11 hops skipped reported 16.51 where a client was released 3 times, 21.45 (7b);
+integer buffers were released as the clients' maximum (7c); a client-mode refusal logged
+the update's norm (7d); robustness.md's 5.55 is below a concrete pair's 18.2 (7e)."""
 
 from __future__ import annotations
 
@@ -24,8 +30,8 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord
 
+from fedsys import checkpoint, protocol
 from fedsys import metrics as fmetrics
-from fedsys import protocol
 from fedsys.config import ConfigError
 from fedsys.dp import (
     accountant_multiplier,
@@ -528,3 +534,282 @@ def test_flowers_dp_wrapper_cannot_account_for_a_fedsys_strategy() -> None:
                                       SamplingMethod.NO_AMPLIFICATION))
     with pytest.raises(ValueError, match=r"requires a strategy using FedAvg\.aggregate_train"):
         DifferentialPrivacyServerSideFixedClipping(inner, 1.0, 1.0, 3, accountant=acc)
+
+
+# ---------------------------------------------------------------------- epsilon as spent (issue 75 item 7)
+
+
+def _rdp_epsilon(events: list[tuple[Any, int]]) -> float:
+    """dp_accounting's own RDP accountant under replace-one over ``(event, count)``."""
+    from dp_accounting import rdp
+
+    acc = rdp.RdpAccountant(neighboring_relation=rdp.rdp_privacy_accountant.NeighborRel.REPLACE_ONE)
+    for event, count in events:
+        acc.compose(event, count)
+    return float(acc.get_epsilon(DELTA))
+
+
+def _fedavg_rounds(nodes: dict[int, int], rounds: range, s: Any = None,
+                   **kw: object) -> tuple[Any, list[dict[str, Any]]]:
+    """FedAvg + DP (z = 1, 10 of ``num-clients`` 100) over a federation whose connected
+    nodes are ``nodes``; every sampled node returns model(1.1)."""
+    if s is None:
+        s = make_strategy(cfg(**{"num-clients": 100, "clients-per-round": 10,
+                                 "num-server-rounds": rounds.stop - 1, "dp.noise-multiplier": 1.0,
+                                 **kw}))
+        s.prepare(rounds.stop - 1)
+    from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
+    def reply(m: Any) -> Any:
+        return Message(RecordDict({
+            "arrays": ArrayRecord({k: protocol.Array(v) for k, v in model(1.1).items()}),
+            "metrics": MetricRecord({"partition-id": nodes[m.metadata.dst_node_id],
+                                     "num-examples": 10, "train-loss": 0.5})}), reply_to=m)
+
+    grid, out = ReplyGrid(nodes), []
+    for rnd in rounds:
+        msgs = configured(s, grid, rnd)
+        _, metrics = s.aggregate_train(rnd, [reply(m) for m in msgs])
+        assert metrics is not None
+        out.append(dict(metrics))
+    return s, out
+
+
+def test_a_pool_of_10_of_100_spends_what_dp_accounting_says_for_no_sampling(caplog) -> None:
+    """Item 7a: 10 of 100 sites connected, 10 a round, 30 rounds: every round takes the same
+    10, so each is released every round: dp_accounting's unsampled Gaussian (noise
+    multiplier z/2) says 110.69; fedsys reported 32.27 (m/N = 10/100) before issue 75.  The
+    rate the accountant uses is that of the pool drawn from, and a WARNING says so."""
+    from dp_accounting import dp_event
+
+    nodes = {1000 + i: i for i in range(10)}
+    with caplog.at_level(logging.WARNING):
+        _, recs = _fedavg_rounds(nodes, range(1, 31))
+    want = _rdp_epsilon([(dp_event.GaussianDpEvent(0.5), 30)])
+    assert want == pytest.approx(110.69, abs=0.01)
+    assert recs[-1]["dp-epsilon"] == pytest.approx(want, rel=1e-9)
+    assert "drawn from 10 connected of num-clients 100" in caplog.text
+    assert caplog.text.count("connected of num-clients") == 1            # once, not every round
+
+
+def test_a_pool_that_grows_is_accounted_round_by_round(tmp_path) -> None:
+    """Item 7a: 15 rounds with 10 of 100 sites connected, then 15 with all 100: the RDP of
+    15 unsampled releases plus 15 of 10 drawn from 100 without replacement (dp_accounting,
+    Wang et al. 2019 Thm. 27), never the 30 at m/N the config implies."""
+    from dp_accounting import dp_event
+
+    s, first = _fedavg_rounds({1000 + i: i for i in range(10)}, range(1, 16))
+    _, rest = _fedavg_rounds({1000 + i: i for i in range(100)}, range(16, 31), s)
+    g = dp_event.GaussianDpEvent(0.5)
+    want = _rdp_epsilon([(g, 15), (dp_event.SampledWithoutReplacementDpEvent(100, 10, g), 15)])
+    assert rest[-1]["dp-epsilon"] == pytest.approx(want, rel=1e-6)
+    assert first[-1]["dp-epsilon"] == pytest.approx(_rdp_epsilon([(g, 15)]), rel=1e-9)
+    assert epsilon(1.0, 30, DELTA, 100, 10) < want < epsilon(1.0, 30, DELTA)
+    restored = make_strategy(cfg(**{"num-clients": 100, "clients-per-round": 10,
+                                    "dp.noise-multiplier": 1.0}))
+    restored.prepare(30)
+    saved = tmp_path / "dp.pt"                                          # resumed: the same
+    checkpoint.save(saved, {"round": 30, "dp": s.wrappers[0].state_dict()})
+    restored.wrappers[0].load_state_dict(checkpoint.load(saved)["dp"])
+    assert restored.wrappers[0].spent() == pytest.approx(want, rel=1e-9)
+    restored.wrappers[0].load_state_dict({"releases": 30})               # before issue 75
+    assert restored.wrappers[0].spent() == epsilon(1.0, 30, DELTA, 100, 10)
+
+
+@pytest.mark.parametrize(("population", "sample", "pool", "asked", "want"), [
+    (100, 10, 100, 10, (100, 10)),     # everyone connected: the config's rate
+    (100, 10, 10, 10, (0, 0)),         # 10 of 100 connected: every one in every round
+    (100, 10, 20, 10, (20, 10)),       # 20 connected: 10 of 20
+    (100, 10, 5, 5, (0, 0)),           # fewer connected than asked
+    (100, 10, 300, 10, (100, 10)),     # more keys than num-clients: never below its rate
+    (100, 10, 0, 0, (100, 10)),        # pool unknown (a round loop of one's own)
+    (100, 0, 100, 30, (0, 0)),         # no fixed clients-per-round: no amplification
+    (0, 10, 50, 10, (0, 0)),           # no num-clients: no amplification
+])
+def test_pool_rate_golden(population: int, sample: int, pool: int, asked: int,
+                          want: tuple[int, int]) -> None:
+    from strategies.dp import pool_rate
+
+    assert pool_rate(population, sample, pool, asked) == want
+
+
+def test_reset_integers_golden() -> None:
+    from fedsys.dp import reset_integers
+
+    ref = {"w": np.zeros(2, np.float32), "n": np.array(7, np.int64), "k": np.array([1, 2], np.int32)}
+    m = {"w": np.ones(2, np.float32), "n": np.array(130, np.int64), "k": np.array([1, 2], np.int32)}
+    out, changed = reset_integers(m, ref)
+    assert changed == ["n"] and int(out["n"]) == 7 and out["n"].dtype == np.int64
+    assert out["w"] is m["w"] and out["k"] is m["k"]
+    same, none = reset_integers(ref, ref)
+    assert same is ref and none == []
+
+
+def test_the_composed_epsilon_golden() -> None:
+    """:func:`fedsys.dp.epsilon_of` adds the RDP of each kind of release: one kind is
+    :func:`fedsys.dp.epsilon`, none is 0, a pool at least the sample is unsampled."""
+    from fedsys.dp import epsilon_of
+
+    assert epsilon_of(1.0, {(100, 10): 30}, DELTA) == epsilon(1.0, 30, DELTA, 100, 10)
+    assert epsilon_of(1.0, {}, DELTA) == 0.0
+    assert epsilon_of(1.0, {(10, 10): 30}, DELTA) == epsilon(1.0, 30, DELTA)
+    from dp_accounting import dp_event
+
+    g = dp_event.GaussianDpEvent(0.5)
+    both = _rdp_epsilon([(g, 15), (dp_event.SampledWithoutReplacementDpEvent(100, 10, g), 15)])
+    assert epsilon_of(1.0, {(10, 10): 15, (100, 10): 15}, DELTA) == pytest.approx(both, rel=1e-6)
+    assert epsilon_of(1.0, {(100, 10): 15, (10, 10): 15}, DELTA) == epsilon_of(
+        1.0, {(10, 10): 15, (100, 10): 15}, DELTA)
+
+
+class _Hops:
+    """Answers a chain's train instructions like ClientApps (query -> partition id; train
+    -> the model received plus 0.01); ``fail`` maps partition ids to how many train
+    instructions they answer with an error first."""
+
+    def __init__(self, nodes: dict[int, int], fail: dict[int, int],
+                 extra: dict[str, float] | None = None) -> None:
+        self.nodes, self.fail, self.visits, self.extra = nodes, dict(fail), [], dict(extra or {})
+
+    def __call__(self, m: Any) -> Any:
+        from flwr.app import ArrayRecord, Error, Message, MessageType, MetricRecord, RecordDict
+        from flwr.common.constant import ErrorCode
+
+        pid = self.nodes[m.metadata.dst_node_id]
+        if m.metadata.message_type == MessageType.QUERY:
+            return Message(RecordDict({"metrics": MetricRecord({"partition-id": pid})}), reply_to=m)
+        self.visits.append(pid)
+        if self.fail.get(pid, 0) > 0:
+            self.fail[pid] -= 1
+            return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, "boom"), reply_to=m)
+        got = protocol.from_record(m.content["arrays"])
+        new = {k: np.asarray(v + np.asarray(0.01, v.dtype) if np.issubdtype(v.dtype, np.floating)
+                             else v + 3) for k, v in got.items()}
+        return Message(RecordDict({
+            "arrays": ArrayRecord({k: protocol.Array(v) for k, v in new.items()}),
+            "metrics": MetricRecord({"partition-id": pid, "num-examples": 10, "train-loss": 0.1,
+                                     **self.extra})}),
+            reply_to=m)
+
+
+def _chain(nodes: dict[int, int], fail: dict[int, int], extra: dict[str, float] | None = None,
+           **kw: object) -> tuple[Any, list[dict[str, Any]], _Hops]:
+    from strategies.fedelmy import FedSeqStrategy
+
+    s = FedSeqStrategy(passes=3, num_partitions=10, query_partitions=True, warmup_epochs=0,
+                       node_wait_timeout=0.2, fraction_evaluate=0.0, **kw).wrap(DP(noise_multiplier=1.0))
+    s.poll_interval = 0.0
+    records: list[dict[str, Any]] = []
+    s.hooks.append(lambda _, r: records.append(r))
+    hops = _Hops(nodes, fail, extra)
+    s.start(ReplyGrid(nodes, answer=hops), protocol.to_record(model(0.0)), timeout=2.0)
+    return s, records, hops
+
+
+def test_a_chain_accounts_passes_begun_not_hops_run() -> None:
+    """Item 7b: FedSeq over DP, N = 10, 3 passes, 11 hops skipped (clients 1-3 in every
+    pass, client 4 in two): client 0 is never skipped and is released 3 times, 3 unsampled
+    releases by dp_accounting (21.45); fedsys counted ceil(19 hops / 10) = 2 (16.51)."""
+    from dp_accounting import dp_event
+
+    nodes = {100 + i: i for i in range(10)}
+    s, recs, hops = _chain(nodes, fail={1: 6, 2: 6, 3: 6, 4: 4})
+    assert sum(r["hop-skipped"] for r in recs) == 11 and hops.visits.count(0) == 3
+    want = _rdp_epsilon([(dp_event.GaussianDpEvent(0.5), 3)])
+    assert want == pytest.approx(21.45, abs=0.01)
+    assert s.wrappers[0].spent() == pytest.approx(want, rel=1e-9)
+    assert recs[-1]["dp-epsilon"] == pytest.approx(want, rel=1e-9)
+    assert [r["dp-epsilon"] for r in recs if r["hop-skipped"] == 0 and r["hop"] == 1] == [
+        pytest.approx(_rdp_epsilon([(dp_event.GaussianDpEvent(0.5), p)]), rel=1e-9) for p in (1, 2, 3)]
+
+
+def test_a_chain_of_fewer_partitions_than_num_clients_counts_its_passes() -> None:
+    """Item 7b: num-clients 10 but 5 partitions connected: 3 passes of 5 hops release each
+    client 3 times (fedsys said ceil(15 / 10) = 2)."""
+    from dp_accounting import dp_event
+
+    s, recs, _ = _chain({100 + i: i for i in range(5)}, fail={})
+    assert len(recs) == 15
+    assert s.wrappers[0].spent() == pytest.approx(_rdp_epsilon([(dp_event.GaussianDpEvent(0.5), 3)]),
+                                                  rel=1e-9)
+
+
+def test_integer_buffers_released_under_dp_are_the_sent_models(caplog) -> None:
+    """Item 7c: integer buffers (BatchNorm's ``num_batches_tracked``) are not clipped or
+    noised, and the mean takes their maximum: the release carried the largest local step
+    count of the sampled sites.  Under DP they are the sent model's, said once."""
+    s = make_strategy(cfg())
+    msgs = configured(s, ReplyGrid(NODES))                               # sent n = 7
+    ups = [dict(model(1.1), n=np.array(n, np.int64)) for n in (9, 130, 12)]
+    with caplog.at_level(logging.INFO):
+        arrays, _ = s.aggregate_train(1, [hostile(m, u, 10) for m, u in zip(msgs, ups, strict=True)])
+        msgs = configured(s, ReplyGrid(NODES), 2)
+        s.aggregate_train(2, [hostile(m, u, 10) for m, u in zip(msgs, ups, strict=True)])
+    assert arrays is not None and int(protocol.from_record(arrays)["n"]) == 7
+    assert caplog.text.count("integer buffers") == 1 and "'n'" in caplog.text
+    plain = make_strategy(cfg(strategy="fedavg"))                        # without DP: unchanged
+    msgs = configured(plain, ReplyGrid(NODES))
+    arrays, _ = plain.aggregate_train(1, [hostile(m, u, 10) for m, u in zip(msgs, ups, strict=True)])
+    assert arrays is not None and int(protocol.from_record(arrays)["n"]) == 130
+
+
+def test_a_chain_under_dp_releases_the_sent_integer_buffers() -> None:
+    """Item 7c on a chain: a hop releases one client's model, its step count included:
+    under DP the count is the model's the hop was sent (each client adds 3 here)."""
+    s, _, _ = _chain({100 + i: i for i in range(4)}, fail={})
+    assert s.params is not None and int(s.params["n"]) == 7
+
+
+def test_a_client_mode_refusal_logs_no_raw_norm(caplog) -> None:
+    """Item 7d: a client that did not clip is refused without its update's norm in the log
+    (the norm is the client's raw data, outside any epsilon)."""
+    s = make_strategy(cfg(**{"dp.mode": "client"}))
+    msgs = configured(s, ReplyGrid(NODES))
+    far = model(1.0 + 2.2361)                                            # norm 3 x 2.2361
+    with caplog.at_level(logging.DEBUG):
+        _, metrics = s.aggregate_train(1, [hostile(msgs[0], far, 10), hostile(msgs[1], model(1.1), 10),
+                                           hostile(msgs[2], model(1.1), 10)])
+    assert metrics is not None and metrics["clients-rejected"] == 1
+    assert "above dp.clipping-norm 1: the client did not clip" in caplog.text
+    assert "6.708" not in caplog.text and "6.71" not in caplog.text
+
+
+def test_a_held_pool_under_dp_is_warned_without_the_clients_gradient_ratio(caplog) -> None:
+    """Item 7d: the server's warning that a client's FedELMY pool was held named the ratio of
+    the client's gradient norms; under DP it says the pool was held, not the ratio."""
+    from fedsys.fedelmy import GRAD_RATIO, POOL_HELD
+
+    with caplog.at_level(logging.WARNING):
+        _chain({100 + i: i for i in range(4)}, fail={}, extra={POOL_HELD: 1.0, GRAD_RATIO: 2.5137})
+    assert "FedELMY pool stayed near the received model" in caplog.text
+    assert "2.5" not in caplog.text and "not logged under dp" in caplog.text
+
+
+def test_the_fixed_size_bound_is_not_only_conservative() -> None:
+    """Item 7e: robustness.md cited 5.55 (PLD, Poisson at q = 0.1, replace-one) beside the
+    fixed-size bound 32.27 as if the latter were only conservative.  A concrete pair of
+    neighbouring federations of the fixed-size sampler (N = 100, m = 10, z = 1, 30 rounds):
+    the other 99 clients' clipped updates all C e, the client's C e in one and -C e in the
+    other.  Then one release is N(m C e, z^2 C^2) in the first and, with probability m/N,
+    shifted by -2C (else the same) in the second: Poisson sampling at q = 0.1 of a Gaussian
+    of sensitivity 2C, noise multiplier z/2, whose PLD (optimistic, a lower bound) is about
+    18.2.  So no accounting of this sampler can reach 5.55."""
+    from dp_accounting import dp_event, pld
+
+    def pair(pessimistic: bool) -> float:
+        p = pld.privacy_loss_distribution.from_gaussian_mechanism(
+            1.0, sensitivity=2.0, sampling_prob=0.1, pessimistic_estimate=pessimistic,
+            value_discretization_interval=1e-3, use_connect_dots=False)
+        return float(p.self_compose(30).get_epsilon_for_delta(DELTA))
+
+    lower, upper = pair(False), pair(True)
+    assert 18.1 < lower <= upper < 18.3
+    acc = pld.PLDAccountant(neighboring_relation=pld.pld_privacy_accountant.NeighborRel.REPLACE_ONE)
+    acc.compose(dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(0.1, dp_event.GaussianDpEvent(1.0)), 30))
+    assert acc.get_epsilon(DELTA) == pytest.approx(5.55, abs=0.01) and acc.get_epsilon(DELTA) < lower
+    assert lower < epsilon(1.0, 30, DELTA, 100, 10) == pytest.approx(32.27, abs=0.01)
+    from pathlib import Path
+
+    page = " ".join((Path(__file__).parents[2] / "docs/results/robustness.md").read_text().split())
+    assert "true epsilon lies between 18.2 and 32.27" in page
+    assert "is conservative: `dp_accounting`'s PLD accountant gives 5.55" not in page
