@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -41,7 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from fedsys.config import ConfigError, toml_text
-from fedsys_launch.proxy import ProxyTLS, nginx_conf, write_conf
+from fedsys_launch.proxy import (
+    ProxyLimits,
+    ProxyTLS,
+    default_max_body,
+    nginx_conf,
+    write_conf,
+)
 from fedsys_launch.simulation import FLWR_ENV
 
 HOST = "127.0.0.1"
@@ -203,6 +210,9 @@ class LocalDeployment:
     plugins : str
         ``FEDSYS_PLUGINS`` of every SuperExec: the modules a run's ``plugins`` may name
         (empty: none).
+    max_body : int
+        The sites' port's body cap in bytes (``client_max_body_size``, refused 413 above
+        it; 0: :func:`fedsys_launch.proxy.default_max_body`, twice Flower's array chunk).
     node_nice : int
         Scheduling niceness of the SuperNodes and their SuperExecs, and so of the
         ClientApps they start (default 0: normal priority; 19 for tens of nodes on a
@@ -229,6 +239,7 @@ class LocalDeployment:
     roots: str = ""
     plugins: str = ""
     node_nice: int = 0
+    max_body: int = 0
     node_ports: list[int] = field(default_factory=list)
     components: dict[str, Component] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
@@ -299,7 +310,7 @@ class LocalDeployment:
             "num_nodes": self.num_nodes, "data_dir": self.data_dir, "tls": self.tls,
             "auth": self.auth, "port": self.port, "link_port": self.link_port,
             "gpus": self.gpus, "roots": self.roots, "plugins": self.plugins,
-            "node_nice": self.node_nice,
+            "node_nice": self.node_nice, "max_body": self.max_body,
             "node_ports": self.node_ports,
             "components": {k: asdict(c) for k, c in self.components.items()},
         }
@@ -320,7 +331,7 @@ class LocalDeployment:
                   auth=s["auth"], port=s["port"], link_port=s.get("link_port", 0),
                   gpus=s.get("gpus", ""), roots=s.get("roots", ""),
                   plugins=s.get("plugins", ""),
-                  node_nice=s.get("node_nice", 0),
+                  node_nice=s.get("node_nice", 0), max_body=s.get("max_body", 0),
                   node_ports=list(s["node_ports"]))
         dep.components = {k: Component(**c) for k, c in s["components"].items()}
         return dep
@@ -393,9 +404,18 @@ class LocalDeployment:
         certs = self.root / "certs"
         tls = (ProxyTLS(str(certs / "server.pem"), str(certs / "server.key"), str(self.ca_cert))
                if self.tls else None)
+        # as many files as this user may open, up to the renderer's default
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        nofile = ProxyLimits.nofile if hard == resource.RLIM_INFINITY else min(
+            ProxyLimits.nofile, hard)
+        limits = ProxyLimits(max_body=self.max_body or default_max_body(self.env),
+                             nofile=nofile)
+        # started as root, its workers stay root: as nobody they could not buffer bodies
+        # in the deployment directory (0700)
         return write_conf(work / "nginx.conf", nginx_conf(
             self.address, self.control_address, str(work), tls,
-            access_log=str(self.log_file("proxy-access"))))
+            access_log=str(self.log_file("proxy-access")), limits=limits,
+            user="root" if os.geteuid() == 0 else None))
 
     # ------------------------------------------------------------------ processes
 

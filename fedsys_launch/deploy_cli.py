@@ -31,6 +31,7 @@ from fedsys_launch.deploy import (
     connection_toml,
     run_config_toml,
 )
+from fedsys_launch.proxy import parse_size
 from fedsys_launch.runlock import busy, in_use
 
 DEFAULT_DIR = "deployment"
@@ -57,6 +58,13 @@ def _niceness(text: str) -> int:
     if not 0 <= n <= 19:
         raise argparse.ArgumentTypeError(f"{text!r} is not a niceness from 0 to 19")
     return n
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_parser(sub: Any) -> None:
@@ -107,6 +115,10 @@ def add_parser(sub: Any) -> None:
                     "(default 0): on a machine given to the deployment with far more nodes "
                     "than cores, 19 leaves the SuperLink the CPU it needs to answer them; "
                     "niced nodes wait for every other busy process")
+    up.add_argument("--max-body", type=_size, default=0, metavar="SIZE",
+                    help="the sites' port refuses larger request bodies (413) before the "
+                    "SuperLink reads them: bytes, or 16m, 1g (default twice Flower's array "
+                    "chunk: 10m, or twice FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE where set)")
     up.add_argument("--wait", type=float, default=120.0,
                     help="seconds to wait for all SuperNodes to come online")
     with_dir(up)
@@ -169,7 +181,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                           tls=secure, auth=secure, port=args.port,
                           link_port=args.link_port, gpus=args.gpus,
                           roots=_roots(args.roots), plugins=args.plugins,
-                          node_nice=args.node_nice)
+                          node_nice=args.node_nice, max_body=args.max_body)
     dep.refuse_if_running()
     dep.refuse_roots()
     if args.insecure:
