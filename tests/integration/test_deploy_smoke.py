@@ -1,11 +1,12 @@
-"""`fedsys deploy up / status / down` as first tried, without TLS (the default), on
-127.0.0.1, one deployment of two SuperNodes for the module (started and stopped by the
-CLI): a SuperNode comes online over plain HTTP, the flwr CLI reaches the Control API, a
-second `up` is refused, a run that fails on the server side makes `fedsys deploy run` fail
-(``flwr run --stream`` itself exits 0 however the run ended), Flower's app template
-(``flower_template/``, see test_flower_template.py) trains under IMA over FedCDA on it, and
-`down` leaves nothing running; a SuperLink nobody listens on fails `deploy run` without a
-resume hint.
+"""`fedsys deploy up --insecure / status / down` on 127.0.0.1, one deployment of two
+SuperNodes for the module (started and stopped by the CLI): without TLS only when asked,
+with one WARNING line saying what that opens; a SuperNode comes online over plain HTTP,
+the flwr CLI reaches the Control API, a second `up` is refused, a run that fails on the
+server side makes `fedsys deploy run` fail (``flwr run --stream`` itself exits 0 however
+the run ended), a run config naming a file of the deployment is refused although the
+server's data directory holds it (issue 75), Flower's app template (``flower_template/``,
+see test_flower_template.py) trains under IMA over FedCDA on it, and `down` leaves nothing
+running; a SuperLink nobody listens on fails `deploy run` without a resume hint.
 
 Runs (`fedsys deploy run`, Fashion-MNIST, the results table, `status` after them) are
 proven over TLS with node authentication in tests/integration/test_deploy_tls.py, on one
@@ -17,6 +18,8 @@ deployment costs about 40 s of CPU to start and stop, docs/performance.md).
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,15 +41,26 @@ NODES = 2
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory: pytest.TempPathFactory,
           module_fedsys_cli: FedsysCLI) -> Iterator[LocalDeployment]:
-    """``fedsys deploy up --nodes 2`` (insecure), and ``down`` after the module: nothing of
-    it left running."""
-    root = tmp_path_factory.mktemp("plain") / "deploy"
-    up = module_fedsys_cli.run("deploy", "up", "--nodes", str(NODES), "--dir", str(root),
-                               "--roots", str(tmp_path_factory.getbasetemp()))
+    """``fedsys deploy up --nodes 2 --insecure``, and ``down`` after the module: nothing of
+    it left running.  The runs write under the tests' directories (``--roots``); the
+    deployment lies outside them (``up`` refuses roots that hold it) but inside the
+    server's ``$FEDSYS_DATA``, so only the deny-list keeps a run from reading it."""
+    holder = Path(tempfile.mkdtemp(prefix="fedsys-smoke-"))
+    root = holder / "deploy"
+    module_fedsys_cli.env["FEDSYS_DATA"] = str(holder)
+    try:
+        up = module_fedsys_cli.run("deploy", "up", "--nodes", str(NODES), "--insecure",
+                                   "--dir", str(root),
+                                   "--roots", str(tmp_path_factory.getbasetemp()))
+    finally:
+        del module_fedsys_cli.env["FEDSYS_DATA"]
     pids: list[int] = []
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         assert f"(insecure), {NODES} SuperNodes" in up.stdout, up.stdout
+        warning = [line for line in up.stderr.splitlines() if "WARNING" in line]
+        assert len(warning) == 1 and "--insecure" in warning[0], up.stderr
+        assert "speaks plain HTTP" in warning[0] and "may register a SuperNode" in warning[0]
         dep = LocalDeployment.load(root)
         pids = dep.all_pids()
         yield dep
@@ -56,6 +70,7 @@ def plain(tmp_path_factory: pytest.TempPathFactory,
         down = module_fedsys_cli.run("deploy", "down", "--dir", str(root))
     assert down.returncode == 0 and "nothing of" in down.stdout, down.stdout + down.stderr
     assert not [p for p in pids if _alive(p)], "processes left running after down"
+    shutil.rmtree(holder, ignore_errors=True)
 
 
 def test_deploy_cli_up_status_down_without_tls(plain: LocalDeployment, tmp_path: Path,
@@ -84,6 +99,25 @@ def test_deploy_cli_up_status_down_without_tls(plain: LocalDeployment, tmp_path:
     assert "ended finished:failed (flwr ls)" in failed.stderr, failed.stderr
     assert "submit again with --set resume=true" in failed.stderr
     assert "results:" not in failed.stdout, failed.stdout[-2000:]
+
+
+def test_a_run_naming_a_file_of_the_deployment_is_refused(plain: LocalDeployment,
+                                                          tmp_path: Path,
+                                                          fedsys_cli: FedsysCLI) -> None:
+    """Issue 75: ``init-from`` a site's private key in the deployment directory, which the
+    server's data directory holds, is refused naming the key and the deployment."""
+    key = plain.key_file(0)
+    assert key.exists()
+    cfg = tmp_path / "into-deployment.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "name": "into-deployment", "output-dir": str(tmp_path / "runs"), "strategy": "fedavg",
+        "dataset": "synthetic", "model": "mlp", "num-clients": NODES,
+        "clients-per-round": NODES, "num-server-rounds": 1, "init-from": str(key)}))
+    res = fedsys_cli.run("deploy", "run", str(cfg), "--dir", str(plain.root), "--timeout", "300")
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    says = f"config key 'init-from': '{key}' is inside the deployment ({plain.root}"
+    assert says in res.stdout, res.stdout[-3000:]
+    assert not (tmp_path / "runs" / "into-deployment").exists()
 
 
 def test_flowers_template_in_a_deployment(plain: LocalDeployment) -> None:
