@@ -409,7 +409,7 @@ class LocalDeployment:
         nofile = ProxyLimits.nofile if hard == resource.RLIM_INFINITY else min(
             ProxyLimits.nofile, hard)
         limits = ProxyLimits(max_body=self.max_body or default_max_body(self.env),
-                             nofile=nofile)
+                             nofile=nofile).for_sites(self.num_nodes)  # all on 127.0.0.1
         # started as root, its workers stay root: as nobody they could not buffer bodies
         # in the deployment directory (0700)
         return write_conf(work / "nginx.conf", nginx_conf(

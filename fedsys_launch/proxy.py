@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 #: the only request lines forwarded to the SuperLink: a Fleet API endpoint, no query
@@ -138,6 +138,14 @@ class ProxyLimits:
                 raise ValueError(f"ProxyLimits.{name} must be positive")
         if self.burst < 0:
             raise ValueError("ProxyLimits.burst must not be negative")
+
+    def for_sites(self, sites: int) -> ProxyLimits:
+        """These limits with room for ``sites`` SuperNodes behind one address (a local
+        deployment's all come from 127.0.0.1): four requests in progress, two a second
+        and a burst of 100 (a model's arrays and chunks) for each, never below these."""
+        return replace(self, conns_per_addr=max(self.conns_per_addr, 4 * sites),
+                       rate_per_addr=max(self.rate_per_addr, 2 * sites),
+                       burst=max(self.burst, 100 * sites))
 
 
 @dataclass(frozen=True)

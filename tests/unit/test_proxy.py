@@ -31,6 +31,7 @@ from fedsys_launch.proxy import (
     ProxyTLS,
     compose_conf,
     default_max_body,
+    flower_chunk_size,
     nginx_conf,
     parse_size,
     write_conf,
@@ -336,7 +337,41 @@ def test_a_deployment_renders_its_cap(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE", str(8 * MiB))
     text = LocalDeployment(tmp_path / "e").write_proxy_conf().read_text()
     assert "client_max_body_size 16m;" in text
+    assert "limit_conn fleet_addr 32;" in text  # 2 nodes: the defaults
+    text = LocalDeployment(tmp_path / "g", num_nodes=30).write_proxy_conf().read_text()
+    assert "limit_conn fleet_addr 120;" in text and "burst=3000 nodelay;" in text
     assert ("user root;" in text) == (os.geteuid() == 0)  # root's workers reach its 0700 dir
     with pytest.raises(SystemExit) as e:
         cli.main(["deploy", "up", "--max-body", "ten", "--dir", str(tmp_path / "f")])
     assert e.value.code == 2 and "not a size: 'ten'" in capsys.readouterr().err
+
+
+def test_the_largest_body_a_supernode_sends_fits_the_cap() -> None:
+    """What the default cap is derived from: Flower slices an array into chunks of
+    ``FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE`` and pushes one object per ``push-object``, so
+    the largest body is one chunk and 115 bytes (ids at their longest); a record of
+    1,000 arrays deflates to 85 KiB (ids only).  Both leave the cap's second chunk free."""
+    import numpy as np
+    from flwr.app import Array, ArrayRecord
+    from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
+    from flwr.proto.message_pb2 import PushObjectRequest
+    from flwr.proto.node_pb2 import Node
+
+    assert FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE == flower_chunk_size() == 5 * MiB
+    chunks = Array(np.arange(3_000_000, dtype=np.float32)).slice_array()
+    largest = max(
+        PushObjectRequest(node=Node(node_id=2**64 - 1), run_id=2**64 - 1, object_id=oid,
+                          object_content=chunk.deflate()).ByteSize()
+        for oid, chunk in chunks)
+    assert 5 * MiB < largest < 5 * MiB + 1024
+    record = ArrayRecord({f"layer{i}.weight": Array(np.zeros(4, np.float32))
+                          for i in range(1000)}).deflate()
+    assert largest + len(record) < default_max_body() - 4 * MiB
+
+
+def test_sites_behind_one_address_get_room() -> None:
+    """A local deployment's sites all come from 127.0.0.1: its quota grows with them."""
+    assert ProxyLimits().for_sites(2) == ProxyLimits()
+    many = ProxyLimits(max_body=MiB).for_sites(30)
+    assert (many.conns_per_addr, many.rate_per_addr, many.burst, many.max_body) == (
+        120, 60, 3000, MiB)
