@@ -37,6 +37,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -107,7 +108,10 @@ def run_config(out: Path, name: str, **extra: object) -> dict[str, object]:
 @pytest.fixture(scope="module", name="dep")
 def tls_dep(tmp_path_factory: pytest.TempPathFactory,
         module_fedsys_cli: FedsysCLI) -> Iterator[LocalDeployment]:
-    root = tmp_path_factory.mktemp("tls") / "deploy"
+    # the runs write under the tests' directories (--roots); up refuses roots holding the
+    # deployment, so it lies beside them
+    holder = Path(tempfile.mkdtemp(prefix="fedsys-tls-"))
+    root = holder / "deploy"
     up = module_fedsys_cli.run("deploy", "up", "--nodes", str(NODES), "--tls", "--auth",
                                "--dir", str(root),
                                "--roots", str(tmp_path_factory.getbasetemp()))
@@ -126,6 +130,7 @@ def tls_dep(tmp_path_factory: pytest.TempPathFactory,
         down = module_fedsys_cli.run("deploy", "down", "--dir", str(root))
     assert down.returncode == 0 and "nothing of" in down.stdout, down.stdout + down.stderr
     assert not [p for p in pids if _alive(p)], "processes left running after down"
+    shutil.rmtree(holder, ignore_errors=True)
 
 
 def _count(path: Path, text: str) -> int:
