@@ -1,9 +1,12 @@
 """fedsys_launch/flower_patches.py: every change fedsys makes to Flower's code, each checked
 against its target when applied.  Here, for each patch, a Flower whose target does not
 match (as a later release might change it): the patch is not applied, Flower's own
-behaviour stays, and one WARNING per process says which patch and why.  That each patch
-does what it says on this Flower is tested beside its user (test_superlink_entry,
-test_supernode_entry, test_superexec_entry, test_dispatch, test_inprocess)."""
+behaviour stays, and one WARNING per process says which patch and why; a security patch
+that does not fit stops the component instead (each in test_security_patches.py).  That
+each patch does what it says on this Flower is tested beside its user
+(test_superlink_entry, test_supernode_entry, test_superexec_entry, test_dispatch,
+test_inprocess, test_security_patches)."""
+
 
 from __future__ import annotations
 
@@ -60,19 +63,34 @@ def test_a_claim_task_of_another_shape_keeps_flowers_window(
     assert "Flower's own behaviour stays" in said[0] and "written for flwr 1.41, 1.42" in said[0]
 
 
-def test_an_executor_of_another_shape_starts_app_processes_as_flower_does(
+def test_an_executor_of_another_shape_stops_the_superexec(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A security patch (``private-task-tokens``) that does not fit stops the SuperExec:
+    Flower's own executor would put each task token on a command line.  Turned off by
+    name, it WARNs and Flower's ``Popen`` stays."""
+    import importlib
+
     from flwr.supercore.superexec.executor import subprocess_executor
 
+    flower_superexec = importlib.import_module("flwr.supercore.cli.flower_superexec")
+    monkeypatch.setattr(flower_superexec, "run_superexec", flower_superexec.run_superexec)
     started: list[object] = []
-    monkeypatch.setattr(superexec, "WarmStarter", lambda preload: started.append(preload))
+    monkeypatch.setattr(superexec, "AppStarter", lambda preload: started.append(preload))
     other = object()  # not the subprocess module: its launch starts processes otherwise
     monkeypatch.setattr(subprocess_executor, "subprocess", other)
-    assert superexec.apply({superexec.ENV: "numpy"}) is None
+    with pytest.raises(SystemExit, match="Flower patch 'private-task-tokens' does not fit"):
+        superexec.apply({superexec.ENV: "numpy"})
     assert subprocess_executor.subprocess is other and started == []  # no fork server
-    said = _warnings(caplog, "warm-app-processes")
+    said = _warnings(caplog, "warm-app-processes")  # the fork server's own patch: skipped
     assert len(said) == 1 and "subprocess.Popen" in said[0]
+    # turned off by name: a WARNING, and Flower's Popen stays
     monkeypatch.setattr(subprocess_executor, "subprocess", subprocess)
+    caplog.clear()
+    superexec.apply({superexec.ENV: "", flower_patches.ENV: "private-task-tokens"})
+    assert subprocess_executor.subprocess is subprocess
+    said = _warnings(caplog, "private-task-tokens")
+    assert len(said) == 1 and "turned off (FEDSYS_FLOWER_PATCHES)" in said[0], said
+    assert "/proc/PID/cmdline" in said[0]
 
 
 def test_a_dispatch_loop_of_another_shape_stays_flowers(
