@@ -1,14 +1,15 @@
 """Every change fedsys makes to Flower's own code, in one module.
 
 fedsys runs Flower's SuperLink, SuperNode, SuperExec and simulation runtime as Flower ships
-them, but for the seven behaviours below, each of which cost replies, processes or time
-where it was measured (docs/performance.md, "What each patch of Flower buys").  Each is a
-:class:`Patch`: the Flower releases it was written for, what Flower does and what the patch
-makes it do, what that buys, and a check of its target (a function's parameters, a
-constant's shape, the attributes it reads) made when it is applied.  A target that does
+them, but for the behaviours below: seven that cost replies, processes or time where it
+was measured, and five that close holes of the threat model (:data:`SECURITY` and
+``task-lease``; docs/deployment.md, docs/performance.md "What each patch of Flower buys").
+Each is a :class:`Patch`: the Flower releases it was written for, what Flower does and what
+the patch makes it do, what that buys, and a check of its target (a function's parameters,
+a constant's shape, the attributes it reads) made when it is applied.  A target that does
 not match, as a Flower release that changed it would, skips that patch with one WARNING
 naming it, and fedsys runs on with Flower's own behaviour: slower, or with Flower's own
-timeouts.  ``FEDSYS_FLOWER_PATCHES`` turns patches off by name (comma-separated, or
+timeouts; a :data:`SECURITY` patch that does not match stops the component instead.  ``FEDSYS_FLOWER_PATCHES`` turns patches off by name (comma-separated, or
 ``none`` for all), for a measurement or a bug report against plain Flower.
 
 Not patches, because they use Flower's public API only: :func:`fedsys.transport.
@@ -26,6 +27,7 @@ look for.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -566,7 +568,6 @@ def task_identity(task_id: int, run_id: int, node_id: int) -> Iterator[None]:
             setattr(TaskIdentity, n, v)
 
 
-#: Each patch's check of its target, by name (the tests run every one).
 # ------------------------------------------------------------------ private-task-tokens
 
 def check_token_interceptor() -> str | None:
@@ -620,6 +621,7 @@ def private_task_tokens(start: Callable[[], Callable[..., Any]],
         Popen=start(), DEVNULL=subprocess.DEVNULL)
     run = flower_superexec.run_superexec
 
+    @functools.wraps(run)  # its signature stays Flower's: a second check still fits
     def run_superexec(*args: Any, **kwargs: Any) -> Any:
         if kwargs.get("superexec_auth_secret"):
             secret(kwargs["superexec_auth_secret"])
@@ -1037,6 +1039,7 @@ def _flower_identity(request: Any) -> None:
         raise HTTPException(status_code=401, detail="Invalid SuperNode authentication")
 
 
+#: Each patch's check of its target, by name (the tests run every one).
 CHECKS: dict[str, Callable[[], str | None]] = {
     "sqlite-busy-timeout": check_busy_timeout,
     "superlink-start-window": check_superlink_claim,
@@ -1053,10 +1056,46 @@ CHECKS: dict[str, Callable[[], str | None]] = {
 }
 
 
-__all__ = ["CHECKS", "DISPATCH_PARAMETERS", "ENV", "PATCHES", "Patch", "check_busy_timeout",
-           "check_dispatch", "check_executor", "check_orderly_shutdown",
-           "check_superlink_claim", "check_supernode_claim", "check_task_identity",
-           "flower_version", "orderly_shutdown", "prompt_dispatch", "skip",
-           "sqlite_busy_timeout", "superlink_start_window", "supernode_start_window",
-           "task_identity", "task_identity_usable", "turned_off",
-           "with_busy_timeout"]
+__all__ = [
+    "CHECKS",
+    "DISPATCH_PARAMETERS",
+    "ENV",
+    "LEASE_ENV",
+    "LEASE_S",
+    "PATCHES",
+    "SECURITY",
+    "SIGNATURES_ENV",
+    "Patch",
+    "answer_dropped",
+    "bound_node_signatures",
+    "check_busy_timeout",
+    "check_dispatch",
+    "check_executor",
+    "check_fleet_ownership",
+    "check_node_signatures",
+    "check_orderly_shutdown",
+    "check_private_tokens",
+    "check_superlink_claim",
+    "check_supernode_claim",
+    "check_task_auth",
+    "check_task_identity",
+    "check_task_lease",
+    "check_token_interceptor",
+    "fleet_ownership",
+    "flower_version",
+    "orderly_shutdown",
+    "private_task_tokens",
+    "prompt_dispatch",
+    "sign_node_requests",
+    "sign_task_calls",
+    "signed_task_calls",
+    "skip",
+    "sqlite_busy_timeout",
+    "superlink_start_window",
+    "supernode_start_window",
+    "task_identity",
+    "task_identity_usable",
+    "task_lease",
+    "turned_off",
+    "with_busy_timeout",
+]
