@@ -179,6 +179,49 @@ assert status("/v1/fleet/pull-messages")[0] == 415, status("/v1/fleet/pull-messa
 print("sites' port: Control, Runtime, /docs, /openapi.json refused (404); Fleet API forwarded")
 EOF
 
+# threat model, "a site": each site is a bridge network of its own, its Runtime API and the
+# SuperLink's own port on their namespaces' loopback.  From site 0's namespace the proxy
+# answers (superlink:9093), and nothing else does: not the SuperLink's port (Control and
+# Runtime APIs), not site 1 by name or by address.  From the host, the containers'
+# addresses answer on no API port either.
+ip_of() { docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$(compose ps -q "$1")"; }
+SITE1_IPS=$(ip_of supernode-1)
+SERVER_IPS=$(ip_of superlink)
+compose exec -T supernode-0 python3 -I - "$SITE1_IPS" <<'EOF'
+import socket, sys
+def reach(host, port):
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        return "open"
+    except socket.gaierror:
+        return "no such name"
+    except OSError as exc:
+        return type(exc).__name__
+assert reach("superlink", 9093) == "open", reach("superlink", 9093)
+got = reach("superlink", 9091)  # the server's host answers, its SuperLink port does not
+assert got == "ConnectionRefusedError", got
+print(f"site 0 -> superlink:9091: {got}")
+# site 1 is not on site 0's network: no name, and no packet reaches its address (a refusal
+# would mean one did)
+for host, port in [("supernode-1", 9094), ("superexec-1", 9094),
+                   *((ip, p) for ip in sys.argv[1].split() for p in (9094, 9093, 22))]:
+    got = reach(host, port)
+    assert got in ("no such name", "TimeoutError", "OSError"), (host, port, got)
+    print(f"site 0 -> {host}:{port}: {got}")
+print("site 0 reaches the sites' port only")
+EOF
+python3 -I - "$SERVER_IPS $SITE1_IPS $(ip_of supernode-0)" <<'EOF'
+import socket, sys
+for ip in sys.argv[1].split():
+    for port in (9091, 9094):
+        try:
+            socket.create_connection((ip, port), timeout=3).close()
+            raise SystemExit(f"error: the host reaches {ip}:{port}")
+        except OSError as exc:
+            print(f"host -> {ip}:{port}: {type(exc).__name__}")
+print("the host reaches no API port of the containers")
+EOF
+
 echo "== docker-compose run --rm run deploy/fmnist-smoke.yaml"
 t0=$(now)
 compose run --rm -T run deploy/fmnist-smoke.yaml | tee "$WORK/run.log"
