@@ -295,10 +295,12 @@ def test_a_registered_site_reaches_only_what_was_handed_to_it(
         _until(pull, 120, "message for site 0")
     msg, tree = pulled[0]
     run, mid = msg.metadata.run_id, msg.metadata.message_id
-    leaf = tree.children[0].object_id if tree.children else tree.object_id
+    # the message's own object (its metadata names site 0); objects of its content may be
+    # site 1's too (the same query or model goes to every site) and are served to both
+    own = tree.object_id
     node1 = Node(node_id=n1)
     assert _status(lambda: other.PullObject(PullObjectRequest(node=node1, run_id=run,
-                                                              object_id=leaf))) == 403
+                                                              object_id=own))) == 403
     assert _status(lambda: other.ConfirmMessageReceived(ConfirmMessageReceivedRequest(
         node=node1, run_id=run, message_object_id=mid))) == 403
     for src in (n0, n1):
@@ -306,7 +308,7 @@ def test_a_registered_site_reaches_only_what_was_handed_to_it(
                                    message_object_trees=[tree])
         assert _status(functools.partial(other.PushMessages, push)) == 403
     assert _status(lambda: owner.PullObject(PullObjectRequest(node=Node(node_id=n0), run_id=run,
-                                                              object_id=leaf))) == 200
+                                                              object_id=own))) == 200
     dep.flwr("stop", str(run), CONNECTION)
     wait(300)
 
