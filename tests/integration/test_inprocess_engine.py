@@ -110,9 +110,21 @@ def test_a_client_that_raises_is_a_failed_client_and_the_run_goes_on(tmp_path, c
                and "injected failure" in m for m in logged)
 
 
+#: ``fedsys`` as the command runs it, in a fresh interpreter; at exit (its hook registered
+#: first, so it runs last) it prints whether Ray was imported
+_RAY_AT_EXIT = """
+import atexit, sys
+atexit.register(lambda: print("RAY-IMPORTED=" + str("ray" in sys.modules)))
+from fedsys_launch.cli import main
+sys.exit(main())
+"""
+
+
 def test_fedsys_run_in_process_needs_no_ray(tmp_path, monkeypatch, capsys):
     """A dead ``RAY_ADDRESS`` stops a Flower-engine run before it starts; the in-process
-    engine does not look at it, and no Ray is imported."""
+    engine does not look at it, and no Ray is imported.  The in-process run is a fresh
+    process: in this one an earlier test may have imported Ray already."""
+    import subprocess
     import sys
 
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")
@@ -120,9 +132,12 @@ def test_fedsys_run_in_process_needs_no_ray(tmp_path, monkeypatch, capsys):
                                            "strategy": "fedavg"}.items()]
     assert main(["run", *sets]) == 2
     assert "no Ray cluster answers" in capsys.readouterr().err
-    ray_before = "ray" in sys.modules
-    assert main(["run", *sets, "--set=engine=inprocess"]) == 0
-    assert ray_before or "ray" not in sys.modules
+    done = subprocess.run([sys.executable, "-c", _RAY_AT_EXIT, "run", *sets,
+                           "--set=engine=inprocess"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = [line for line in done.stdout.splitlines() if line.startswith("RAY-IMPORTED=")]
+    assert said == ["RAY-IMPORTED=False"], (said, done.stderr[-3000:])
     recs = metrics.read_jsonl(tmp_path / "noray" / "fedavg" / "metrics.jsonl")
     assert [r["round"] for r in recs] == [0, 1, 2]
 

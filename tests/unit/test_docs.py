@@ -66,9 +66,8 @@ def test_every_relative_link_reaches_its_file_and_heading(page):
     assert not broken, "\n".join(broken)
 
 
-def test_the_readme_is_read_in_minutes_and_links_the_reference():
+def test_the_readme_links_the_reference():
     text = (ROOT / "README.md").read_text()
-    assert 120 <= len(text.splitlines()) <= 200
     for page in ("docs/methods.md", "docs/usage.md", "docs/configuration.md",
                  "docs/flower-apps.md", "docs/deployment.md", "docs/results/README.md",
                  "docs/performance.md", "docs/extending.md", "docs/development.md"):
