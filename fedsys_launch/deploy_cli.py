@@ -6,7 +6,9 @@
 results table, ``status`` shows what runs, ``down`` stops everything.  State lives in
 ``--dir`` (default ``deployment``, outside the default roots ``./runs``), so later
 invocations find the deployment.  ``run --superlink HOST:PORT`` submits to any
-SuperLink instead, e.g. the docker-compose one.
+SuperLink instead, e.g. the docker-compose one.  For a server and sites on other hosts,
+``server-kit``, ``site-key``, ``add-site`` and ``remove-site`` make and revoke the kits
+(:mod:`fedsys_launch.kits`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedsys_launch import registry
+from fedsys_launch import kits, registry
 from fedsys_launch.deploy import (
     CONNECTION,
     STATE_FILE,
@@ -35,6 +37,8 @@ from fedsys_launch.proxy import parse_size
 from fedsys_launch.runlock import busy, in_use
 
 DEFAULT_DIR = "deployment"
+#: ``fedsys deploy server-kit --out`` and ``add-site --kit`` by default
+KIT_DIR = "server-kit"
 #: The default ``--dir`` before issue 75, inside the default roots ``./runs``.
 OLD_DEFAULT_DIR = "runs/deploy"
 APP_DIR = Path(__file__).resolve().parents[1]
@@ -46,6 +50,14 @@ EPILOG = """examples:
   fedsys deploy down                               stop everything
   fedsys deploy run configs/smoke.yaml --superlink 127.0.0.1:9093 \\
       --root-certificates deploy/certs/ca.crt      submit to the docker-compose SuperLink
+
+sites on other hosts (kits):
+  fedsys deploy server-kit --name fl.example.org --address 198.51.100.1 --out server-kit
+                                                   at the server: CA, certificate, firewall
+  fedsys deploy site-key hospital-a --out site     at the site: key pair + secret; send the .pub
+  fedsys deploy add-site hospital-a.pub --kit server-kit --partition-id 0 --num-partitions 2
+                                                   register it; its kit: server-kit/sites/hospital-a
+  fedsys deploy remove-site hospital-a --kit server-kit    unregister it: its key is refused
 """
 
 
@@ -70,7 +82,8 @@ def _size(text: str) -> int:
 def add_parser(sub: Any) -> None:
     """Register ``fedsys deploy`` and its actions on the top-level subparsers."""
     d = sub.add_parser(
-        "deploy", help="a real Flower deployment as processes on 127.0.0.1",
+        "deploy", help="a real Flower deployment: processes on 127.0.0.1, or kits for a "
+        "server and sites on other hosts",
         description=__doc__.split("\n\n")[1].replace("\n", " ") if __doc__ else None,
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -152,6 +165,74 @@ def add_parser(sub: Any) -> None:
     dn = dsub.add_parser("down", help="stop every process of the deployment")
     with_dir(dn)
     dn.set_defaults(fn=cmd_down)
+    add_kit_parsers(dsub)
+
+
+def add_kit_parsers(dsub: Any) -> None:
+    """``server-kit``, ``site-key``, ``add-site`` and ``remove-site`` (:mod:`fedsys_launch.kits`)."""
+    sk = dsub.add_parser(
+        "server-kit", help="at the server: CA (its key kept offline), the server's certificate "
+        "for its names and addresses, server.env, firewall lines, the flwr connection",
+        description="Make the server kit in --out: certs/ (ca.crt, server.pem for every --name "
+        "and --address, superexec.secret), ca/ca.key (keep it offline), server.env, "
+        "firewall.txt (the sites' port, and only it) and cli/config.toml (flwr CLI to the "
+        "SuperLink's loopback port). Run again to change nothing but what is missing; a "
+        "certificate that no longer covers the names is refused (deploy/make-certs.sh -f).")
+    sk.add_argument("--name", action="append", default=[], metavar="HOST",
+                    help="a host name the sites reach the server by (repeatable); the first "
+                    "is the address written into the site kits")
+    sk.add_argument("--address", action="append", default=[], metavar="IP",
+                    help="an IP address the sites reach the server at (repeatable)")
+    sk.add_argument("--port", type=int, default=kits.SITES_PORT,
+                    help=f"the sites' port (default {kits.SITES_PORT})")
+    sk.add_argument("--link-port", type=int, default=kits.LINK_PORT,
+                    help=f"the SuperLink's own port, on loopback (default {kits.LINK_PORT})")
+    sk.add_argument("--allow-from", action="append", default=[], metavar="CIDR",
+                    help="open the sites' port to these networks only (firewall.txt)")
+    sk.add_argument("--out", default=KIT_DIR, help=f"the kit's directory (default {KIT_DIR})")
+    sk.set_defaults(fn=cmd_server_kit)
+
+    key = dsub.add_parser(
+        "site-key", help="at a site: its key pair and SuperExec secret; send only the .pub",
+        description="Make OUT/keys/NAME (private key, 0600: it never leaves the site), "
+        "NAME.pub (send it to the operator) and NAME.secret (0600) with deploy/node-keys.sh; "
+        "put the kit the operator sends back in OUT/kit and run OUT/kit/start.sh.")
+    key.add_argument("name", metavar="NAME", help="the site's name")
+    key.add_argument("--out", default="fedsys-site", help="site directory (default fedsys-site)")
+    key.set_defaults(fn=cmd_site_key)
+
+    def federation(p: argparse.ArgumentParser) -> None:
+        g = p.add_mutually_exclusive_group()
+        g.add_argument("--kit", default=None,
+                       help=f"the server kit (default {KIT_DIR}): its flwr connection")
+        g.add_argument("--dir", default=None,
+                       help="a 'fedsys deploy up' directory instead of a server kit")
+
+    add = dsub.add_parser(
+        "add-site", help="register a site's .pub with the running SuperLink and write its kit",
+        description="Register NAME.pub (flwr supernode register) and write the site kit "
+        "KIT/sites/NAME/: ca.crt, site.env (the server's address, the node config), "
+        "site.json (node id), the .pub and start.sh, the one command the site runs. "
+        "The kit holds no private key.")
+    add.add_argument("pub", metavar="NAME.pub", help="the public key the site sent")
+    add.add_argument("--name", default="", help="the site's name (default: the file's, "
+                     "without .pub)")
+    add.add_argument("--partition-id", type=int, default=None, metavar="I",
+                     help="the site trains on partition I of a built-in dataset")
+    add.add_argument("--num-partitions", type=int, default=None, metavar="N",
+                     help="... of N partitions (the number of sites)")
+    add.add_argument("--data-dir", default="", metavar="PATH",
+                     help="the site's data directory, at the site (node config data-dir)")
+    federation(add)
+    add.set_defaults(fn=cmd_add_site)
+
+    rm = dsub.add_parser(
+        "remove-site", help="unregister a site: its key is refused from then on",
+        description="Unregister site NAME's node (flwr supernode unregister NODE_ID) and "
+        "mark its kit revoked (KIT/sites/NAME/REVOKED).")
+    rm.add_argument("name", metavar="NAME")
+    federation(rm)
+    rm.set_defaults(fn=cmd_remove_site)
 
 
 def _roots(given: str | None) -> str:
@@ -337,4 +418,61 @@ def cmd_down(args: argparse.Namespace) -> int:
     dep = _load(args.dir)
     n = dep.down()
     print(f"stopped {n} processes; nothing of {dep.root} is running")
+    return 0
+
+
+def cmd_server_kit(args: argparse.Namespace) -> int:
+    """``fedsys deploy server-kit``."""
+    kit = kits.make_server_kit(Path(args.out), args.name, args.address, args.port,
+                               args.link_port, args.allow_from)
+    print(f"server kit in {kit.root}: certificate for {', '.join(kit.sans)}\n"
+          f"  CA key: {kit.root / 'ca' / 'ca.key'}: keep it offline (no component reads it)\n"
+          f"  sites connect to {kit.site_address}; open that port only: {kit.root / 'firewall.txt'}\n"
+          f"  server role settings: {kit.root / 'server.env'}\n"
+          f"  register a site: fedsys deploy add-site NAME.pub --kit {args.out} ...")
+    return 0
+
+
+def cmd_site_key(args: argparse.Namespace) -> int:
+    """``fedsys deploy site-key NAME``."""
+    pub = kits.make_site_key(args.name, Path(args.out))
+    print(f"{args.name}: private key and secret in {pub.parent} (0600; they stay here)\n"
+          f"send this file to the operator: {pub}\n"
+          f"then put the kit you get back in {Path(args.out) / 'kit'} and run "
+          f"{Path(args.out) / 'kit' / 'start.sh'}")
+    return 0
+
+
+def _federation(args: argparse.Namespace) -> kits.Federation:
+    if args.dir is not None:
+        dep = _load(args.dir)
+        if not dep.auth:
+            raise DeployError(f"the deployment in {dep.root} runs without node authentication "
+                              "(--insecure): it has no keys to register")
+        return kits.Federation(dep.root, dep.ca_cert, dep.address, dep)
+    kit = kits.ServerKit.load(Path(args.kit or KIT_DIR))
+    return kits.Federation(kit.root, kit.ca_cert, kit.site_address, kit.handle())
+
+
+def cmd_add_site(args: argparse.Namespace) -> int:
+    """``fedsys deploy add-site NAME.pub``."""
+    pub = Path(args.pub)
+    name = args.name or (pub.name[:-4] if pub.name.endswith(".pub") else "")
+    if not name:
+        raise DeployError(f"{pub}: name the site with --name (the file has no .pub suffix)")
+    name = kits.site_name(name)
+    cfg = kits.node_config(args.partition_id, args.num_partitions, args.data_dir)
+    kit, node_id = kits.add_site(_federation(args), pub, name, cfg)
+    print(f"registered {name} as node {node_id}; its kit: {kit} (no private key)\n"
+          f"  send it to the site, which runs: kit/start.sh")
+    return 0
+
+
+def cmd_remove_site(args: argparse.Namespace) -> int:
+    """``fedsys deploy remove-site NAME``."""
+    fed = _federation(args)
+    node_id = kits.remove_site(fed, kits.site_name(args.name))
+    print(f"unregistered {args.name} (node {node_id}): its key is refused from now on; "
+          f"kit marked {fed.root / 'sites' / args.name / kits.REVOKED}; to rejoin, the site "
+          "makes a new key pair")
     return 0
