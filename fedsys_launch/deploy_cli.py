@@ -174,7 +174,8 @@ def add_kit_parsers(dsub: Any) -> None:
         "server-kit", help="at the server: CA (its key kept offline), the server's certificate "
         "for its names and addresses, server.env, firewall lines, the flwr connection",
         description="Make the server kit in --out: certs/ (ca.crt, server.pem for every --name "
-        "and --address, superexec.secret), ca/ca.key (keep it offline), server.env, "
+        "and --address, superexec.secret), ca/ca.key (keep it offline), start.sh (the server "
+        "role: SuperLink on loopback, the proxy, the server's SuperExec), server.env, "
         "firewall.txt (the sites' port, and only it) and cli/config.toml (flwr CLI to the "
         "SuperLink's loopback port). Run again to change nothing but what is missing; a "
         "certificate that no longer covers the names is refused (deploy/make-certs.sh -f).")
@@ -190,6 +191,10 @@ def add_kit_parsers(dsub: Any) -> None:
     sk.add_argument("--allow-from", action="append", default=[], metavar="CIDR",
                     help="open the sites' port to these networks only (firewall.txt)")
     sk.add_argument("--out", default=KIT_DIR, help=f"the kit's directory (default {KIT_DIR})")
+    sk.add_argument("--roots", metavar="DIR[:DIR...]", default=None,
+                    help="where a submitted run config's paths may lie on the server "
+                    "(FEDSYS_ROOTS of the server's SuperExec; default $FEDSYS_ROOTS, else "
+                    "./runs); none may contain the kit")
     sk.set_defaults(fn=cmd_server_kit)
 
     key = dsub.add_parser(
@@ -424,10 +429,12 @@ def cmd_down(args: argparse.Namespace) -> int:
 def cmd_server_kit(args: argparse.Namespace) -> int:
     """``fedsys deploy server-kit``."""
     kit = kits.make_server_kit(Path(args.out), args.name, args.address, args.port,
-                               args.link_port, args.allow_from)
+                               args.link_port, args.allow_from, _roots(args.roots))
     print(f"server kit in {kit.root}: certificate for {', '.join(kit.sans)}\n"
           f"  CA key: {kit.root / 'ca' / 'ca.key'}: keep it offline (no component reads it)\n"
           f"  sites connect to {kit.site_address}; open that port only: {kit.root / 'firewall.txt'}\n"
+          f"  start the server (SuperLink, proxy on {kit.listen}, SuperExec): "
+          f"{kit.root / 'start.sh'}\n"
           f"  server role settings: {kit.root / 'server.env'}\n"
           f"  register a site: fedsys deploy add-site NAME.pub --kit {args.out} ...")
     return 0

@@ -9,6 +9,9 @@ The operator makes a *server kit* once, on the server host (``fedsys deploy serv
     DIR/server.env      the server role's settings (sites' address and port, certificates)
     DIR/firewall.txt    the lines that open the sites' port, and only it
     DIR/cli/config.toml the flwr CLI's connection to the SuperLink's loopback port
+    DIR/proxy/nginx.conf the sites' port: the Fleet API only (fedsys_launch/proxy.py)
+    DIR/start.sh        the server role as processes: SuperLink on loopback, the proxy,
+                        the server's SuperExec (the flags of ``fedsys deploy up``)
 
 A site makes its own key pair and SuperExec secret (``fedsys deploy site-key``,
 deploy/node-keys.sh) and sends only its ``.pub``; ``fedsys deploy add-site`` registers
@@ -30,11 +33,21 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fedsys_launch.deploy import CONNECTION, SCRIPTS, DeployError, LocalDeployment, connection_toml
+from fedsys_launch.deploy import (
+    CONNECTION,
+    SCRIPTS,
+    SERVER_EXEC,
+    SUPERLINK,
+    DeployError,
+    LocalDeployment,
+    connection_toml,
+)
+from fedsys_launch.proxy import ProxyLimits, ProxyTLS, default_max_body, nginx_conf, write_conf
 
 SITES_PORT, LINK_PORT, RUNTIME_PORT = 9093, 9091, 9094
 KIT_FILE, SITE_FILE, REVOKED = "kit.json", "site.json", "REVOKED"
@@ -146,6 +159,7 @@ class ServerKit:
     addresses: tuple[str, ...]
     port: int = SITES_PORT
     link_port: int = LINK_PORT
+    roots: str = ""
 
     @property
     def sans(self) -> list[str]:
@@ -162,9 +176,20 @@ class ServerKit:
     def ca_cert(self) -> Path:
         return self.root / "certs" / "ca.crt"
 
+    @property
+    def listen(self) -> str:
+        """Where the proxy listens: the one address given, else every interface (the
+        firewall lines name the addresses)."""
+        if len(self.addresses) == 1:
+            a = self.addresses[0]
+            return f"[{a}]:{self.port}" if ":" in a else f"{a}:{self.port}"
+        return f"0.0.0.0:{self.port}"
+
     def handle(self) -> LocalDeployment:
-        """The ``flwr`` CLI of this kit (``cli/``: the SuperLink's loopback port)."""
-        return LocalDeployment(self.root, port=self.port, link_port=self.link_port)
+        """This kit as a deployment directory: the ``flwr`` CLI (``cli/``, the SuperLink's
+        loopback port) and the server role's commands (certs/, superlink.db)."""
+        return LocalDeployment(self.root, num_nodes=0, tls=True, auth=True, port=self.port,
+                               link_port=self.link_port, roots=self.roots)
 
     def save(self) -> None:
         state = {k: v for k, v in asdict(self).items() if k != "root"}
@@ -175,7 +200,7 @@ class ServerKit:
         try:
             s = json.loads((root / KIT_FILE).read_text())
             return cls(root.resolve(), tuple(s["names"]), tuple(s["addresses"]),
-                       int(s["port"]), int(s["link_port"]))
+                       int(s["port"]), int(s["link_port"]), str(s.get("roots", "")))
         except (OSError, ValueError, KeyError, TypeError):
             raise DeployError(f"no server kit in {root} (make one with 'fedsys deploy "
                               "server-kit')") from None
@@ -220,6 +245,69 @@ def server_env(kit: ServerKit) -> str:
         f"SITES_ADDRESS={kit.site_address}", ""])
 
 
+SERVER_START_SH = """#!/usr/bin/env bash
+# Start the server role of this kit: the SuperLink on 127.0.0.1:{link} (Fleet, Control,
+# Runtime APIs), the proxy (nginx) on {listen}, forwarding the Fleet API only, and the
+# server's SuperExec (runs the ServerApp; runs may write under {roots}).
+#   ./start.sh         PYTHON (default: the Python that made the kit), NGINX (default nginx)
+# Ctrl-C stops all three.  The firewall: firewall.txt.  Runs: fedsys deploy run CONFIG
+#   --superlink 127.0.0.1:{link} --root-certificates {ca}
+set -euo pipefail
+umask 077
+kit="$(cd "$(dirname "$0")" && pwd)"
+py="${{PYTHON:-{python}}}"
+nginx="${{NGINX:-nginx}}"
+command -v "$nginx" >/dev/null || {{ echo "error: nginx is not installed (apt-get install" \\
+  "nginx-light): it is the sites' port" >&2; exit 2; }}
+export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+mkdir -p "$kit/home/superlink" "$kit/home/superexec-server" "$kit/logs"
+pids=()
+trap 'kill "${{pids[@]}}" 2>/dev/null || true' EXIT INT TERM
+(cd "$kit/home/superlink" && FLWR_HOME="$PWD" exec {superlink}) &
+pids+=($!)
+for _ in $(seq 120); do (exec 3<>/dev/tcp/127.0.0.1/{link}) 2>/dev/null && break; sleep 0.5; done
+"$nginx" -e stderr -p "$kit/proxy" -c "$kit/proxy/nginx.conf" -g 'daemon off;' &
+pids+=($!)
+(cd "$kit/home/superexec-server" && FLWR_HOME="$PWD" {policy} exec {superexec}) &
+pids+=($!)
+wait -n "${{pids[@]}}"
+"""
+
+
+def server_start_sh(kit: ServerKit) -> str:
+    """The server role as processes (:meth:`LocalDeployment.command`'s lines, so the
+    flags are those ``fedsys deploy up`` starts), ``$py`` for the interpreter."""
+    dep = kit.handle()
+
+    def line(name: str) -> tuple[str, str]:
+        args, env = dep.command(name)
+        cmd = shlex.join(args[1:]) if args[0] == sys.executable else shlex.join(args)
+        return ('"$py" ' + cmd if args[0] == sys.executable else cmd,
+                " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())))
+
+    superlink, _ = line(SUPERLINK)
+    superexec, policy = line(SERVER_EXEC)
+    return SERVER_START_SH.format(link=kit.link_port, listen=kit.listen, roots=kit.roots,
+                                  ca=kit.ca_cert, python=shlex.quote(sys.executable),
+                                  superlink=superlink, superexec=superexec, policy=policy)
+
+
+def write_server_proxy(kit: ServerKit) -> Path:
+    """``proxy/nginx.conf``: the sites' port on :attr:`ServerKit.listen`, TLS with the
+    kit's certificate, the Fleet API only, to the SuperLink's loopback port."""
+    work = kit.root / "proxy"
+    for sub in ("", "body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        _mkdir(work / sub)
+    certs = kit.root / "certs"
+    return write_conf(work / "nginx.conf", nginx_conf(
+        kit.listen, f"127.0.0.1:{kit.link_port}", str(work),
+        ProxyTLS(str(certs / "server.pem"), str(certs / "server.key"), str(kit.ca_cert)),
+        access_log=str(kit.root / "logs" / "proxy-access.log"),
+        limits=ProxyLimits(max_body=default_max_body({})),
+        user="root" if os.geteuid() == 0 else None))
+
+
 def run_script(name: str, *args: str) -> str:
     """Run ``deploy/NAME`` (make-certs.sh, node-keys.sh) under umask 077; its stdout,
     or :class:`DeployError` with its last error line."""
@@ -235,7 +323,7 @@ def run_script(name: str, *args: str) -> str:
 
 
 def make_server_kit(out: Path, names: list[str], addresses: list[str], sites_port: int,
-                    link_port: int, allow_from: list[str]) -> ServerKit:
+                    link_port: int, allow_from: list[str], roots: str) -> ServerKit:
     """Write the server kit into ``out`` (certificates kept where they still cover the
     names and addresses: deploy/make-certs.sh)."""
     if not names and not addresses:
@@ -246,7 +334,11 @@ def make_server_kit(out: Path, names: list[str], addresses: list[str], sites_por
                           "openssl)")
     kit = ServerKit(out.resolve(), tuple(host_name(n) for n in names),
                     tuple(address(a) for a in addresses), port(sites_port),
-                    port(link_port, "--link-port"))
+                    port(link_port, "--link-port"), roots)
+    if kit.port == kit.link_port:
+        raise DeployError(f"--port and --link-port are both {kit.port}: the sites' port "
+                          "is the proxy's, the SuperLink's own stays on loopback")
+    kit.handle().refuse_roots()
     allow = [str(ipaddress.ip_network(a, strict=False)) for a in _networks(allow_from)]
     _mkdir(kit.root)
     run_script("make-certs.sh", "-d", str(kit.root / "certs"), "-k", str(kit.root / "ca"),
@@ -259,6 +351,8 @@ def make_server_kit(out: Path, names: list[str], addresses: list[str], sites_por
            connection_toml(f"127.0.0.1:{kit.link_port}", kit.ca_cert))
     _write(kit.root / "server.env", server_env(kit))
     _write(kit.root / "firewall.txt", firewall_text(kit, allow))
+    write_server_proxy(kit)
+    _write(kit.root / "start.sh", server_start_sh(kit), 0o700)
     kit.save()
     return kit
 

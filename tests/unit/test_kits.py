@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tomllib
 from collections.abc import Iterator
@@ -66,7 +67,8 @@ def mode(path: Path) -> int:
 @pytest.fixture
 def server(tmp_path: Path, open_umask: None, capsys: pytest.CaptureFixture[str]) -> Path:
     rc, out, err = fedsys(capsys, "server-kit", "--name", "fl.example.org", "--address",
-                          "198.51.100.1", "--out", str(tmp_path / "sk"))
+                          "198.51.100.1", "--out", str(tmp_path / "sk"), "--roots",
+                          str(tmp_path / "runs"))
     assert rc == 0, err
     assert "keep it offline" in out and "fl.example.org:9093" in out
     return tmp_path / "sk"
@@ -94,7 +96,7 @@ def test_server_kit_certificate_modes_firewall_and_connection(server: Path) -> N
     for d in (server, server / "ca", server / "certs", server / "cli"):
         assert mode(d) == 0o700, d
     for f in ("ca/ca.key", "certs/server.key", "certs/superexec.secret", "cli/config.toml",
-              "server.env", "firewall.txt", "kit.json"):
+              "server.env", "firewall.txt", "kit.json", "proxy/nginx.conf"):
         assert mode(server / f) == 0o600, f
     fw = (server / "firewall.txt").read_text()
     assert "nft add rule inet filter input ip daddr 198.51.100.1 tcp dport 9093 accept" in fw
@@ -107,17 +109,67 @@ def test_server_kit_certificate_modes_firewall_and_connection(server: Path) -> N
                                 "root-certificates": str(server / "certs" / "ca.crt")}
 
 
+def test_the_server_kit_starts_the_server_role(
+        server: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``start.sh`` of the server kit: the SuperLink on loopback with TLS, node auth and
+    the SuperExec secret, the proxy on the kit's address (nginx reads its configuration),
+    the server's SuperExec confined to the roots and denied the kit; stand-ins for python
+    and nginx record the commands (the SuperLink's port answered by the test)."""
+    conf = server / "proxy" / "nginx.conf"
+    text = conf.read_text()
+    assert "listen 198.51.100.1:9093 ssl;" in text and "proxy_pass https://127.0.0.1:9091;" in text
+    assert f"ssl_certificate {server}/certs/server.pem;" in text
+    if shutil.which("nginx"):  # the syntax (binding 198.51.100.1 here fails, as it should)
+        (server / "logs").mkdir()
+        t = subprocess.run(["nginx", "-t", "-e", "stderr", "-p", str(server / "proxy"),
+                            "-c", str(conf)], capture_output=True, text=True)
+        assert "syntax is ok" in t.stderr, t.stderr
+    with socket.socket() as link:
+        link.bind(("127.0.0.1", 0))
+        link.listen()
+        port = link.getsockname()[1]
+        rc, _, err = fedsys(capsys, "server-kit", "--name", "fl.example.org", "--address",
+                            "198.51.100.1", "--out", str(server), "--link-port", str(port),
+                            "--roots", str(tmp_path / "runs"))
+        assert rc == 0, err
+        calls = tmp_path / "calls"
+        stub = tmp_path / "stub"
+        stub.write_text(f'#!/bin/sh\necho "$(env | grep ^FEDSYS_ | sort | tr "\\n" " ")$@" >> {calls}\n'
+                        f'for i in $(seq 50); do [ "$(wc -l < {calls})" -ge 3 ] && exit 0; '
+                        'sleep 0.1; done\n')
+        stub.chmod(0o755)
+        run = subprocess.run([str(server / "start.sh")], capture_output=True, text=True,
+                             timeout=60, env={**os.environ, "PYTHON": str(stub),
+                                              "NGINX": str(stub)})
+    assert run.returncode == 0, run.stderr
+    lines = calls.read_text().splitlines()
+    link_line = next(x for x in lines if "fedsys_launch.superlink" in x)
+    for part in ("--enable-supernode-auth", f"--ssl-certfile {server}/certs/server.pem",
+                 f"--host 127.0.0.1 --port {port}", f"--database {server}/superlink.db"):
+        assert part in link_line, link_line
+    assert any(f"-c {conf}" in x for x in lines)
+    sx = next(x for x in lines if "fedsys_launch.superexec" in x)
+    assert f"FEDSYS_DENY={server} FEDSYS_ROOTS={tmp_path / 'runs'} " in sx, sx
+    assert f"--runtime-api-address 127.0.0.1:{port}" in sx
+    # roots holding the kit are refused, as 'fedsys deploy up' refuses them
+    rc, _, err = fedsys(capsys, "server-kit", "--name", "fl.example.org", "--out", str(server),
+                        "--roots", str(tmp_path))
+    assert rc == 2 and "contains the deployment directory" in err
+
+
 def test_server_kit_again_keeps_the_certificate_and_allow_from_narrows(
         server: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before = (server / "certs" / "server.pem").read_bytes()
     rc, _, err = fedsys(capsys, "server-kit", "--name", "fl.example.org", "--address",
-                        "198.51.100.1", "--allow-from", "203.0.113.0/24", "--out", str(server))
+                        "198.51.100.1", "--allow-from", "203.0.113.0/24", "--out", str(server),
+                        "--roots", str(server.parent / "runs"))
     assert rc == 0, err
     assert (server / "certs" / "server.pem").read_bytes() == before
     assert ("iptables -A INPUT -d 198.51.100.1 -s 203.0.113.0/24 -p tcp --dport 9093 "
             "-j ACCEPT") in (server / "firewall.txt").read_text()
     # a name the kept certificate does not cover: refused in one line (make-certs.sh)
-    rc, _, err = fedsys(capsys, "server-kit", "--name", "other.example.org", "--out", str(server))
+    rc, _, err = fedsys(capsys, "server-kit", "--name", "other.example.org", "--out", str(server),
+                        "--roots", str(server.parent / "runs"))
     assert rc == 2 and "does not cover DNS:other.example.org" in err and err.count("\n") == 1
 
 
@@ -255,6 +307,7 @@ def _keygen(path: Path, *args: str) -> Path:
     (["server-kit", "--address", "0.0.0.0"], "give the address they connect to"),
     (["server-kit"], "give the server's --name"),
     (["server-kit", "--name", "fl.example.org", "--port", "0"], "--port 0 is not a TCP port"),
+    (["server-kit", "--name", "fl.example.org", "--port", "9091"], "are both 9091"),
     (["server-kit", "--name", "fl.example.org", "--allow-from", "x"], "not an address or network"),
     (["site-key", "../evil"], "site name '../evil'"),
     (["site-key", "a/b"], "no path characters"),
