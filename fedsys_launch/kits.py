@@ -509,7 +509,8 @@ def remove_site(fed: Federation, name: str) -> int:
         raise DeployError(f"site {name} was removed already: {(kit / REVOKED).read_text().strip()}")
     node_id = int(info["node-id"])
     proc = fed.cli.flwr("supernode", "unregister", str(node_id), CONNECTION, "--format", "json")
-    _json_answer(proc, "node-id", f"could not unregister {name} (node {node_id})")
+    if "already deleted" not in proc.stdout + proc.stderr:  # unregistered by hand: so be it
+        _json_answer(proc, "node-id", f"could not unregister {name} (node {node_id})")
     _write(kit / REVOKED, f"node {node_id} unregistered "
            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
     return node_id

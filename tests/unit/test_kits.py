@@ -275,6 +275,28 @@ def test_a_refusal_of_flwr_is_one_line_and_writes_no_kit(
     assert not (server / "sites" / "hospital-a").exists()
 
 
+def test_remove_site_after_flwr_unregister_by_hand_and_a_refusal(
+        server: Path, site: Path, flwr: list[tuple[str, ...]], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A node unregistered with ``flwr`` already is marked revoked all the same; a SuperLink
+    that cannot be reached leaves the kit as it was, saying why in one line."""
+    assert fedsys(capsys, "add-site", str(site / "keys" / "hospital-a.pub"), "--kit",
+                  str(server), "--data-dir", "/d")[0] == 0
+    down = subprocess.CompletedProcess(["flwr"], 1, "", "Connection to the SuperLink is "
+                                       "unavailable.\n")
+    monkeypatch.setattr(LocalDeployment, "flwr", lambda self, *a, **k: down)
+    rc, _, err = fedsys(capsys, "remove-site", "hospital-a", "--kit", str(server))
+    assert rc == 2 and err == ("error: could not unregister hospital-a (node 4711): "
+                               "Connection to the SuperLink is unavailable.\n")
+    assert not (server / "sites" / "hospital-a" / kits.REVOKED).exists()
+    gone = subprocess.CompletedProcess(["flwr"], 1, json.dumps({
+        "success": False, "error-message": "Node 4711 already deleted, not found or "
+        "unauthorized deletion attempt."}), "")
+    monkeypatch.setattr(LocalDeployment, "flwr", lambda self, *a, **k: gone)
+    assert fedsys(capsys, "remove-site", "hospital-a", "--kit", str(server))[0] == 0
+    assert (server / "sites" / "hospital-a" / kits.REVOKED).exists()
+
+
 def test_a_fedsys_deploy_directory_registers_too(
         server: Path, site: Path, tmp_path: Path, flwr: list[tuple[str, ...]],
         capsys: pytest.CaptureFixture[str]) -> None:
