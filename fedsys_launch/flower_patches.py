@@ -722,6 +722,9 @@ def check_task_lease() -> str | None:
     found = _parameters(getattr(sci, "_push_messages", None))
     if found != ("state", "object_store", "send", "push_object"):
         return f"_push_messages takes {found}"
+    found = _parameters(getattr(sci, "_pull_and_store_message", None)) or ()
+    if found[:2] != ("state", "object_store"):
+        return f"_pull_and_store_message takes {found}"
     try:
         source = inspect.getsource(InMemoryNodeState)
     except (OSError, TypeError):
@@ -774,7 +777,14 @@ def task_lease(lease_s: float, environ: Mapping[str, str] = os.environ,
 
     from flwr.supernode import start_client_internal as sci
 
-    push = sci._push_messages
+    push, pull = sci._push_messages, sci._pull_and_store_message
+
+    @functools.wraps(pull)
+    def _pull_and_store_message(*args: Any, **kwargs: Any) -> int | None:
+        run_id: int | None = pull(*args, **kwargs)
+        if run_id is None:  # nothing to answer now: nothing may wait to be answered later
+            drop_unanswerable(kwargs["state"], kwargs["object_store"])
+        return run_id
 
     def _push_messages(state: Any, object_store: Any, send: Any, push_object: Any) -> None:
         claimed: set[int] = set()
@@ -787,7 +797,39 @@ def task_lease(lease_s: float, environ: Mapping[str, str] = os.environ,
 
     _push_messages.__doc__ = push.__doc__
     sci._push_messages = _push_messages
+    sci._pull_and_store_message = _pull_and_store_message
     return True
+
+
+def drop_unanswerable(state: Any, object_store: Any) -> list[str]:
+    """Delete the messages a SuperNode stored but will not answer, and stop their tasks.
+
+    Flower's node handles one message at a time: when a pull ends without a message to
+    answer, none may be left waiting.  A message whose run stopped while the node pulled
+    its objects is left behind by Flower 1.41/1.42 (its ``RunNotRunningException`` path
+    deletes neither it nor its task): its ClientApp then answers it after the node's next
+    pull, and the node sends every later reply one message late, missing each round's
+    timeout.  The ids dropped, logged.
+    """
+    from flwr.common.constant import Status, SubStatus
+
+    with state.lock_msg_store:
+        entries = list(state.msg_store.values())
+    replied = {e.message.metadata.reply_to_message_id for e in entries}
+    dropped = []
+    for entry in entries:
+        meta = entry.message.metadata
+        if meta.reply_to_message_id or meta.message_id in replied:
+            continue
+        for task in state.get_tasks(run_ids=[meta.run_id],
+                                    statuses=[Status.PENDING, Status.STARTING, Status.RUNNING]):
+            state.finish_task(task.task_id, SubStatus.STOPPED, "fedsys: message dropped")
+        state.delete_messages(message_ids=[meta.message_id])
+        object_store.delete(meta.message_id)
+        dropped.append(meta.message_id)
+        _LOG.warning("fedsys: message %s of run %s will not be answered (its run stopped while "
+                     "it arrived): dropped with its task", meta.message_id[:12], meta.run_id)
+    return dropped
 
 
 def _given_back(state: Any, claimed: set[int]) -> set[int]:
@@ -844,7 +886,12 @@ def fleet_ownership(environ: Mapping[str, str] = os.environ) -> bool:
     pull_messages, push_messages = fh.pull_messages, fh.push_messages
     pull_object, confirm = fh.pull_object, fh.confirm_message_received
 
-    def refuse(what: str, node: int, why: str) -> None:
+    def refuse(what: str, node: int, why: str, state: Any, run: int) -> None:
+        """403, unless the run no longer runs: Flower's handler then refuses it in its own
+        words, which a SuperNode reads as the run's end."""
+        status = state.get_run_status({run}).get(run)
+        if status is not None and status.status != Status.RUNNING:
+            return
         _LOG.warning("fedsys: Fleet %s of node %s refused: %s", what, node, why)
         raise HTTPException(status_code=403, detail=f"{what} refused: not this node's")
 
@@ -868,19 +915,21 @@ def fleet_ownership(environ: Mapping[str, str] = os.environ) -> bool:
             why = reply_refusal(request.node.node_id, msg.metadata.src_node_id,
                                 msg.metadata.run_id, msg.metadata.reply_to_message_id, own)
             if why is not None:
-                refuse("push-messages", request.node.node_id, why)
+                refuse("push-messages", request.node.node_id, why, state, msg.metadata.run_id)
         return push_messages(request, state)
 
     def pull_object_owned(request: Any, state: Any) -> Any:
         if not own.may_pull(request.node.node_id, request.run_id, request.object_id):
             refuse("pull-object", request.node.node_id,
-                   f"object {request.object_id[:12]}... is not in a message handed to it")
+                   f"object {request.object_id[:12]}... is not in a message handed to it",
+                   state, request.run_id)
         return pull_object(request, state)
 
     def confirm_owned(request: Any, state: Any, store: Any) -> Any:
         if not own.may_confirm(request.node.node_id, request.run_id, request.message_object_id):
             refuse("confirm-message-received", request.node.node_id,
-                   f"message {request.message_object_id[:12]}... was not handed to it")
+                   f"message {request.message_object_id[:12]}... was not handed to it",
+                   state, request.run_id)
         return confirm(request, state, store)
 
     fh.pull_messages, fh.push_messages = pull_messages_owned, push_messages_owned
@@ -1081,6 +1130,7 @@ __all__ = [
     "check_task_identity",
     "check_task_lease",
     "check_token_interceptor",
+    "drop_unanswerable",
     "fleet_ownership",
     "flower_version",
     "orderly_shutdown",
