@@ -743,14 +743,9 @@ def answer_dropped(state: Any, lease_s: float, now: Callable[[], float]) -> list
 
     from fedsys_launch.runtime_auth import unanswered
 
-    with state.lock_msg_store:
-        entries = list(state.msg_store.values())
-    replied = {e.message.metadata.reply_to_message_id for e in entries}
     said = []
-    for entry in entries:
+    for entry in _awaiting_reply(state):
         meta = entry.message.metadata
-        if meta.reply_to_message_id or meta.message_id in replied:
-            continue
         tasks = state.get_tasks(run_ids=[meta.run_id],
                                 statuses=[Status.PENDING, Status.STARTING, Status.RUNNING])
         why = unanswered(len(tasks), meta.created_at, meta.ttl, now(), lease_s)
@@ -813,14 +808,9 @@ def drop_unanswerable(state: Any, object_store: Any) -> list[str]:
     """
     from flwr.common.constant import Status, SubStatus
 
-    with state.lock_msg_store:
-        entries = list(state.msg_store.values())
-    replied = {e.message.metadata.reply_to_message_id for e in entries}
     dropped = []
-    for entry in entries:
+    for entry in _awaiting_reply(state):
         meta = entry.message.metadata
-        if meta.reply_to_message_id or meta.message_id in replied:
-            continue
         for task in state.get_tasks(run_ids=[meta.run_id],
                                     statuses=[Status.PENDING, Status.STARTING, Status.RUNNING]):
             state.finish_task(task.task_id, SubStatus.STOPPED, "fedsys: message dropped")
@@ -844,6 +834,15 @@ def _given_back(state: Any, claimed: set[int]) -> set[int]:
                          "check in within the start window: given back to the SuperExec",
                          task.task_id, task.run_id)
     return {t.task_id for t in tasks if t.status.status == Status.STARTING}
+
+
+def _awaiting_reply(state: Any) -> list[Any]:
+    """The entries of a SuperNode's store that are messages to it with no reply stored."""
+    with state.lock_msg_store:
+        entries = list(state.msg_store.values())
+    replied = {e.message.metadata.reply_to_message_id for e in entries}
+    return [e for e in entries if not e.message.metadata.reply_to_message_id
+            and e.message.metadata.message_id not in replied]
 
 
 def _has_reply(state: Any) -> bool:
