@@ -154,7 +154,6 @@ def started(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[LocalDeploy
     return ups
 
 
-@pytest.mark.skipif(not shutil.which("openssl"), reason="needs openssl")
 def test_up_with_no_flags_is_secure_and_outside_the_default_roots(
         started: list[LocalDeployment], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:

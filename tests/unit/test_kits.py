@@ -24,9 +24,6 @@ from cryptography import x509
 from fedsys_launch import cli, kits
 from fedsys_launch.deploy import CONNECTION, LocalDeployment
 
-pytestmark = pytest.mark.skipif(not (shutil.which("openssl") and shutil.which("ssh-keygen")),
-                                reason="needs openssl and ssh-keygen")
-
 KIT_FILES = {"ca.crt", "site.env", "site.json", "hospital-a.pub", "start.sh", "README"}
 
 
