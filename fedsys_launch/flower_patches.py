@@ -1004,6 +1004,9 @@ def bound_node_signatures(environ: Mapping[str, str] = os.environ) -> bool:
     """In the SuperLink: check a bound node signature (path, time, nonce, body; each
     nonce once) where the request carries one, else Flower's timestamp signature unless
     ``FEDSYS_NODE_SIGNATURES=bound``; whether it went in."""
+    if environ.get(SIGNATURES_ENV, "") not in ("", "bound"):
+        raise SystemExit(f"{SIGNATURES_ENV}={environ[SIGNATURES_ENV]!r}: give 'bound' (refuse "
+                         "Flower's timestamp-only signatures) or leave it unset")
     if not _usable("bound-node-signatures", check_node_signatures(), environ):
         return False
     import datetime

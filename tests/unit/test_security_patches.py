@@ -661,3 +661,12 @@ def test_a_task_lease_that_does_not_fit_keeps_flowers_wait(
     assert sci._push_messages is other
     said = _warnings(caplog, "task-lease")
     assert len(said) == 1 and "_push_messages takes" in said[0]
+
+
+def test_a_node_signatures_setting_other_than_bound_stops_the_superlink() -> None:
+    """A typo in ``FEDSYS_NODE_SIGNATURES`` must not quietly keep the weaker check."""
+    before = node_auth.authenticate_node
+    for value in ("strict", "Bound", "1"):
+        with pytest.raises(SystemExit, match=f"FEDSYS_NODE_SIGNATURES='{value}': give 'bound'"):
+            flower_patches.bound_node_signatures({"FEDSYS_NODE_SIGNATURES": value})
+    assert node_auth.authenticate_node is before  # nothing patched
