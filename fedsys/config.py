@@ -192,11 +192,18 @@ class CoreOptions:
         'norm above this many times the median of the round\'s other updates (three replies '
         'or more), else of the updates accepted before (a chain\'s earlier hops), is refused '
         'with the numbers (0: no such bound).', bounds='>= 0')
+    max_weight_ratio: float = option(
+        15.0, 'A train reply claiming more num-examples than this many times the median of '
+        'the round\'s other claims is counted as that many times the median, and logged (from '
+        'two replies on; 0: no such bound).  15: a site with 10 times the data of the others '
+        'keeps its weight, as under Flower\'s FedAvg; attack.count-factor 20 is cut.',
+        bounds='>= 0')
     max_weight_share: float = option(
-        0.5, 'No reply\'s claimed num-examples may give it more than this share of an '
+        0.0, 'No reply\'s claimed num-examples may give it more than this share of an '
         'example-weighted mean, from two replies on: the largest claims are cut to one level '
         'at which each has this share after every cut, and logged (below 1/n for n replies: '
-        'equal weights; 0 or 1: no cap).', bounds='[0, 1]')
+        'equal weights; 0 or 1: no cap, the default: it binds on an honest site that holds '
+        'more data than the others together; 0.5 before issue 77).', bounds='[0, 1]')
     fraction_evaluate: float = option(
         0.0, 'Fraction of nodes asked for federated evaluation each round.', bounds='[0, 1]')
     eval_batch_size: int = option(

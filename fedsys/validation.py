@@ -1,7 +1,8 @@
 """What the reply pipeline (:mod:`strategies.replies`) judges replies into and the
 arithmetic of its bounds: a train reply becomes a :class:`ClientUpdate` or a
 :class:`Rejection` that names the node, its client and the reason; a round's claimed
-weights are bounded (:func:`weight_refusals`, :func:`capped_claims`), its update norms
+weights are bounded (:func:`weight_refusals`, :func:`ratio_capped_claims`,
+:func:`capped_claims`), its update norms
 (:func:`norm_refusals`, with the history of :func:`history_norms`) and its silent nodes
 named (:func:`missing_nodes`).  Pure functions with golden tests
 (``tests/unit/test_update_bounds.py``).
@@ -167,6 +168,26 @@ def others_medians(values: Mapping[int, float]) -> dict[int, float]:
     return out
 
 
+def ratio_capped_claims(claims: Mapping[int, float], max_ratio: float) -> dict[int, float]:
+    """Claimed weights far above the round's others, cut: ``{node: its weight after the
+    cut}``, each claim above ``max_ratio`` times the median of the round's *other* claims
+    counted as that many times it (leave-one-out, so one huge claim cannot move its own
+    yardstick, as :func:`weight_refusals`; from two claims on; 0: no such bound).
+
+    The bound binds on outliers only: a site that simply holds more data than the others
+    (50 beside 5 and 5 is 10 times the median of the others) keeps its claim, and an
+    honest round is weighted as Flower weights it.  A claim above the bound keeps a say
+    (it is counted, not refused) but buys at most ``max_ratio`` times the median: of a
+    round of ``n`` replies, at most ``max_ratio / (max_ratio + n - 1)`` of a weighted
+    mean when the others claim alike.
+    """
+    if max_ratio <= 0 or len(claims) < 2:
+        return {}
+    meds = others_medians(claims)
+    return {node: max_ratio * meds[node] for node, n in claims.items()
+            if meds[node] > 0 and n > max_ratio * meds[node]}
+
+
 def share_cap_level(claims: Sequence[float], max_share: float) -> float:
     r"""The level :math:`t` to cut claims to so that none is more than ``max_share`` of
     their sum: water-filling, every claim above :math:`t` counted as :math:`t`
@@ -221,4 +242,5 @@ def missing_nodes(sent: Mapping[str, Message], replies: Iterable[Message]) -> li
 
 
 __all__ = ["ClientUpdate", "Rejection", "capped_claims", "history_norms", "lacks", "missing_nodes",
-           "norm_refusals", "others_medians", "share_cap_level", "weight_refusals"]
+           "norm_refusals", "others_medians", "ratio_capped_claims", "share_cap_level",
+           "weight_refusals"]

@@ -33,9 +33,9 @@ wrapper after it that screens or replaces the mean, and the ``estimators`` (raw 
 models' distances and losses each round).
 
 Under DP the reply bounds that compare one client with another (``max-update-ratio``, the
-median rule of ``max-examples-ratio``, ``max-weight-share``) are off, with the reason
-logged: clipping bounds every update, and no client's update may decide another's
-inclusion; a reply without the model it was sent is refused (fails closed).
+median rules of ``max-examples-ratio`` and ``max-weight-ratio``, ``max-weight-share``) are
+off, with the reason logged: clipping bounds every update, and no client's update may decide
+another's inclusion; a reply without the model it was sent is refused (fails closed).
 
 The noise and the round's sample of clients are drawn from the operating system's
 entropy: the run's seed, in its config, checkpoints and results pages, cannot regenerate
@@ -314,9 +314,9 @@ class DP(StrategyWrapper):
                 "entropy: resumed, branched or deployed, the run draws them afresh (not "
                 "bit-identical); dp.reproducible-noise=true repeats them, voiding the epsilon "
                 "against whoever has read the seed")
-        log(INFO, "[dp] max-update-ratio, the median rule of max-examples-ratio and "
-            "max-weight-share are off: clipping to C bounds every update, and no client's "
-            "update may decide another's inclusion")
+        log(INFO, "[dp] max-update-ratio, the median rules of max-examples-ratio and "
+            "max-weight-ratio, and max-weight-share are off: clipping to C bounds every update, "
+            "and no client's update may decide another's inclusion")
         log(INFO, "[dp] released outside epsilon (round records, log): %s", ", ".join(dp.OUTSIDE_EPSILON))
         if not self.sample and self.method not in (*CHAINS, *PARALLEL):
             log(WARNING, "[dp] no fixed clients-per-round: the accounting assumes no sampling "

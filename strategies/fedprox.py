@@ -20,9 +20,11 @@ if TYPE_CHECKING:
 
 #: the key fedsys's proximal trainer reads mu under (:mod:`clients.fedprox`)
 FEDPROX_MU = "fedprox.mu"
-#: mu when neither the keyword nor the caller's config gives one: the ``fedprox.mu``
-#: default of fedsys's trainer (a unit test keeps the two equal)
-DEFAULT_MU = 0.01
+#: mu when neither the keyword nor the caller's config gives one: Flower's ``FedProx``
+#: default (``proximal_mu=0.0``, FedAvg's local objective; a unit test keeps the two equal).
+#: A fedsys run config always gives one, ``fedprox.mu`` (default 0.01, fedsys's trainer's);
+#: this default was that 0.01 until issue 77
+DEFAULT_MU = 0.0
 
 
 class FedProxStrategy(FedAvgStrategy):
@@ -34,7 +36,7 @@ class FedProxStrategy(FedAvgStrategy):
     written from Flower's FedProx documentation reads), and under ``fedprox.mu`` for
     fedsys's ``fedprox`` trainer (:mod:`clients.fedprox`).  A caller's ``train_config``
     may give ``fedprox.mu`` instead (fedsys's way); both, disagreeing, is an error.
-    Neither: :data:`DEFAULT_MU`.  Server aggregation is FedAvg's weighted mean.
+    Neither: :data:`DEFAULT_MU`, Flower's 0.0.  Server aggregation is FedAvg's weighted mean.
     """
 
     name = "fedprox"

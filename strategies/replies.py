@@ -17,8 +17,10 @@ one walk, in the order a reply is judged, its refusals one list (:func:`judge`).
 4. **bounds** (:func:`bound`): the round's usable replies against each other and the
    run's earlier ones: a claimed weight beyond its partition's declared size or far above
    the others' (:func:`fedsys.validation.weight_refusals`), an update norm far above the
-   others' (:func:`fedsys.validation.norm_refusals`), a claim that would take more than
-   ``max_weight_share`` of a weighted mean, cut (:func:`fedsys.validation.capped_claims`).
+   others' (:func:`fedsys.validation.norm_refusals`), a claim above ``max_weight_ratio``
+   times the median of the others', cut to that (:func:`fedsys.validation.ratio_capped_claims`),
+   then, where ``max_weight_share`` is set, a claim that would take more than that share of a
+   weighted mean, cut (:func:`fedsys.validation.capped_claims`).
    Under differential privacy none (no client's update decides another's inclusion).
 5. **wrappers**: the strategy's :meth:`strategies.wrapper.WrapperChain.screen` (DP clips
    every update and refuses one trained from another model).
@@ -67,9 +69,11 @@ class ReplyPolicy:
     it), ``tell`` logs once per key, ``arrays_key`` is Flower's ``arrayrecord_key``.
     ``private``: under differential privacy (set by the DP wrapper, :mod:`strategies.dp`) no
     bound compares one client's reply with another's, so that no client's update decides
-    another's inclusion (``max-update-ratio``, the median rule of ``max-examples-ratio`` and
-    ``max-weight-share`` are off; clipping bounds every update and every update counts 1),
-    and no update norm joins the history."""
+    another's inclusion (``max-update-ratio``, the median rule of ``max-examples-ratio``,
+    ``max-weight-ratio`` and ``max-weight-share`` are off; clipping bounds every update and
+    every update counts 1), and no update norm joins the history.  ``max_weight_ratio``:
+    a claim above that many times the median of the round's other claims counts as that
+    (0: no such bound)."""
 
     method: str
     weighted_by_key: str
@@ -81,6 +85,7 @@ class ReplyPolicy:
     tell: Tell
     arrays_key: str = proto.ARRAYS
     private: bool = False
+    max_weight_ratio: float = 0.0
 
     def read_keys(self) -> set[str]:
         """The reply metrics the strategy reads: a reply whose value for one of them is not
@@ -148,6 +153,8 @@ class Verdict:
     norms: list[float] = field(default_factory=list)
     #: node -> (its claimed weight, the weight it counts as), for the claims cut
     cut: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: node -> why its claim was cut (the bound and its numbers), for the claims cut
+    cut_why: dict[int, str] = field(default_factory=dict)
     #: how many updates the share cap weighed (the bounds step's usable ones)
     capped_over: int = 0
 
@@ -315,11 +322,30 @@ def bound(updates: list[ClientUpdate], rnd: RoundView, policy: ReplyPolicy) -> V
     ok = [u for u in ok if u.node_id not in far]
     keep = validation.history_norms(  # only measured norms (issue 65 E)
         norms, {u.node_id for u in ok}, rnd.earlier, policy.max_update_ratio)
-    cut = validation.capped_claims({u.node_id: float(u.num_examples) for u in ok},
-                                   policy.max_weight_share)
-    cuts = {u.node_id: (u.num_examples, math.floor(cut[u.node_id])) for u in ok if u.node_id in cut}
+    cuts, why = capped_weights({u.node_id: u.num_examples for u in ok}, policy)
     ok = [replace(u, num_examples=cuts[u.node_id][1]) if u.node_id in cuts else u for u in ok]
-    return Verdict(ok, refused, norms=keep, cut=cuts)
+    return Verdict(ok, refused, norms=keep, cut=cuts, cut_why=why)
+
+
+def capped_weights(claims: Mapping[int, int], policy: ReplyPolicy
+                   ) -> tuple[dict[int, tuple[int, int]], dict[int, str]]:
+    """The claims cut by the weight bounds: ``{node: (claimed, counted)}`` and ``{node:
+    why}``.  First a claim above ``max_weight_ratio`` times the median of the round's other
+    claims counts as that (:func:`fedsys.validation.ratio_capped_claims`), then, where
+    ``max_weight_share`` is set, the claims that would still give a reply more than that
+    share of the mean are cut to one level (:func:`fedsys.validation.capped_claims`)."""
+    r = policy.max_weight_ratio
+    levels = validation.ratio_capped_claims({k: float(n) for k, n in claims.items()}, r)
+    after = {k: max(1, math.floor(levels[k])) if k in levels else n for k, n in claims.items()}
+    by_share = validation.capped_claims({k: float(n) for k, n in after.items()},
+                                        policy.max_weight_share)
+    counted = {**after, **{k: math.floor(v) for k, v in by_share.items()}}
+    cuts = {k: (n, counted[k]) for k, n in claims.items() if counted[k] != n}
+    why = {k: (f"more than max-weight-share {policy.max_weight_share:g} of the round's "
+               f"weighted mean" if k in by_share else
+               f"more than max-weight-ratio {r:g} times the median {levels[k] / r:g} of the "
+               f"round's other claims") for k in cuts}
+    return cuts, why
 
 
 # ------------------------------------------------------------------ the walk
@@ -348,7 +374,8 @@ def judge(replies: Iterable[Message], rnd: RoundView, policy: ReplyPolicy,
     refused += [Rejection(node, rnd.expected.get(node, -1), "no reply before round-timeout")
                 for node in validation.missing_nodes(rnd.sent, replies)]
     learnt = {n: p for n, p in reported.items() if n not in rnd.reported}
-    return Verdict(ok, refused, replies, rnd.sent, learnt, b.norms, b.cut, len(b.updates))
+    return Verdict(ok, refused, replies, rnd.sent, learnt, b.norms, b.cut, b.cut_why,
+                   len(b.updates))
 
 
 def tell(verdict: Verdict, policy: ReplyPolicy, label: str) -> None:
@@ -368,15 +395,17 @@ def tell(verdict: Verdict, policy: ReplyPolicy, label: str) -> None:
         policy.tell(f"needs-{w}", ERROR, "[%s] train replies lack the metric '%s' that updates "
                     "are weighted by (keyword weighted_by_key=%r names it); replies without it "
                     "are refused", label, w, w)
-    if verdict.cut and policy.max_weight_share * (n := verdict.capped_over) < 1:
+    share = policy.max_weight_share
+    if (any(why.startswith("more than max-weight-share") for why in verdict.cut_why.values())
+            and 0 < share < 1 and share * (n := verdict.capped_over) < 1):
         policy.tell("share-below-1/n", WARNING, "[%s] max-weight-share %g is below 1/%d: no "
                     "weighting of a round of %d replies holds it; such a round counts every "
                     "reply as its smallest claim (equal weights, the closest there is)", label,
                     policy.max_weight_share, n, n)
     for u in (u for u in verdict.updates if u.node_id in verdict.cut):
-        log(WARNING, "[%s] client %d (node %d) claims num-examples %d, more than max-weight-share"
-            " %g of the round's weighted mean: counted as %d", label, u.partition_id, u.node_id,
-            verdict.cut[u.node_id][0], policy.max_weight_share, verdict.cut[u.node_id][1])
+        log(WARNING, "[%s] client %d (node %d) claims num-examples %d, %s: counted as %d", label,
+            u.partition_id, u.node_id, verdict.cut[u.node_id][0], verdict.cut_why[u.node_id],
+            verdict.cut[u.node_id][1])
     for rj in verdict.refused:
         log(WARNING, "[%s] rejected reply of client %d (node %d): %s", label, rj.partition_id,
             rj.node_id, rj.reason)
@@ -396,5 +425,5 @@ def why_refused(rejections: Iterable[Rejection]) -> str:
 
 
 __all__ = ["EARLIER", "Decoded", "ReplyPolicy", "RoundView", "Screen", "Tell", "Verdict",
-           "bound", "check_values", "decode", "identify", "judge", "judge_reply", "reference_of",
+           "bound", "capped_weights", "check_values", "decode", "identify", "judge", "judge_reply", "reference_of",
            "screen_reply", "tell", "why_refused"]

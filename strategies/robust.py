@@ -72,15 +72,17 @@ class RobustOptions:
     rule: str = option("median", "robust: the rule in place of the mean: median "
                        "(coordinate-wise), trimmed-mean, or multi-krum.",
                        choices=("median", "trimmed-mean", "multi-krum"))
-    trim: float = option(0.1, "robust: the trimmed mean's beta, the fraction of the values "
+    trim: float = option(0.2, "robust: the trimmed mean's beta, the fraction of the values "
                          "dropped at each end of every coordinate (floor(beta x n) of n: one that "
-                         "drops none is refused at start, or replaced by the median that round).",
-                         bounds="[0, 0.5)")
-    krum_f: int = option(1, "robust: multi-Krum's f, the attackers it is built to withstand "
+                         "drops none is refused at start, or replaced by the median that round; "
+                         "0.2: Flower's FedTrimmedAvg, 0.1 before issue 77).", bounds="[0, 0.5)")
+    krum_f: int = option(0, "robust: multi-Krum's f, the attackers it is built to withstand "
                          "(it needs more than 2f + 2 models: fewer are refused at start, or the "
-                         "median stands in that round).", bounds=">= 0")
-    krum_keep: int = option(0, "robust: multi-Krum's m, the models averaged (0: n - f; 1: "
-                            "Krum; at most n - f).", bounds=">= 0")
+                         "median stands in that round; 0: Flower's Krum and MultiKrum, 1 before "
+                         "issue 77).", bounds=">= 0")
+    krum_keep: int = option(1, "robust: multi-Krum's m, the models averaged (0: n - f; 1: "
+                            "Krum, Flower's MultiKrum default, n - f before issue 77; at most "
+                            "n - f).", bounds=">= 0")
 
 
 def most_models(strategy: Wrapped) -> int | None:

@@ -66,11 +66,20 @@ class RoundSettings:
         above this many times the median of the round's other updates (three replies or
         more), else of the last updates accepted before (a chain's earlier hops), is
         refused with the numbers (:func:`fedsys.validation.norm_refusals`; 0: no bound).
-    max_weight_share : float, default 0.5
+    max_weight_ratio : float, default 15.0
+        From two replies on, a reply claiming more ``num-examples`` than this many times
+        the median of the round's other claims is counted as that many times the median,
+        and logged (:func:`fedsys.validation.ratio_capped_claims`; 0: no such bound).  It
+        binds on outliers only: a site with 10 times the data of the others (50 beside 5
+        and 5) keeps its weight, so an honest round is weighted as Flower's ``FedAvg``
+        weights it; a claim inflated 20 times (``attack.count-factor``) is cut.
+    max_weight_share : float, default 0.0
         From two replies on, the claimed ``num-examples`` that would give a reply more
         than this share of an example-weighted mean are cut to one level at which each
         has this share after every cut (water-filling; below ``1/n`` for n replies, equal
-        weights) and logged (:func:`fedsys.validation.capped_claims`; 0 or 1: no cap).
+        weights) and logged (:func:`fedsys.validation.capped_claims`; 0 or 1: no cap, the
+        default since issue 77: a share cap binds on an honest site that simply holds more
+        data than the others together, 30 beside 10; it was 0.5).
     transport_retries : int, default 1
         Times a round sends its instruction again to a node whose reply was lost on
         the way (an error reply with Flower's code 3, 4 or 5), within the round.
@@ -118,7 +127,8 @@ class RoundSettings:
     num_partitions: int | None = None
     max_examples_ratio: float = 100.0
     max_update_ratio: float = 20.0
-    max_weight_share: float = 0.5
+    max_weight_ratio: float = 15.0
+    max_weight_share: float = 0.0
     transport_retries: int = 1
     query_partitions: bool = False
     train_loss_key: str = proto.FLOWER_TRAIN_LOSS
@@ -176,7 +186,8 @@ class RoundSettings:
         return ReplyPolicy(method, self.weighted_by_key, self.train_loss_key,
                            self.max_examples_ratio, self.max_update_ratio, self.max_weight_share,
                            {keys[kw]: (kw, why) for kw, why in required.items()}, tell,
-                           arrays_key=self.arrayrecord_key)
+                           arrays_key=self.arrayrecord_key,
+                           max_weight_ratio=self.max_weight_ratio)
 
 
 def _as(name: str, kind: Callable[[Any], Any], value: Any) -> Any:
@@ -249,6 +260,7 @@ def config_settings(cfg: RunConfig) -> dict[str, Any]:
         "num_partitions": cfg.num_clients,
         "max_examples_ratio": cfg.max_examples_ratio,
         "max_update_ratio": cfg.max_update_ratio,
+        "max_weight_ratio": cfg.max_weight_ratio,
         "max_weight_share": cfg.max_weight_share,
         "transport_retries": cfg.transport_retries,
         "query_partitions": cfg.query_partitions,

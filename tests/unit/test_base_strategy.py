@@ -382,10 +382,9 @@ def test_a_reply_claiming_a_huge_num_examples_cannot_take_over_fedavg(reply_grid
     assert metrics is not None and metrics["clients-ok"] == 2 and metrics["clients-rejected"] == 1
     got = protocol.from_record(arrays)
     others = [NODES[m.metadata.dst_node_id] for m in msgs[1:]]
-    # two replies left: max-weight-share 0.5 counts the larger claim as the smaller (issue
-    # 65 E: a round of two is capped too; before, they were weighted 10 (p + 1))
-    low = min(10 * (p + 1) for p in others)
-    want = mean([model(p) for p in others], [low, low])
+    # two replies left, weighted 10 (p + 1) as Flower weighs them (issue 77; from issue 65 E
+    # to 77 a share cap of 0.5 counted the larger claim as the smaller)
+    want = mean([model(p) for p in others], [10 * (p + 1) for p in others])
     assert np.array_equal(got["w"], want["w"])
     assert metrics["train-loss"] == 0.5          # the round's loss uses the same weights
     assert "1e+12" in caplog.text and "median" in caplog.text
@@ -754,13 +753,17 @@ def test_fedprox_sends_mu_as_flowers_fedprox_does_and_fedadam_takes_flowers_name
     """A client written from Flower's FedProx documentation reads
     ``msg.content["config"]["proximal-mu"]``: fedsys's FedProx sends it (and ``fedprox.mu``
     for its own trainer), from Flower's keyword ``proximal_mu``, else from the caller's
-    ``fedprox.mu``, else the trainer's default; FedAdam/FedYogi take Flower's names."""
-    from clients.fedprox import FedProxOptions
+    ``fedprox.mu``, else Flower's FedProx default (0.0; a fedsys run config always gives
+    its ``fedprox.mu``, default 0.01); FedAdam/FedYogi take Flower's names."""
+    import inspect
+
+    from flwr.serverapp.strategy import FedProx
+
     from fedsys.options import ConfigError
     from strategies import REGISTRY
     from strategies.fedprox import DEFAULT_MU, FedProxStrategy
 
-    assert DEFAULT_MU == FedProxOptions().mu
+    assert DEFAULT_MU == inspect.signature(FedProx).parameters["proximal_mu"].default == 0.0
 
     def mus(s: FedProxStrategy, given: dict[str, Any]) -> set[tuple[float, float]]:
         sent: list[Message] = []

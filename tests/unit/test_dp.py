@@ -394,8 +394,8 @@ def test_dp_states_what_it_releases_outside_epsilon(caplog) -> None:
     with caplog.at_level(logging.INFO):
         make_strategy(cfg()).summary()
     assert "released outside epsilon" in caplog.text and "clients-rejected" in caplog.text
-    assert "max-update-ratio, the median rule of max-examples-ratio and max-weight-share are off" \
-        in caplog.text
+    assert ("max-update-ratio, the median rules of max-examples-ratio and max-weight-ratio, and "
+            "max-weight-share are off") in caplog.text
 
 
 # ---------------------------------------------------------------------- compositions

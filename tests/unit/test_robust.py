@@ -61,8 +61,12 @@ def test_krum_scores_and_multi_krum_golden() -> None:
 
 
 def cfg(**kw: object):
+    """The reply bounds off (the rules alone), and the rules' defaults before issue 77
+    (f = 1, the n - f best averaged, beta 0.1), which these cases were written for; Flower's
+    defaults are tests/unit/test_flower_conformance.py's."""
     base = {"dataset": "synthetic", "model": "mlp", "num-clients": 6, "clients-per-round": 4,
-            "num-server-rounds": 10, "seed": 5, "max-update-ratio": 0, "max-weight-share": 0}
+            "num-server-rounds": 10, "seed": 5, "max-update-ratio": 0, "max-weight-share": 0,
+            "max-weight-ratio": 0, "robust.krum-f": 1, "robust.krum-keep": 0, "robust.trim": 0.1}
     return build({**base, **kw})
 
 
@@ -160,7 +164,7 @@ def test_multi_krum_over_n_at_most_2f_plus_2_stands_in_the_median_with_a_warning
      r"robust on fedcross: robust.trim=0.1 trims floor\(0.1 x 4\) = 0"),
 ])
 def test_a_rule_that_cannot_hold_in_any_round_is_refused_at_start(keys, why) -> None:
-    """Item C: the default trim 0.1 trims nothing below 10 models; a krum-keep above n was
+    """Item C: a trim of 0.1 trims nothing below 10 models; a krum-keep above n was
     clamped to n (the plain mean).  Where clients-per-round makes it certain, the run is
     refused before it starts (it started before)."""
     with pytest.raises(ConfigError, match=why):

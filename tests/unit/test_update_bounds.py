@@ -13,7 +13,13 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedsys import protocol
 from fedsys.params import distance, mean
-from fedsys.validation import capped_claims, history_norms, norm_refusals, share_cap_level
+from fedsys.validation import (
+    capped_claims,
+    history_norms,
+    norm_refusals,
+    ratio_capped_claims,
+    share_cap_level,
+)
 from strategies.fedavg import FedAvgStrategy
 from tests.unit.test_base_strategy import NODES, cfg, configured, model, reply
 
@@ -158,15 +164,17 @@ def test_a_model_times_100_is_refused_with_the_numbers_and_the_round_goes_on(rep
     assert metrics is not None and metrics["clients-ok"] == 2 and metrics["clients-rejected"] == 1
     assert "update norm" in caplog.text and "max-update-ratio 20" in caplog.text
     pids = [NODES[m.metadata.dst_node_id] for m in msgs[1:]]
-    # the two replies left claim 10 (p + 1) each: at max-weight-share 0.5 the larger is
-    # counted as the smaller (issue 65 E: a round of two is capped too; before, 20:30 here)
-    low = min(10 * (p + 1) for p in pids)
-    want = mean([model(1.0 + 0.1 * i) for i in (1, 2)], [low, low])
+    # the two replies left claim 10 (p + 1) each and are weighted so, as Flower weighs them
+    # (issue 77; from issue 65 E to 77 a share cap of 0.5 counted the larger as the smaller)
+    want = mean([model(1.0 + 0.1 * i) for i in (1, 2)], [10 * (p + 1) for p in pids])
     got = protocol.from_record(arrays)
     assert all(np.array_equal(got[k], want[k]) for k in want)
 
 
-def test_an_untrained_model_claiming_20x_gets_at_most_half_of_fedavgs_mean(reply_grid, caplog):
+def test_an_untrained_model_claiming_20x_is_counted_as_15x_the_median(reply_grid, caplog):
+    """Issue 77: ``max-weight-ratio`` 15 cuts the claim to 15 times the median of the
+    others' (1500 of 1700); ``max-weight-share`` 0.5, the default from issue 42 to 77,
+    still cuts it to half of the mean where set."""
     s = FedAvgStrategy.from_config(cfg())
     msgs = configured(s, reply_grid(NODES))
     honest = [hostile(m, model(1.1), 100) for m in msgs[1:]]
@@ -174,12 +182,37 @@ def test_an_untrained_model_claiming_20x_gets_at_most_half_of_fedavgs_mean(reply
     arrays, metrics = s.aggregate_train(1, [*honest, fresh])
     assert metrics is not None and metrics["clients-ok"] == 3 and metrics["clients-rejected"] == 0
     got = protocol.from_record(arrays)
+    want = mean([model(0.9), model(1.1), model(1.1)], [1500, 100, 100])
+    assert all(np.array_equal(got[k], want[k]) for k in want)
+    assert ("claims num-examples 2000, more than max-weight-ratio 15 times the median 100 of "
+            "the round's other claims: counted as 1500") in caplog.text
+    before = mean([model(0.9), model(1.1), model(1.1)], [2000, 100, 100])
+    assert abs(float(before["w"][0, 0]) - 0.9) < 0.02    # without a bound: ~91 % its model
+    caplog.clear()
+    capped = FedAvgStrategy.from_config(cfg(**{"max-weight-share": 0.5, "max-weight-ratio": 0}))
+    msgs = configured(capped, reply_grid(NODES))
+    arrays, _ = capped.aggregate_train(1, [*[hostile(m, model(1.1), 100) for m in msgs[1:]],
+                                           hostile(msgs[0], model(0.9), 2000)])
+    got = protocol.from_record(arrays)
     # counted as 200 (the others' sum): exactly half of the mean
     want = mean([model(0.9), model(1.1), model(1.1)], [200, 100, 100])
     assert all(np.array_equal(got[k], want[k]) for k in want)
-    assert "claims num-examples 2000" in caplog.text and "counted as 200" in caplog.text
-    before = mean([model(0.9), model(1.1), model(1.1)], [2000, 100, 100])
-    assert abs(float(before["w"][0, 0]) - 0.9) < 0.02    # without the cap: ~91 % its model
+    assert "more than max-weight-share 0.5 of the round's weighted mean: counted as 200" in caplog.text
+
+
+def test_ratio_capped_claims_golden() -> None:
+    """Issue 77: each claim against the median of the round's others, leave-one-out."""
+    assert ratio_capped_claims({1: 2000.0, 2: 100.0, 3: 100.0}, 15) == {1: 1500.0}
+    assert ratio_capped_claims({1: 50.0, 2: 5.0, 3: 5.0}, 15) == {}     # 10 x: a large site
+    assert ratio_capped_claims({1: 30.0, 2: 10.0}, 15) == {}
+    assert ratio_capped_claims({1: 400.0, 2: 10.0}, 15) == {1: 150.0}   # two: the other's
+    # two large among four: each against the median of its others (10, 10 and the other)
+    assert ratio_capped_claims({1: 151.0, 2: 10.0, 3: 10.0, 4: 200.0}, 15) == {1: 150.0, 4: 150.0}
+    assert ratio_capped_claims({1: 150.0, 2: 10.0, 3: 10.0}, 15) == {}   # at the bound: kept
+    assert ratio_capped_claims({1: 2000.0, 2: 100.0, 3: 100.0}, 0) == {}  # off
+    assert ratio_capped_claims({1: 2000.0}, 15) == {}                     # one reply: no median
+    # two liars among three cannot be told from the honest one: the median is theirs
+    assert ratio_capped_claims({1: 2000.0, 2: 2000.0, 3: 100.0}, 15) == {}
 
 
 def test_one_reply_a_round_is_bounded_by_the_updates_before_and_the_history_resumes(reply_grid):
@@ -211,6 +244,8 @@ def test_the_bounds_are_config_keys_with_their_bounds(reply_grid):
     from fedsys.config import ConfigError
     with pytest.raises(ConfigError, match="max-weight-share"):
         cfg(**{"max-weight-share": 1.5})
+    with pytest.raises(ConfigError, match="max-weight-ratio"):
+        cfg(**{"max-weight-ratio": -1})
 
 
 ROUND_BASED = ["fedavg", "fedprox", "fedadam", "fedavgm", "fedyogi", "fedcda", "fedcross", "ima", "robust",
@@ -221,8 +256,8 @@ ROUND_BASED = ["fedavg", "fedprox", "fedadam", "fedavgm", "fedyogi", "fedcda", "
 @pytest.mark.parametrize("attack", ["scaled", "sign-flipped", "inflated-count"])
 def test_the_finite_attacks_under_every_round_based_strategy(strategy, attack, reply_grid, caplog):
     """The fuzz suite's finite attacks (issue 42 item 5) through each strategy's reply path:
-    a model x 100 is refused, an untrained model claiming 20 x its samples is cut to half of
-    a weighted mean, a sign-flipped update (as long as an honest one) is taken and its round
+    a model x 100 is refused, an untrained model claiming 20 x its samples is cut to 15 times
+    the median of the others' (``max-weight-ratio``), a sign-flipped update (as long as an honest one) is taken and its round
     stays finite.  The chains' hops: ``test_one_reply_a_round_is_bounded_...`` above and
     ``tests/integration/test_fuzz.py``."""
     from fedsys_launch.registry import make_strategy
@@ -260,7 +295,8 @@ def test_the_finite_attacks_under_every_round_based_strategy(strategy, attack, r
     else:
         assert metrics["clients-ok"] == 3 and metrics["clients-rejected"] == 0, strategy
     if attack == "inflated-count" and strategy != "dp":   # DP counts every update 1 anyway
-        assert "claims num-examples 200" in caplog.text and "counted as 20" in caplog.text
+        assert "claims num-examples 200, more than max-weight-ratio 15" in caplog.text
+        assert "counted as 150" in caplog.text
 
 
 def test_others_medians_are_the_direct_medians_of_the_others() -> None:
