@@ -62,3 +62,25 @@ def test_compose_stack_runs_fedavg_over_tls_with_node_auth() -> None:
     assert proc.returncode == 0, out[-4000:]
     assert "PROOF OK" in out and "SuperLink served HTTPS" in out, out[-4000:]
     assert "nothing of fedsys-proof is running" in out, out[-4000:]
+
+
+def test_role_compose_files_run_a_server_kit_and_two_sites() -> None:
+    """``scripts/docker_kits_proof.sh``: the server role from ``deploy/server.compose.yml``
+    and two sites from ``deploy/site.compose.yml``, each with its kit's env file and on a
+    bridge of its own that reaches only the server's published port; both sites
+    registered with the ``sites`` tool, a two-round run with both, everything removed."""
+    ci = _ci_engine()
+    if ci.startswith("no-engine") or not _docker_engine():
+        pytest.skip(f"no Docker engine on this machine{' (' + ci + ')' if ci else ''}")
+    leak = os.pathsep.join([sysconfig.get_paths()["purelib"], "/usr/lib/python3/dist-packages"])
+    env = {**os.environ, "PYTHONPATH": leak, "PYTHONHOME": sys.base_prefix}
+    cli = Path(sys.executable).parent / "fedsys"
+    if cli.exists():
+        env["FEDSYS_CLI"] = str(cli)
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "docker_kits_proof.sh")], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=3600, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "PROOF OK" in out and "both sites in every round" in out, out[-4000:]
+    assert "reaches the server's published port and nothing else" in out, out[-4000:]
+    assert "nothing of fedsys-kits is running" in out, out[-4000:]
