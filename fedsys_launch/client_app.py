@@ -125,11 +125,14 @@ def _node(context: Context) -> tuple[RunConfig, Dataset, int, int, torch.Tensor,
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     pid = _partition_id(context)
-    nparts = int(nc.get(proto.NUM_PARTITIONS, cfg.num_clients))
-    if not 0 <= pid < nparts:
+    # a site with its own data (a data-dir, no num-partitions) trains on all of it; its
+    # partition-id is then only its identity (seeds, the server's sampling)
+    own = node_dir is not None and proto.NUM_PARTITIONS not in nc
+    nparts = 1 if own else int(nc.get(proto.NUM_PARTITIONS, cfg.num_clients))
+    if not own and not 0 <= pid < nparts:
         raise ValueError(f"{proto.PARTITION_ID} {pid} outside 0..{nparts - 1}")
     ds = dataset(cfg)
-    x, y = client_data(cfg, pid, nparts)
+    x, y = client_data(cfg, 0 if own else pid, nparts)
     return cfg, ds, pid, nparts, x, y
 
 

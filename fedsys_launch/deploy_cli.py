@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedsys_launch import kits, registry
+from fedsys_launch import kits, registry, site_status
 from fedsys_launch.deploy import (
     CONNECTION,
     STATE_FILE,
@@ -158,8 +158,15 @@ def add_parser(sub: Any) -> None:
     with_dir(r)
     r.set_defaults(fn=cmd_run)
 
-    s = dsub.add_parser("status", help="components, SuperNodes and runs")
-    with_dir(s)
+    s = dsub.add_parser(
+        "status", help="components, sites (online, last seen, run) and runs",
+        description="Show the deployment's components (a 'deploy up' directory), each "
+        "registered site (online or not, its last heartbeat, the run whose message it holds) "
+        "and the runs. With --kit: the federation of a server kit, on the server host.")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--dir", default=None,
+                   help=f"deployment directory (default {DEFAULT_DIR})")
+    g.add_argument("--kit", default=None, help="a server kit's directory instead")
     s.set_defaults(fn=cmd_status)
 
     dn = dsub.add_parser("down", help="stop every process of the deployment")
@@ -399,18 +406,38 @@ def _components(dep: LocalDeployment) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """``fedsys deploy status``."""
-    dep = _load(args.dir)
-    _components(dep)
-    if not dep.is_running(SUPERLINK):
-        print("the SuperLink is not running")
-        return 0
+    if args.kit is not None:
+        kit = kits.ServerKit.load(Path(args.kit))
+        root, dep = kit.root, kit.handle()
+        print(f"server kit {root}: sites connect to {kit.site_address}")
+    else:
+        dep = _load(args.dir or DEFAULT_DIR)
+        root = dep.root
+        _components(dep)
+        if not dep.is_running(SUPERLINK):
+            print("the SuperLink is not running")
+            return 0
     try:
         nodes, runs = dep.nodes(), dep.runs()
     except DeployError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    _print_table("SuperNodes (flwr supernode list)", ("node id", "status", "online since"),
-                 ((n["node-id"], n["status"], str(n.get("online-at") or "-")) for n in nodes))
+    sites = site_status.registered_sites(root)
+    if sites:
+        activity = site_status.read_activity(root / "superlink.db")
+        running = [int(r["run-id"]) for r in runs if str(r.get("status", "")).startswith("running")]
+        rows = site_status.site_rows(sites, nodes, activity, running, time.time())
+        _print_table("sites (fedsys deploy add-site)",
+                     ("site", "node id", "state", "last seen", "run", "registered"),
+                     ((r.name, str(r.node_id), r.state, r.last_seen, r.run, r.registered)
+                      for r in rows))
+        if isinstance(activity, str):
+            print(f"last seen and run: {activity}", file=sys.stderr)
+    known = {int(s["node-id"]) for s in sites}
+    others = [n for n in nodes if int(n["node-id"]) not in known]
+    if others or not sites:
+        _print_table("SuperNodes (flwr supernode list)", ("node id", "status", "online since"),
+                     ((n["node-id"], n["status"], str(n.get("online-at") or "-")) for n in others))
     _print_table("runs (flwr ls)", ("run id", "app", "status", "elapsed", "started"),
                  ((r["run-id"], f"{r['fab-id']} {r.get('fab-version', '')}".strip(),
                    r["status"], str(r.get("elapsed", "")), str(r.get("running-at") or "-"))
@@ -458,7 +485,8 @@ def _federation(args: argparse.Namespace) -> kits.Federation:
                               "(--insecure): it has no keys to register")
         return kits.Federation(dep.root, dep.ca_cert, dep.address, dep)
     kit = kits.ServerKit.load(Path(args.kit or KIT_DIR))
-    return kits.Federation(kit.root, kit.ca_cert, kit.site_address, kit.handle())
+    host = (kit.names[0], kit.addresses[0]) if kit.names and kit.addresses else None
+    return kits.Federation(kit.root, kit.ca_cert, kit.site_address, kit.handle(), host)
 
 
 def cmd_add_site(args: argparse.Namespace) -> int:
@@ -468,8 +496,12 @@ def cmd_add_site(args: argparse.Namespace) -> int:
     if not name:
         raise DeployError(f"{pub}: name the site with --name (the file has no .pub suffix)")
     name = kits.site_name(name)
-    cfg = kits.node_config(args.partition_id, args.num_partitions, args.data_dir)
-    kit, node_id = kits.add_site(_federation(args), pub, name, cfg)
+    fed = _federation(args)
+    pid = args.partition_id
+    if pid is None and args.num_partitions is None and args.data_dir:
+        pid = kits.free_partition_id(fed.root)
+    cfg = kits.node_config(pid, args.num_partitions, args.data_dir)
+    kit, node_id = kits.add_site(fed, pub, name, cfg)
     print(f"registered {name} as node {node_id}; its kit: {kit} (no private key)\n"
           f"  send it to the site, which runs: kit/start.sh")
     return 0

@@ -47,7 +47,14 @@ from fedsys_launch.deploy import (
     LocalDeployment,
     connection_toml,
 )
-from fedsys_launch.proxy import ProxyLimits, ProxyTLS, default_max_body, nginx_conf, write_conf
+from fedsys_launch.proxy import (
+    ProxyLimits,
+    ProxyTLS,
+    compose_conf,
+    default_max_body,
+    nginx_conf,
+    write_conf,
+)
 
 SITES_PORT, LINK_PORT, RUNTIME_PORT = 9093, 9091, 9094
 KIT_FILE, SITE_FILE, REVOKED = "kit.json", "site.json", "REVOKED"
@@ -126,16 +133,23 @@ def public_key(path: Path) -> str:
 
 
 def node_config(partition_id: int | None, num_partitions: int | None, data_dir: str) -> str:
-    """The SuperNode's ``--node-config``: a partition of a built-in dataset, the site's
-    own data directory, or both."""
+    """The SuperNode's ``--node-config``: partition I of N of a built-in dataset (found in
+    ``data_dir`` where given), or the site's own data in ``data_dir``, all of it, with
+    ``partition_id`` then only the site's identity (seeds, the server's sampling)."""
     parts = []
-    if (partition_id is None) != (num_partitions is None):
-        raise DeployError("give --partition-id and --num-partitions together")
-    if partition_id is not None and num_partitions is not None:
-        if not 0 <= partition_id < num_partitions:
-            raise DeployError(f"--partition-id {partition_id} must lie in 0..{num_partitions - 1} "
-                              "(--num-partitions)")
-        parts += [f"partition-id={partition_id}", f"num-partitions={num_partitions}"]
+    if num_partitions is not None and partition_id is None:
+        raise DeployError("--num-partitions needs --partition-id")
+    if partition_id is not None and num_partitions is None and not data_dir:
+        raise DeployError("give --partition-id and --num-partitions together (or --data-dir: "
+                          "the site's own data)")
+    if partition_id is not None:
+        top = num_partitions if num_partitions is not None else 1 << 31
+        if not 0 <= partition_id < top:
+            raise DeployError(f"--partition-id {partition_id} must lie in 0..{top - 1}"
+                              + (" (--num-partitions)" if num_partitions is not None else ""))
+        parts.append(f"partition-id={partition_id}")
+    if num_partitions is not None:
+        parts.append(f"num-partitions={num_partitions}")
     if data_dir:
         if not data_dir.startswith("/") or any(c in data_dir for c in "'\"\\\n$`"):
             raise DeployError(f"--data-dir {data_dir!r}: give the absolute path of the data at "
@@ -145,6 +159,19 @@ def node_config(partition_id: int | None, num_partitions: int | None, data_dir: 
         raise DeployError("say what the site trains on: --partition-id I --num-partitions N "
                           "(a built-in dataset's split) and/or --data-dir (its own data)")
     return " ".join(parts)
+
+
+def free_partition_id(root: Path) -> int:
+    """The lowest partition-id no registered site of ``root/sites`` holds: the identity of
+    a site that brings its own data."""
+    taken = set()
+    for f in (root / "sites").glob(f"*/{SITE_FILE}"):
+        if (f.parent / REVOKED).exists():
+            continue
+        m = re.search(r"partition-id=(\d+)", json.loads(f.read_text()).get("node-config", ""))
+        if m:
+            taken.add(int(m.group(1)))
+    return next(i for i in range(len(taken) + 1) if i not in taken)
 
 
 # ---------------------------------------------------------------------- the server kit
@@ -242,7 +269,9 @@ def server_env(kit: ServerKit) -> str:
         "# fedsys server role, made by 'fedsys deploy server-kit'",
         f"FEDSYS_KIT={kit.root}", f"CERTS_DIR={kit.root / 'certs'}",
         f"SITES_BIND={bind}", f"SUPERLINK_PORT={kit.port}", f"LINK_PORT={kit.link_port}",
-        f"SITES_ADDRESS={kit.site_address}", ""])
+        f"SITES_ADDRESS={kit.site_address}",
+        f"KIT_UID={os.getuid()}",  # the compose file's `sites` tool writes kits as their owner
+        ""])
 
 
 SERVER_START_SH = """#!/usr/bin/env bash
@@ -352,6 +381,12 @@ def make_server_kit(out: Path, names: list[str], addresses: list[str], sites_por
     _write(kit.root / "server.env", server_env(kit))
     _write(kit.root / "firewall.txt", firewall_text(kit, allow))
     write_server_proxy(kit)
+    # the server role in Docker (deploy/server.compose.yml): the proxy's configuration with
+    # container paths, read by the image's user
+    _write(kit.root / "proxy" / "compose.conf", compose_conf(), 0o644)
+    _write(kit.root / "compose.yml", (SCRIPTS / "server.compose.yml").read_text(), 0o644)
+    _mkdir(kit.root / "inbox")
+    _mkdir(kit.root / "sites")
     _write(kit.root / "start.sh", server_start_sh(kit), 0o700)
     kit.save()
     return kit
@@ -391,14 +426,21 @@ class Federation:
     ca_cert: Path
     site_address: str
     cli: LocalDeployment
+    #: the certificate's host name and the address it stands for, where the kit has both
+    #: (a site container maps one to the other when its DNS does not)
+    server_host: tuple[str, str] | None = None
 
 
-def site_env(name: str, server: str, node_cfg: str, runtime_port: int = RUNTIME_PORT) -> str:
-    """Settings of the site role (``start.sh`` sources it; a compose ``--env-file``)."""
+def site_env(name: str, server: str, node_cfg: str, runtime_port: int = RUNTIME_PORT,
+             server_host: tuple[str, str] | None = None) -> str:
+    """Settings of the site role (``start.sh`` reads it as data; the ``--env-file`` of
+    its ``compose.yml``, deploy/site.compose.yml)."""
+    host = [f"SERVER_NAME={server_host[0]}", f"SERVER_IP={server_host[1]}"] if server_host else []
     return "\n".join([
         f"# fedsys site {name}, made by 'fedsys deploy add-site'",
         f"SITE_NAME={name}", f"SUPERLINK_ADDRESS={server}",
-        f"NODE_CONFIG={shlex.quote(node_cfg)}", f"RUNTIME_PORT={runtime_port}", ""])
+        f"NODE_CONFIG={shlex.quote(node_cfg)}", f"RUNTIME_PORT={runtime_port}", *host,
+        "COMPOSE_PROFILES=cpu", f"COMPOSE_PROJECT_NAME=fedsys-site-{name.lower()}", ""])
 
 
 START_SH = """#!/usr/bin/env bash
@@ -487,7 +529,9 @@ def add_site(fed: Federation, pub: Path, name: str, node_cfg: str) -> tuple[Path
     _mkdir(kit)
     _write(kit / "ca.crt", fed.ca_cert.read_text(), 0o644)
     _write(kit / f"{name}.pub", key + "\n", 0o644)
-    _write(kit / "site.env", site_env(name, fed.site_address, node_cfg))
+    _write(kit / "site.env", site_env(name, fed.site_address, node_cfg,
+                                      server_host=fed.server_host))
+    _write(kit / "compose.yml", (SCRIPTS / "site.compose.yml").read_text(), 0o644)
     _write(kit / SITE_FILE, json.dumps({
         "name": name, "node-id": node_id, "superlink": fed.site_address,
         "node-config": node_cfg, "public-key": key,

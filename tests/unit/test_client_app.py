@@ -99,3 +99,31 @@ def test_the_kept_model_comes_back_as_a_fresh_one_would():
     assert all(p.grad is None for p in again.parameters())
     want = _weights(7)
     assert all(torch.equal(v, torch.from_numpy(want[k])) for k, v in again.state_dict().items())
+
+
+def test_a_site_with_its_own_data_trains_on_all_of_it(tmp_path):
+    """A node config with a ``data-dir`` and no ``num-partitions`` (``fedsys deploy add-site
+    --data-dir``): the site's whole dataset, its partition-id only its identity; with
+    ``num-partitions`` the same directory is split as in simulation."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for part, n in (("train", 60), ("test", 20)):
+        np.savez(tmp_path / f"{part}.npz", x=rng.integers(0, 255, (n, 8, 8), dtype=np.uint8),
+                 y=np.arange(n) % 3)
+    cfg = build({"dataset": "custom", "model": "mlp", "num-clients": 3,
+                 "clients-per-round": 3, "partition": "iid", "data-dir": "/server/only"})
+
+    def declared(node_config: dict[str, object]) -> dict[str, float]:
+        _fresh_process()
+        ctx = Context(run_id=1, node_id=105, node_config=node_config, state=RecordDict(),
+                      run_config=dict(cfg.to_dict()))
+        reply = client_app.app(proto.query_message(105), ctx)
+        return dict(reply.content.metric_records[proto.METRICS])
+
+    own = declared({proto.PARTITION_ID: 5, "data-dir": str(tmp_path)})
+    assert own[proto.PARTITION_ID] == 5 and own[proto.NUM_EXAMPLES] == 60
+    split = declared({proto.PARTITION_ID: 1, proto.NUM_PARTITIONS: 2, "data-dir": str(tmp_path)})
+    assert split[proto.NUM_EXAMPLES] == 30
+    with pytest.raises(ValueError, match="outside 0..1"):
+        declared({proto.PARTITION_ID: 5, proto.NUM_PARTITIONS: 2, "data-dir": str(tmp_path)})

@@ -24,7 +24,8 @@ from cryptography import x509
 from fedsys_launch import cli, kits
 from fedsys_launch.deploy import CONNECTION, LocalDeployment
 
-KIT_FILES = {"ca.crt", "site.env", "site.json", "hospital-a.pub", "start.sh", "README"}
+KIT_FILES = {"ca.crt", "site.env", "site.json", "hospital-a.pub", "start.sh", "README",
+             "compose.yml"}
 
 
 @pytest.fixture
@@ -373,7 +374,7 @@ def test_a_pub_that_is_not_a_sites_p384_key_is_refused(
         kit_args = [] if "--kit" in argv else ["--kit", str(server)]
         rc, _, err = fedsys(capsys, "add-site", pub, *kit_args, *argv)
         assert rc == 2 and says in err and err.count("\n") == 1, (argv, err)
-    assert flwr == [] and not (server / "sites").exists()
+    assert flwr == [] and not any((server / "sites").iterdir())
 
 
 def test_help_shows_the_kit_commands() -> None:
@@ -398,3 +399,22 @@ def test_an_address_only_kit_and_ipv6(tmp_path: Path) -> None:
     assert kits.node_config(1, 3, "") == "partition-id=1 num-partitions=3"
     assert kits.site_env("a", "h:1", 'data-dir="/d"').splitlines()[3] == \
         "NODE_CONFIG='data-dir=\"/d\"'"
+
+
+def test_a_site_with_its_own_data_gets_a_free_partition_id(tmp_path: Path) -> None:
+    """``add-site --data-dir`` alone: the site's own data, all of it (no num-partitions);
+    its partition-id the lowest no registered site holds, a removed site's freed."""
+    assert kits.node_config(0, None, "/d") == 'partition-id=0 data-dir="/d"'
+    assert kits.node_config(1, 2, "/d") == 'partition-id=1 num-partitions=2 data-dir="/d"'
+    with pytest.raises(kits.DeployError, match="needs --partition-id"):
+        kits.node_config(None, 2, "/d")
+    assert kits.free_partition_id(tmp_path) == 0
+    for name, cfg, revoked in (("a", "partition-id=0 num-partitions=2", False),
+                               ("b", 'partition-id=1 data-dir="/x"', True),
+                               ("c", 'partition-id=2 data-dir="/y"', False)):
+        (tmp_path / "sites" / name).mkdir(parents=True)
+        (tmp_path / "sites" / name / kits.SITE_FILE).write_text(
+            json.dumps({"name": name, "node-id": 1, "node-config": cfg}))
+        if revoked:
+            (tmp_path / "sites" / name / kits.REVOKED).write_text("gone\n")
+    assert kits.free_partition_id(tmp_path) == 1
