@@ -648,7 +648,7 @@ def test_the_differences_table_is_these_tests() -> None:
 
 def _pairs() -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
     """name -> (fedsys's strategy at its defaults, Flower's at its defaults)."""
-    from flwr.serverapp.strategy import FedAvgM, FedMedian, FedProx, FedTrimmedAvg, MultiKrum
+    from flwr.serverapp.strategy import FedAvgM, FedMedian, FedProx, FedTrimmedAvg, Krum, MultiKrum
 
     from strategies.fedavgm import FedAvgMStrategy
     from strategies.fedprox import FedProxStrategy
@@ -661,6 +661,7 @@ def _pairs() -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
         "median": (lambda: FedAvgStrategy().wrap(Robust(rule="median")), FedMedian),
         "trimmed-mean": (lambda: FedAvgStrategy().wrap(Robust(rule="trimmed-mean")), FedTrimmedAvg),
         "multi-krum": (lambda: FedAvgStrategy().wrap(Robust(rule="multi-krum")), MultiKrum),
+        "krum": (lambda: FedAvgStrategy().wrap(Robust(rule="multi-krum", krum_keep=1)), Krum),
     }
 
 
@@ -669,7 +670,7 @@ SIZES = {"30/10": [30, 10], "50/5/5": [50, 5, 5], "10/20/25": [10, 20, 25],
          "60/6/6/6/6": [60, 6, 6, 6, 6], "5/5/5/5/40": [5, 5, 5, 5, 40]}
 #: what a robust rule needs to hold at Flower's defaults (beta 0.2: 5 replies trim one at each
 #: end; Krum with f = 0: more than 2 replies); below that fedsys's rule is the median (listed)
-HOLDS = {"trimmed-mean": 5, "multi-krum": 3}
+HOLDS = {"trimmed-mean": 5, "multi-krum": 3, "krum": 3}
 
 
 def _honest_rounds(strategy: Any, sizes: list[int], rounds: int) -> list[dict[str, np.ndarray]]:
@@ -694,7 +695,7 @@ def reply_grid_for(nodes: dict[int, int]) -> Any:
 
 
 @pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedadam", "fedyogi", "fedavgm", "median",
-                                  "trimmed-mean", "multi-krum"])
+                                  "trimmed-mean", "multi-krum", "krum"])
 @pytest.mark.parametrize("sizes", list(SIZES))
 def test_at_the_defaults_an_honest_federation_gives_flowers_numbers(name: str, sizes: str) -> None:
     """Three rounds (FedAdam's, FedYogi's and FedAvgM's moments carried), both strategies at
@@ -711,7 +712,7 @@ def test_at_the_defaults_an_honest_federation_gives_flowers_numbers(name: str, s
 
 
 @pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedadam", "fedyogi", "fedavgm", "median",
-                                  "multi-krum"])
+                                  "multi-krum", "krum"])
 @pytest.mark.parametrize("case", ["fedavgm-case", "fedmedian-case"])
 def test_at_the_defaults_flowers_own_cases_give_flowers_numbers(name: str, case: str) -> None:
     """Flower's own test vectors (written anew): its fedavgm cases (A claiming 1, B 2, from
@@ -750,7 +751,7 @@ def _effective(strategy: Any, keyword: str) -> Any:
 
 
 @pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedadam", "fedyogi", "fedavgm", "median",
-                                  "trimmed-mean", "multi-krum"])
+                                  "trimmed-mean", "multi-krum", "krum"])
 def test_every_default_flower_has_is_flowers(name: str) -> None:
     """Every keyword of Flower's class, at its default, is what fedsys's strategy built with
     no keyword uses (the differences left are behaviours, in the table, not defaults);
