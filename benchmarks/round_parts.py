@@ -2,7 +2,7 @@
 
 ``configs/cross-device.yaml`` (1,000 Fashion-MNIST clients of 60 samples, 100 a round, the
 MLP) on the in-process engine, batched, each variant a fresh process started as the
-``fedsys`` command starts (``fedsys_launch.cli.main``), one after the other.  A wrapper
+``fedsys`` command starts (``fedsys_launch.cli.command``), one after the other.  A wrapper
 times each part of the round (the wrappers add their own small cost to every call); the
 table gives milliseconds a round over rounds 2.. and the run's median ``round-time``:
 
@@ -88,15 +88,15 @@ def child(rounds: int, out: str, sets: list[str]) -> None:
             spent.clear()
 
     server_app.RoundRecorder.__call__ = recorded  # type: ignore[method-assign,assignment]
-    from fedsys_launch.cli import main
+    from fedsys_launch.cli import command
 
-    # as the command: main() reads sys.argv and sets the process's heap and OpenMP waiting
+    # as the command: the process's heap and OpenMP waiting set, then sys.argv's command
     sys.argv = ["fedsys", "run", str(ROOT / "configs" / "cross-device.yaml"),
                 f"--set=num-server-rounds={rounds}", "--set=engine=inprocess",
                 "--set=batch-clients=true", *(f"--set={kv}" for kv in sets),
                 f"--set=output-dir={out}", "--set=name=parts"]
     try:
-        main()
+        command()
     except SystemExit as exc:
         if exc.code:
             raise

@@ -2,6 +2,6 @@
 
 import sys
 
-from fedsys_launch.cli import main
+from fedsys_launch.cli import command
 
-sys.exit(main())
+sys.exit(command())

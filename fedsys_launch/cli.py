@@ -409,55 +409,61 @@ def stopped(terminated: bool, cmd: str) -> int:
     return 143 if terminated else 130
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``fedsys`` command; errors in the input exit 2 with one line.
+def set_up_process() -> None:
+    """What a ``fedsys`` process sets for itself before any command runs (the console
+    script and ``python -m fedsys_launch`` call it through :func:`command`; a program that
+    calls :func:`main` keeps its own process as it is).
 
-    Called as the command (``argv`` from the command line), output that goes to a file
-    or a pipe carries no colour codes (:func:`fedsys_launch.console.plain_when_redirected`).
+    Output to a file or a pipe carries no colour codes
+    (:func:`fedsys_launch.console.plain_when_redirected`).  Idle OpenMP threads wait
+    passively (``OMP_WAIT_POLICY``, read when torch loads: set before any import of it;
+    spinning threads slowed the in-process engine's rounds: docs/performance.md "The floor
+    of a round that sends Flower's messages").  Freed memory is kept for the next round
+    (:func:`fedsys_launch.heap.keep_freed_memory`).  Ctrl-C and SIGTERM stop a run with its
+    checkpoint, also where SIGINT came ignored from the parent
+    (:func:`fedsys_launch.stopping.install`).  A user's own OpenMP and malloc settings stand;
+    numbers do not change.
     """
-    if argv is None:
-        from fedsys_launch.console import plain_when_redirected
+    from fedsys_launch.console import plain_when_redirected
 
-        plain_when_redirected()
-        # OpenMP threads that wait passively: torch's idle OpenMP threads otherwise spin,
-        # and where a process switches torch between the clients' thread count and its
-        # own (the in-process engine, every round) a round's central evaluation took
-        # 100 ms in place of 4 at every second or third round (docs/performance.md).
-        # Read once, when torch loads its OpenMP runtime: here, before any import of
-        # torch; a user's own setting stands.  Numbers do not change (only how idle
-        # threads wait).
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        # freed memory kept for the next round, not returned to the system and faulted
-        # in again (fedsys_launch/heap.py; a user's MALLOC_* or GLIBC_TUNABLES stands)
-        heap.keep_freed_memory(os.environ)
-        # Ctrl-C and 'kill -INT' stop a run (with its checkpoint) even where SIGINT came
-        # ignored from the parent: a shell without job control starts 'cmd &' so, as does a
-        # pytest-xdist worker, and Python then never raises KeyboardInterrupt
-        # (tests/integration/test_interrupt.py)
-        # 'kill', 'timeout', 'docker stop' and batch schedulers send SIGTERM: the same stop
-        # (raised where it lands, and again after the round it lands in)
-        stopping.install()
+    plain_when_redirected()
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    heap.keep_freed_memory(os.environ)
+    stopping.install()
+
+
+def command(argv: Sequence[str] | None = None) -> int:
+    """The ``fedsys`` command as a process runs it (``[project.scripts]``, ``python -m
+    fedsys_launch``): :func:`set_up_process`, then :func:`main`; a failed command exits
+    even where its run left threads behind (:func:`exit_now_if_threads_linger`)."""
+    set_up_process()
+    rc = main(argv)
+    if rc != 0:
+        exit_now_if_threads_linger(rc)
+    return rc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``fedsys`` command with ``argv`` (default: the command line's) in this
+    process as it is; errors in the input exit 2 with one line."""
     args = parser().parse_args(argv)
     from fedsys.data import DataError
     from fedsys.metrics import MetricsFileError
     from fedsys.partition import PartitionError
 
     try:
-        rc = int(args.fn(args))
+        return int(args.fn(args))
     except (cfgmod.ConfigError, DataError, PartitionError, MetricsFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        rc = 2
+        return 2
     except KeyboardInterrupt as exc:
-        rc = stopped(isinstance(exc, stopping.Terminated), args.cmd)
+        return stopped(isinstance(exc, stopping.Terminated), args.cmd)
     except SystemExit as exc:
         # Ray's own SIGTERM handler, set by ray.init in the simulation, ends the process with
         # sys.exit(SIGTERM) instead of :func:`fedsys_launch.stopping.on_signal`
         if exc.code != signal.SIGTERM:
             raise
-        rc = stopped(True, args.cmd)
-    if argv is None and rc != 0:
-        exit_now_if_threads_linger(rc)
-    return rc
+        return stopped(True, args.cmd)
 
 
 def exit_now_if_threads_linger(rc: int, grace: float = 10.0) -> None:
@@ -466,8 +472,8 @@ def exit_now_if_threads_linger(rc: int, grace: float = 10.0) -> None:
 
     When Flower's simulation engine crashes (its Ray cluster lost, say), the ServerApp
     thread waits for replies that never come, and Python would wait for that thread at
-    exit: the command printed its error and then hung (seen: a niced experiment stuck for
-    minutes).  Only the command does this; ``main(argv)`` in a test returns as usual.
+    exit: the command would print its error and then hang.  Only :func:`command` does
+    this; :func:`main` returns as usual.
     """
     import threading
 
@@ -486,4 +492,4 @@ def exit_now_if_threads_linger(rc: int, grace: float = 10.0) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command())

@@ -34,8 +34,10 @@ def _stop(signum: int) -> KeyboardInterrupt:
 
 
 def install() -> None:
-    """Make :func:`on_signal` the handler of SIGINT and SIGTERM (the command does this;
-    ``main(argv)`` in a test leaves the process's handlers alone)."""
+    """Make :func:`on_signal` the handler of SIGINT and SIGTERM
+    (:func:`fedsys_launch.cli.set_up_process`), also where SIGINT came ignored from the
+    parent (``cmd &`` in a shell without job control, a pytest-xdist worker): Python
+    would then never raise KeyboardInterrupt."""
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
 

@@ -1,12 +1,15 @@
-"""What the ``fedsys`` command sets for its own process: OpenMP threads that wait
-passively (a user's own setting kept), glibc's heap keeping freed memory (a user's own
-setting kept), and the heap frozen once after a run's first round."""
+"""What the ``fedsys`` command sets for its own process (``fedsys_launch.cli.command``, the
+console script's entry point): OpenMP threads that wait passively (a user's own setting
+kept), glibc's heap keeping freed memory (a user's own setting kept), and the heap frozen
+once after a run's first round.  ``main(argv)`` sets none of it, with or without ``argv``."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -15,22 +18,30 @@ from fedsys_launch import heap
 SHOW = """
 import os, sys
 sys.argv = ["fedsys", "keys"]
-from fedsys_launch.cli import main
+from fedsys_launch import cli
 import contextlib, io
 with contextlib.redirect_stdout(io.StringIO()):
-    main()
+    cli.ENTRY()
 print(os.environ.get("OMP_WAIT_POLICY"))
 """
 
 
-@pytest.mark.parametrize(("given", "want"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
-def test_the_command_makes_openmp_wait_passively_unless_told(given, want):
+@pytest.mark.parametrize(("entry", "given", "want"), [
+    ("command", None, "PASSIVE"), ("command", "ACTIVE", "ACTIVE"), ("main", None, "None")])
+def test_the_command_makes_openmp_wait_passively_unless_told(entry, given, want):
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if given is not None:
         env["OMP_WAIT_POLICY"] = given
-    out = subprocess.run([sys.executable, "-c", SHOW], capture_output=True, text=True, env=env,
-                         timeout=120, check=True).stdout.split()
+    out = subprocess.run([sys.executable, "-c", SHOW.replace("ENTRY", entry)], capture_output=True,
+                         text=True, env=env, timeout=120, check=True).stdout.split()
     assert out[-1] == want
+
+
+def test_the_console_script_and_python_m_are_the_command():
+    root = Path(__file__).resolve().parents[2]
+    scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"fedsys": "fedsys_launch.cli:command"}
+    assert "sys.exit(command())" in (root / "fedsys_launch" / "__main__.py").read_text()
 
 
 FREEZE = """
@@ -60,10 +71,10 @@ from fedsys_launch import heap
 calls = []
 real = heap.keep_freed_memory
 heap.keep_freed_memory = lambda env: calls.append(real(env)) or calls[-1]
-from fedsys_launch.cli import main
+from fedsys_launch.cli import command
 import contextlib, io
 with contextlib.redirect_stdout(io.StringIO()):
-    main()
+    command()
 # where a block of 16 MiB comes from: glibc marks a chunk it mmapped in its size word
 # (the word before the block, bit IS_MMAPPED = 2)
 libc = ctypes.CDLL("libc.so.6")
