@@ -94,9 +94,11 @@ def registered_sites(root: Path) -> list[dict[str, Any]]:
 
 
 def _ago(t: float, now: float) -> str:
+    """How long ago ``t`` was, short enough for a table cell; past an hour, the UTC time."""
     s = max(0, int(now - t))
-    when = datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S")
-    return f"{when} ({s // 60} min {s % 60} s ago)" if s >= 60 else f"{when} ({s} s ago)"
+    if s >= 3600:
+        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return f"{s // 60} min {s % 60} s ago" if s >= 60 else f"{s} s ago"
 
 
 def _iso(text: str | None) -> float | None:

@@ -5,6 +5,7 @@ from a database made with Flower's own schema."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -68,14 +69,17 @@ def test_the_sites_table(tmp_path: Path) -> None:
     act = site_status.read_activity(_db(tmp_path / "superlink.db"))
     rows = {r.name: r for r in site_status.site_rows(sites, nodes, act, [7], now=1000.0)}
     assert (rows["a"].state, rows["a"].run) == ("online", "7")  # run 3 ended: not shown
-    assert rows["a"].last_seen.endswith("(1 min 0 s ago)")
+    assert rows["a"].last_seen == "1 min 0 s ago"
     assert (rows["b"].state, rows["b"].run) == ("offline", "7")
-    assert rows["b"].last_seen.endswith("(8 min 40 s ago)")
+    assert rows["b"].last_seen == "8 min 40 s ago"
     assert (rows["c"].state, rows["c"].run) == ("removed", "-")
     assert (rows["d"].state, rows["d"].last_seen, rows["d"].run) == ("unknown", "never", "-")
-    blind = site_status.site_rows(sites, nodes, "locked", [7], now=1000.0)
+    at = datetime(2026, 12, 7, 20, 5, tzinfo=UTC).timestamp()
+    blind = site_status.site_rows(sites, nodes, "locked", [7], now=at)
     assert blind[0].run.startswith("?") and blind[0].last_seen == "never"
-    assert blind[1].last_seen.startswith("2026-12-07 20:00:00")  # Flower's offline-at
+    assert blind[1].last_seen == "5 min 0 s ago"  # Flower's offline-at
+    later = site_status.site_rows(sites, nodes, "locked", [7], now=at + 3600)
+    assert later[1].last_seen == "2026-12-07 20:00 UTC"  # past an hour: the time
 
 
 @pytest.mark.parametrize("v", [0, 1, (1 << 63) - 1, 1 << 63, BIG])
