@@ -79,11 +79,16 @@ PARTS = ["push", "to the runtime", "queue", "Ray in", "config + samples", "model
 
 # ------------------------------------------------------------------ one traced run (child)
 
-def _client_app(trace_dir: str) -> Any:
-    """A ClientApp that runs the fedsys one and writes its steps' times per message."""
+def _client_app(trace_dir: str, cfg: Any) -> Any:
+    """A ClientApp that runs the fedsys one (admitting ``cfg`` as ``fedsys run`` does) and
+    writes its steps' times per message."""
     from flwr.clientapp import ClientApp
 
+    from fedsys import confine
+    from fedsys_launch.client_app import Admission
+
     app = ClientApp()
+    admission = Admission(confine.own_run_policy(cfg))
 
     def timed(msg: Any, context: Any, kind: str) -> Any:
         import fedsys_launch.client_app as ca
@@ -109,7 +114,7 @@ def _client_app(trace_dir: str) -> Any:
         ca._bench_times = {}  # type: ignore[attr-defined]
         handler = {"train": ca.train, "evaluate": ca.evaluate_handler, "query": ca.query}[kind]
         t0 = time.time()
-        reply = handler(msg, context)
+        reply = handler(msg, context, admission=admission)
         t1 = time.time()
         with open(Path(trace_dir) / f"{os.getpid()}.jsonl", "a") as f:
             f.write(json.dumps({"id": msg.metadata.message_id, "kind": kind, "start": t0,
@@ -203,7 +208,7 @@ def child(spec: dict[str, Any], out: Path) -> None:
     events: dict[str, dict[str, float]] = defaultdict(dict)
     steps: list[dict[str, float]] = []
     _probe_server(events, steps)
-    simulate(cfg, client_app=_client_app(str(trace)))
+    simulate(cfg, client_app=_client_app(str(trace), cfg))
     actor = {}
     for f in trace.glob("*.jsonl"):
         for line in f.read_text().splitlines():

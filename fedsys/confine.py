@@ -41,11 +41,13 @@ variant's overrides may hold ``/``) must lie under ``FEDSYS_ROOTS``.  A site's o
 ``data-dir`` (``--node-config 'data-dir="/data"'``) is the operator's too: that site's
 ClientApp adds it to the directories it may read (:meth:`Policy.reading`).
 
-Not confined: fedsys's own simulation (``fedsys run`` / ``resume`` / ``seeds``,
-``fedsys_launch.simulation.simulate``), where the user who writes the config runs the
-processes; it hands Flower app objects built for it in process, which no run config
-can name.  Every other way of running the apps (``flwr run`` against any SuperLink,
-Flower's own local simulation included) applies the policy, set or not.
+fedsys's own simulation (``fedsys run`` / ``resume`` / ``seeds``,
+``fedsys_launch.simulation.simulate``) admits the config as well, under the policy of the
+user who writes it and runs the processes: :func:`own_run_policy`, which allows what that
+config names.  It hands Flower app objects built with that policy in process, which no
+run config can name.  Every other way of running the apps (``flwr run`` against any
+SuperLink, Flower's own local simulation included) applies the environment's policy, set
+or not.
 
 Plugins registered through a plugin module may declare path keys of their own; they
 are not in :data:`PATH_KEYS` and so not confined: allow only plugins you trust.  This
@@ -204,6 +206,39 @@ def policy_from_env(environ: Mapping[str, str], cwd: Path | None = None) -> Poli
     return Policy(roots, read, parse_plugins(environ.get(PLUGINS_ENV, "")), base, source, deny)
 
 
+def own_run_policy(cfg: RunConfig, cwd: Path | None = None) -> Policy:
+    """The policy of a run whose config's author runs the processes (fedsys's own
+    simulation): every directory ``cfg`` names to write (its write keys, each strategy's
+    result directory), every path it names to read, and the plugins it lists, for every
+    strategy variant; nothing denied.  ``cfg`` itself is admitted under it (another
+    config naming other paths or plugins is not).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run's config, as the user wrote it.
+    cwd : Path, optional
+        The working directory relative paths are taken from (default: this process's).
+    """
+    base = (cwd if cwd is not None else Path.cwd()).resolve()
+    write: list[Path] = []
+    read: list[Path] = []
+    run_dir = Path(cfg.output_dir) / cfg.name
+    for label, vcfg in [("", cfg), *cfg.variants()]:
+        named = [(k, str(vcfg.get(k))) for k in PATH_KEYS if k in vcfg.schema.by_key]
+        if label:
+            named.append(("output-dir", str(run_dir / label)))
+        for key, value in named:
+            if not value:
+                continue
+            try:
+                (read if key in READ_KEYS else write).append(resolve(value, base))
+            except (OSError, RuntimeError, ValueError):  # unresolvable: refused by name
+                continue
+    return Policy(tuple(dict.fromkeys(write)), tuple(dict.fromkeys(read)),
+                  frozenset(plugin_names(cfg.to_dict())), base, "the run's own config")
+
+
 def _denied(path: Path, policy: Policy) -> Path | None:
     """The directory of ``policy.deny`` that holds the resolved ``path``, if any."""
     return next((d for d in policy.deny if path.is_relative_to(d)), None)
@@ -329,5 +364,5 @@ def admit(run_config: Mapping[str, Any], policy: Policy,
 
 __all__ = ["CLIENT_KEYS", "DENY_ENV", "PATH_KEYS", "PLUGINS_ENV", "READ_KEYS", "ROOTS_ENV",
            "WRITE_KEYS", "Policy", "admit", "check_paths", "check_plugins", "default_output_dir", "enforce",
-           "parse_plugins", "parse_roots", "plugin_names", "policy_from_env", "resolve",
+           "own_run_policy", "parse_plugins", "parse_roots", "plugin_names", "policy_from_env", "resolve",
            "within"]

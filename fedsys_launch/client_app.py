@@ -6,18 +6,18 @@ and, in deployment, ``data-dir``), trains with the trainer the instruction names
 filling in), keeps the trainer's state in ``context.state`` across rounds, and
 replies as :mod:`fedsys.protocol` says.
 
-Before it reads data or imports a plugin it admits the run config under the site
-operator's policy (:mod:`fedsys.confine`: ``FEDSYS_ROOTS``, ``FEDSYS_PLUGINS``, the node
-config's ``data-dir`` allowed), except where :func:`fedsys_launch.simulation.simulate` runs it
-(:class:`UnconfinedClientApp`).
+Before it reads data or imports a plugin it admits the run config (:class:`Admission`)
+under a policy (:mod:`fedsys.confine`): :data:`app`, the one Flower loads, under the site
+operator's (``FEDSYS_ROOTS``, ``FEDSYS_PLUGINS``, the node config's ``data-dir`` allowed);
+the app :func:`fedsys_launch.simulation.simulate` builds (:func:`make_app`) under the policy
+of the run's own config (:func:`fedsys.confine.own_run_policy`).
 """
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,71 +41,49 @@ from fedsys_launch.registry import from_run_config
 if TYPE_CHECKING:
     from fedsys_launch.ray_workers import RayWorkers
 
-app = ClientApp()
-
-#: True while :class:`UnconfinedClientApp` handles a message (fedsys's own simulation):
-#: set in this process by the object :func:`fedsys_launch.simulation.simulate` built, never by a
-#: config.
-_UNCONFINED: contextvars.ContextVar[bool] = contextvars.ContextVar("fedsys_unconfined",
-                                                                   default=False)
-
-
-class UnconfinedClientApp(ClientApp):
-    """``inner`` (a ClientApp) as fedsys's own simulation runs it: the fedsys handlers
-    admit the run config without the operator's policy (:mod:`fedsys.confine`).
-
-    :func:`fedsys_launch.simulation.simulate` builds one in process and hands it to Flower's
-    simulation engine, which pickles it to its Ray actors (``engine: inprocess``:
-    :func:`fedsys_launch.inprocess.simulate_inprocess` calls it in process); there is no
-    module-level instance, so a deployment (which loads ``fedsys_launch.client_app:app``) cannot
-    get one.
-    """
-
-    def __init__(self, inner: Any) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def __call__(self, message: Message, context: Context) -> Message:
-        token = _UNCONFINED.set(True)
-        try:
-            return self.inner(message, context)
-        finally:
-            _UNCONFINED.reset(token)
-
-
 @functools.lru_cache(maxsize=4)
 def _config(items: tuple[tuple[str, Any], ...]) -> RunConfig:
     return from_run_config(dict(items))
 
 
-#: the last run config built (:func:`_admitted`): the dict and its RunConfig
-_last_config: tuple[dict[str, Any], RunConfig] | None = None
+class Admission:
+    """How a fedsys ClientApp admits each message's run config (:func:`fedsys.confine.admit`):
+    under ``policy``, or, where it is None, the site operator's policy read from the
+    environment at every message (:func:`fedsys.confine.policy_from_env`).
 
-
-def _admitted(run_config: dict[str, Any], node_data_dir: str | None) -> RunConfig:
-    """The config of ``run_config`` (the node's ``data-dir`` already in it), admitted
-    under this site's policy unless fedsys's own simulation runs this app.
-
-    Raises
-    ------
-    ConfigError
-        A key the policy refuses, named (the node's ``data-dir`` is allowed).
+    The last config admitted is kept (every node of a round brings the same run config):
+    built once, and under a fixed ``policy`` checked once.
     """
-    def build(rc: Any) -> RunConfig:
-        global _last_config
-        last = _last_config  # one read: another thread may set it meanwhile
-        if last is not None and last[0] == rc:  # a dict compare, no sorting, for every node
-            return last[1]
-        cfg = _config(tuple(sorted(rc.items())))
-        _last_config = (dict(rc), cfg)
-        return cfg
 
-    if _UNCONFINED.get():
-        return build(run_config)
-    policy = confine.policy_from_env(os.environ)
-    if node_data_dir is not None:
-        policy = policy.reading(node_data_dir)
-    return confine.admit(run_config, policy, build, confine.CLIENT_KEYS)
+    def __init__(self, policy: confine.Policy | None = None) -> None:
+        self.policy = policy
+        #: the last run config admitted: the dict, the node's data-dir and its RunConfig
+        self._last: tuple[dict[str, Any], str | None, RunConfig] | None = None
+
+    def __call__(self, run_config: dict[str, Any], node_data_dir: str | None) -> RunConfig:
+        """The config of ``run_config`` (the node's ``data-dir`` already in it), admitted.
+
+        Raises
+        ------
+        ConfigError
+            A key the policy refuses, named (the node's ``data-dir`` is allowed).
+        """
+        last = self._last  # one read: another thread may set it meanwhile
+        if (self.policy is not None and last is not None and last[1] == node_data_dir
+                and last[0] == run_config):  # a dict compare, no sorting, for every node
+            return last[2]
+
+        def build(rc: Mapping[str, Any]) -> RunConfig:
+            if last is not None and last[0] == rc:
+                return last[2]
+            return _config(tuple(sorted(rc.items())))
+
+        policy = self.policy if self.policy is not None else confine.policy_from_env(os.environ)
+        if node_data_dir is not None:
+            policy = policy.reading(node_data_dir)
+        cfg = confine.admit(run_config, policy, build, confine.CLIENT_KEYS)
+        self._last = (dict(run_config), node_data_dir, cfg)
+        return cfg
 
 
 def _partition_id(context: Context) -> int:
@@ -117,11 +95,12 @@ def _partition_id(context: Context) -> int:
     return int(nc[proto.PARTITION_ID])
 
 
-def _node(context: Context) -> tuple[RunConfig, Dataset, int, int, torch.Tensor, torch.Tensor]:
+def _node(context: Context, admission: Admission | None
+          ) -> tuple[RunConfig, Dataset, int, int, torch.Tensor, torch.Tensor]:
     nc = context.node_config
     node_dir = str(nc["data-dir"]) if "data-dir" in nc else None
     overrides = {"data-dir": node_dir} if node_dir is not None else {}
-    cfg = _admitted({**context.run_config, **overrides}, node_dir)
+    cfg = (admission or Admission())({**context.run_config, **overrides}, node_dir)
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     pid = _partition_id(context)
@@ -246,12 +225,14 @@ class TrainCall:
     job: TrainJob
 
 
-def train_call(msg: Message, context: Context, load: bool = True) -> TrainCall:
-    """Read ``msg`` on this node: its data (flipped labels for a label-flip attacker), the
+def train_call(msg: Message, context: Context, load: bool = True,
+               admission: Admission | None = None) -> TrainCall:
+    """Read ``msg`` on this node: its run config admitted by ``admission`` (default: under
+    the operator's policy), its data (flipped labels for a label-flip attacker), the
     trainer and its options, the model holding the instruction's weights (``job.net``, the
     process's model: the next call overwrites it; with ``load`` false the model as the last
     call left it) and the node's state."""
-    cfg, ds, pid, nparts, x, y = _node(context)
+    cfg, ds, pid, nparts, x, y = _node(context, admission)
     s = proto.settings(msg.content)
     rnd = int(s.get(proto.SERVER_ROUND, 0))
     attack = _attack(cfg, pid, nparts, rnd)
@@ -294,11 +275,11 @@ def train_reply(call: TrainCall, res: TrainResult, weights: ArrayRecord, context
     )
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
+def train(msg: Message, context: Context, admission: Admission | None = None) -> Message:
     """Local training on this node's partition (as a robustness experiment's attacker
-    where the ``attack.*`` keys name this partition: :mod:`fedsys.attacks`)."""
-    call = train_call(msg, context)
+    where the ``attack.*`` keys name this partition: :mod:`fedsys.attacks`); the run
+    config admitted by ``admission`` (default: under the operator's policy)."""
+    call = train_call(msg, context, admission=admission)
     res = run_trainer(call.trainer, call.job)
     return train_reply(call, res, _weights(call.job.net), context)
 
@@ -310,15 +291,12 @@ class BatchTraining:
     trains the round's jobs, those that agree together (:func:`clients.batched.train_together`,
     the rest one at a time), :meth:`reply` makes each node's reply (:func:`train_reply`).
 
-    Only where fedsys's own simulation runs the app (the run config admitted unconfined,
-    as :class:`UnconfinedClientApp` does), and only for the fedsys ClientApp's own
-    handler: the engine checks that it is the app it calls.
+    Only for the fedsys ClientApp's own handler (the engine checks that it calls a
+    :class:`FedsysClientApp`), whose :class:`Admission` it is given.
     """
 
-    app = app
-
     def __init__(self, policy: str = "auto", devices: list[str] | None = None,
-                 workers: RayWorkers | None = None) -> None:
+                 workers: RayWorkers | None = None, admission: Admission | None = None) -> None:
         #: ``batch-clients``: ``auto`` leaves to one at a time what is faster so
         #: (:func:`clients.batched.slower_batched`), ``true`` batches whatever it can
         self.policy = policy
@@ -329,6 +307,8 @@ class BatchTraining:
         self.workers = workers
         #: the round's decoded arrays (:func:`_received`), dropped when it has trained
         self.decoded: dict[int, tuple[Any, torch.Tensor]] = {}
+        #: how the app it stands for admits the run config (default: the operator's policy)
+        self.admission = admission or Admission()
 
     def prepare(self, msg: Message, context: Context) -> tuple[TrainCall, dict[str, torch.Tensor]] | None:
         """``msg`` read on this node and its received weights, or None where its job does
@@ -337,11 +317,7 @@ class BatchTraining:
         from clients.base import TRAINABLE
         from clients.batched import slower_batched, unbatchable
 
-        token = _UNCONFINED.set(True)
-        try:
-            call = train_call(msg, context, load=False)
-        finally:
-            _UNCONFINED.reset(token)
+        call = train_call(msg, context, load=False, admission=self.admission)
         job = call.job
         if (call.trainer.batch_spec(job) is None or job.config.trainable not in TRAINABLE
                 or unbatchable(job.net)
@@ -409,22 +385,45 @@ def _attacked(attack: attacks.AttackOptions, cfg: RunConfig, ds: Dataset, msg: M
     return proto.to_record(out), num_examples
 
 
-@app.evaluate()
-def evaluate_handler(msg: Message, context: Context) -> Message:
+def evaluate_handler(msg: Message, context: Context, admission: Admission | None = None
+                     ) -> Message:
     """Evaluate the received model on this node's local data."""
-    cfg, ds, pid, _, x, y = _node(context)
+    cfg, ds, pid, _, x, y = _node(context, admission)
     loss, acc = evaluate(_load(cfg, ds, msg), ds, x, y, cfg.eval_batch_size, pick_device(cfg.device))
     return proto.evaluate_reply(msg, len(y), loss, acc, {proto.PARTITION_ID: pid})
 
 
-@app.query()
-def query(msg: Message, context: Context) -> Message:
+def query(msg: Message, context: Context, admission: Admission | None = None) -> Message:
     """Say which partition this node holds (an ``inflated-count`` attacker claims its
     inflated size here too, so that its train replies' claims agree with it)."""
     nc = context.node_config
-    cfg, _, pid, nparts, _, y = _node(context)
+    cfg, _, pid, nparts, _, y = _node(context, admission)
     attack = _attack(cfg, pid, nparts, int(cfg.get("attack.start-round")))
     size = len(y)
     if attack is not None and attack.kind == "inflated-count":
         size = attacks.claimed_examples(size, attack.count_factor)
     return proto.query_reply(msg, pid, int(nc.get(proto.NUM_PARTITIONS, 0)), size)
+
+
+class FedsysClientApp(ClientApp):
+    """The fedsys ClientApp: :func:`train`, :func:`evaluate_handler` and :func:`query`,
+    each admitting the run config by :attr:`admission`."""
+
+    def __init__(self, admission: Admission) -> None:
+        super().__init__()
+        self.admission = admission
+        self.train()(functools.partial(train, admission=admission))
+        self.evaluate()(functools.partial(evaluate_handler, admission=admission))
+        self.query()(functools.partial(query, admission=admission))
+
+
+def make_app(policy: confine.Policy | None = None) -> FedsysClientApp:
+    """A fedsys ClientApp admitting the run config under ``policy`` (default: the site
+    operator's, from the environment).  :func:`fedsys_launch.simulation.simulate` builds one
+    in process under the policy of the run's own config, an object no run config can name
+    (Flower's simulation engine hands it to its Ray actors pickled)."""
+    return FedsysClientApp(Admission(policy))
+
+
+#: The ClientApp Flower loads (``fedsys_launch.client_app:app``): the operator's policy.
+app = make_app()

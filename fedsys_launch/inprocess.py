@@ -35,7 +35,7 @@ import os
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from logging import DEBUG, ERROR, INFO, WARNING
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 from uuid import uuid4
 
 import numpy as np
@@ -440,19 +440,22 @@ def simulate_inprocess(cfg: RunConfig, verbose: bool = False,
     """Run ``cfg`` with ``num-clients`` in-process nodes (:class:`InProcessGrid`).
 
     As :func:`fedsys_launch.simulation.simulate`: ``client_app`` replaces the fedsys ClientApp,
-    both apps run unconfined, and the ServerApp does not log the results table.  The
-    ServerApp runs in this thread (Ctrl-C and SIGTERM stop it where it is).
+    both apps admit the run config under the policy of ``cfg`` itself, and the ServerApp
+    does not log the results table.  The ServerApp runs in this thread (Ctrl-C and SIGTERM
+    stop it where it is).
     """
     from flwr.supercore.logger import update_console_handler
 
+    from fedsys import confine
     from fedsys_launch import server_app as server_module
-    from fedsys_launch.client_app import BatchTraining, UnconfinedClientApp
-    from fedsys_launch.client_app import app as fedsys_client_app
+    from fedsys_launch.client_app import BatchTraining, FedsysClientApp, make_app
 
     if verbose:
         update_console_handler(level=DEBUG, timestamps=True, colored=True)
-    server_module.LOG_TABLE = False
-    batched = cfg.batch_clients != "false" and client_app in (None, BatchTraining.app)
+    policy = confine.own_run_policy(cfg)
+    app = make_app(policy) if client_app is None else client_app
+    own = app if isinstance(app, FedsysClientApp) else None  # its training can be batched
+    batched = cfg.batch_clients != "false" and own is not None
     workers = None
     if batched and cfg.ray_address:
         from fedsys_launch.ray_workers import RayWorkers
@@ -464,15 +467,16 @@ def simulate_inprocess(cfg: RunConfig, verbose: bool = False,
             cfg.ray_address, "batch-clients is false" if cfg.batch_clients == "false"
             else "a ClientApp of your own")
     try:
-        grid = make_grid(cfg, UnconfinedClientApp(client_app or fedsys_client_app), os.environ,
-                         BatchTraining(cfg.batch_clients, workers=workers) if batched else None)
+        grid = make_grid(cfg, cast(ClientAppFn, app), os.environ,
+                         BatchTraining(cfg.batch_clients, workers=workers, admission=own.admission)
+                         if own is not None and batched else None)
         log(INFO, "fedsys: in-process engine, %d nodes, %s", cfg.num_clients,
             f"a round's clients trained together where their jobs agree (batch-clients: "
             f"{cfg.batch_clients})" if batched else "one message at a time")
         context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
                           run_config=dict(cfg.to_dict()))
         with task_identity(TASK_ID, RUN_ID, SUPERLINK_NODE_ID):
-            server_module.make_app(confined=False)(grid, context)
+            server_module.make_app(policy, log_table=False)(grid, context)
     finally:
         if workers is not None:
             workers.close()

@@ -274,12 +274,6 @@ def run_strategy(grid: Grid, cfg: RunConfig, name: str, position: str = "",
     return records
 
 
-#: Whether :func:`main` logs the results table at the end of a run: the only table
-#: ``flwr run`` shows; ``fedsys run`` (:func:`fedsys_launch.simulation.simulate`) turns it off
-#: and prints the table itself, once.
-LOG_TABLE = True
-
-
 def run_experiment(grid: Grid, cfg: RunConfig, log_table: bool = True
                    ) -> dict[str, list[dict[str, Any]]]:
     """Run every strategy of ``cfg`` on identical partitions and seeds, then compare
@@ -331,37 +325,39 @@ def _run_experiment(grid: Grid, cfg: RunConfig, log_table: bool
     return results
 
 
-def run_config(context: Context, confined: bool = True) -> RunConfig:
-    """The run's config from Flower's ``context``: admitted under the operator's policy
-    (:mod:`fedsys.confine`, from this process's environment) when ``confined``.
+def run_config(context: Context, policy: confine.Policy | None = None) -> RunConfig:
+    """The run's config from Flower's ``context``, admitted under ``policy``
+    (:mod:`fedsys.confine`; default: the operator's, from this process's environment).
 
     Raises
     ------
     ConfigError
         A key the policy refuses (named, one line), logged before it fails the run.
     """
-    if not confined:
-        return from_run_config(context.run_config)
     try:
-        return confine.admit(context.run_config, confine.policy_from_env(os.environ),
+        return confine.admit(context.run_config,
+                             policy if policy is not None else confine.policy_from_env(os.environ),
                              from_run_config, confine.PATH_KEYS)
     except ConfigError as exc:
         log(ERROR, "fedsys: run refused: %s", exc)
         raise
 
 
-def make_app(confined: bool = True) -> ServerApp:
-    """A fedsys ServerApp: read the run config (:func:`run_config`) and run the experiment.
+def make_app(policy: confine.Policy | None = None, log_table: bool = True) -> ServerApp:
+    """A fedsys ServerApp: read the run config (:func:`run_config`, under ``policy``) and
+    run the experiment, logging the results table at the end with ``log_table``.
 
-    :data:`app`, the one Flower loads (``fedsys_launch.server_app:app``), is confined;
-    :func:`fedsys_launch.simulation.simulate` builds an unconfined one for itself in process,
-    an object no run config can name.
+    :data:`app`, the one Flower loads (``fedsys_launch.server_app:app``), admits the run
+    config under the operator's policy and logs the table (the only one ``flwr run``
+    shows); :func:`fedsys_launch.simulation.simulate` builds one for itself in process,
+    under the policy of the run's own config (:func:`fedsys.confine.own_run_policy`), that
+    leaves the table to ``fedsys run``.
     """
     server = ServerApp()
 
     @server.main()
     def main(grid: Grid, context: Context) -> None:
-        run_experiment(grid, run_config(context, confined), log_table=LOG_TABLE)
+        run_experiment(grid, run_config(context, policy), log_table=log_table)
 
     return server
 

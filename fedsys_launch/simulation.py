@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Mapping
 from logging import WARNING
 from pathlib import Path
+from typing import cast
 
 from fedsys.config import RunConfig, toml_text
 from fedsys_launch import flower_patches
@@ -125,13 +126,13 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
     """Run ``cfg`` with ``num-clients`` simulated SuperNodes (Ray backend, ``engine: flower``).
 
     ``client_app`` replaces the fedsys ClientApp (tests use it to inject faults).  The
-    ServerApp does not log the results table (``fedsys_launch.server_app.LOG_TABLE``): the
-    caller prints it, so a run shows one.
+    ServerApp does not log the results table: the caller prints it, so a run shows one.
 
-    The user is the operator here: both apps run unconfined (:mod:`fedsys.confine`), as
-    objects built here, in this process (:func:`fedsys_launch.server_app.make_app`,
-    :class:`fedsys_launch.client_app.UnconfinedClientApp`, which reaches the Ray actors pickled);
-    nothing a config or Flower loads by name can be one of them.
+    The user is the operator here: both apps admit the run config under the policy of
+    ``cfg`` itself (:func:`fedsys.confine.own_run_policy`), as objects built here, in this
+    process (:func:`fedsys_launch.server_app.make_app`,
+    :func:`fedsys_launch.client_app.make_app`, which reaches the Ray actors pickled); nothing
+    a config or Flower loads by name can be one of them.
 
     With ``engine: inprocess`` the run goes to fedsys's own engine instead
     (:func:`fedsys_launch.inprocess.simulate_inprocess`: every ClientApp called in this process).
@@ -152,12 +153,13 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
     warnings.filterwarnings("ignore", message="Tip: In future versions of Ray",
                             category=FutureWarning)
     from flwr.app import Context, RecordDict
+    from flwr.clientapp import ClientApp
     from flwr.simulation.run_simulation import _run_simulation
     from flwr.supercore.telemetry import EventType
 
+    from fedsys import confine
+    from fedsys_launch import client_app as client_module
     from fedsys_launch import server_app as server_module
-    from fedsys_launch.client_app import UnconfinedClientApp
-    from fedsys_launch.client_app import app as fedsys_client_app
 
     # more actors than simulated nodes never train at once
     init_args = ray_init_args(os.environ, cfg.num_clients * cfg.client_num_cpus, cfg.ray_address)
@@ -169,8 +171,7 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
         "client_resources": {"num_cpus": cfg.client_num_cpus, "num_gpus": cfg.client_num_gpus},
         "init_args": init_args,
     }
-    # the caller (fedsys run) prints the results table: the log does not repeat it
-    server_module.LOG_TABLE = False
+    policy = confine.own_run_policy(cfg)
     with tempfile.TemporaryDirectory(prefix="fedsys-app-") as tmp:
         app_dir = write_app_dir(cfg, Path(tmp))
         context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
@@ -179,8 +180,9 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
             _run_simulation(
                 num_supernodes=cfg.num_clients,
                 exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
-                client_app=UnconfinedClientApp(client_app or fedsys_client_app),
-                server_app=server_module.make_app(confined=False),
+                client_app=(client_module.make_app(policy) if client_app is None
+                            else cast(ClientApp, client_app)),
+                server_app=server_module.make_app(policy, log_table=False),
                 backend_config=backend,  # type: ignore[arg-type]
                 app_dir=str(app_dir),
                 server_app_context=context,

@@ -1,6 +1,7 @@
 """What a submitted run config may name in a deployment (:mod:`fedsys.confine`): paths
 under the operator's roots, plugins from the operator's allow-list, refusals naming the
-key; and the apps apply it everywhere but under fedsys's own simulation."""
+key; and the apps apply it everywhere, fedsys's own simulation under the policy of its
+own config."""
 
 from __future__ import annotations
 
@@ -310,8 +311,12 @@ def test_the_server_app_refuses_before_it_runs_and_logs_the_key(dirs, caplog):
     assert not any(dirs["outside"].iterdir())  # nothing written
     ok = _context({**BASE, "output-dir": str(dirs["root"])})
     assert server_app.run_config(ok).output_dir == str(dirs["root"])
-    # fedsys's own simulation builds its ServerApp unconfined, the same config then passes
-    assert server_app.run_config(ctx, confined=False).output_dir == str(dirs["outside"])
+    # fedsys's own simulation admits it under the policy of the run's own config
+    own = confine.own_run_policy(from_run_config(ctx.run_config))
+    assert server_app.run_config(ctx, own).output_dir == str(dirs["outside"])
+    other = _context({**BASE, "output-dir": str(dirs["outside"].parent / "other")})
+    with pytest.raises(ConfigError, match=r"^config key 'output-dir': "):
+        server_app.run_config(other, own)  # another config's paths are not the run's own
 
 
 def test_the_server_app_refuses_a_plugin_before_importing_it(dirs, probe):
@@ -337,42 +342,58 @@ def test_the_client_app_refuses_a_data_dir_outside_its_roots(dirs):
     assert not client_app.app(proto.query_message(100), ctx).has_error()
 
 
-def test_the_client_app_refuses_a_plugin_and_the_simulation_wrapper_does_not(dirs, probe):
+def test_the_client_app_refuses_a_plugin_and_the_own_run_app_admits_it(dirs, probe):
     node = {proto.PARTITION_ID: 0, proto.NUM_PARTITIONS: 2}
     ctx = _context(BASE, node)
     ctx.run_config["plugins"] = probe
     with pytest.raises(ConfigError, match=r"^config key 'plugins'"):
         client_app.app(proto.query_message(100), ctx)
     assert probe not in sys.modules
-    unconfined = client_app.UnconfinedClientApp(client_app.app)
-    assert not unconfined(proto.query_message(100), ctx).has_error()
+    own = client_app.make_app(confine.own_run_policy(from_run_config(ctx.run_config)))
+    assert not own(proto.query_message(100), ctx).has_error()
     assert probe in sys.modules
     sys.modules.pop(probe)
-    with pytest.raises(ConfigError, match=r"^config key 'plugins'"):  # outside the wrapper again
+    with pytest.raises(ConfigError, match=r"^config key 'plugins'"):  # the module's app: still
         client_app.app(proto.query_message(100), ctx)
 
 
-def test_the_simulation_wrapper_survives_pickling_to_an_actor_and_loads_by_no_name(dirs):
+def test_the_own_run_policy_admits_its_config_and_no_other(dirs, probe):
+    outside = dirs["outside"]
+    cfg = _cfg(**{"output-dir": str(outside / "runs"), "data-dir": str(outside / "data"),
+                  "plugins": probe, "strategy": f"fedavg,fedcda[fedcda.cache-dir={outside}/c]"})
+    policy = confine.own_run_policy(cfg)
+    assert confine.check_paths(cfg, policy) == []
+    assert confine.check_plugins(confine.plugin_names(cfg.to_dict()), policy) == []
+    assert confine.check_plugins(["another"], policy)
+    for key in ("output-dir", "data-dir", "init-from", "fedcda.cache-dir"):
+        refused = confine.check_paths(cfg.replace(**{key: str(dirs["root"] / "x")}), policy)
+        assert refused and refused[0].startswith(f"config key '{key}'"), key
+
+
+def test_an_app_built_with_a_policy_survives_pickling_to_an_actor_and_loads_by_no_name(dirs):
     """Ray hands the ClientApp to its actors with cloudpickle; Flower loads a deployment's
-    ClientApp by ``module:attribute``: no attribute of the app modules is unconfined."""
+    ClientApp by ``module:attribute``: the one there admits under the environment's policy."""
     from flwr.clientapp import ClientApp
     from flwr.serverapp import ServerApp
 
     ctx = _context({**BASE, "data-dir": str(dirs["outside"])},
                    {proto.PARTITION_ID: 0, proto.NUM_PARTITIONS: 2})
     cloudpickle = pytest.importorskip("ray.cloudpickle")
-    again = cloudpickle.loads(cloudpickle.dumps(client_app.UnconfinedClientApp(client_app.app)))
+    own = client_app.make_app(confine.own_run_policy(from_run_config(ctx.run_config)))
+    again = cloudpickle.loads(cloudpickle.dumps(own))
     assert not again(proto.query_message(100), ctx).has_error()
+    with pytest.raises(ConfigError, match=r"^config key 'data-dir'"):
+        client_app.app(proto.query_message(100), ctx)
     apps = [v for v in vars(client_app).values() if isinstance(v, ClientApp)]
-    assert apps == [client_app.app]
+    assert apps == [client_app.app] and client_app.app.admission.policy is None
     assert [v for v in vars(server_app).values() if isinstance(v, ServerApp)] == [server_app.app]
 
 
 @pytest.mark.slow
 def test_fedsys_run_is_not_confined(tmp_path, monkeypatch, own_ray_cluster):
-    """``fedsys run`` under a policy that would refuse its every path: the user is the
-    operator, both apps (the clients in Ray actors, which inherit this environment) run
-    unconfined and the run finishes."""
+    """``fedsys run`` under an environment's policy that would refuse its every path: the
+    user is the operator, both apps (the clients in Ray actors, which inherit this
+    environment) admit the config under the policy of its own and the run finishes."""
     from fedsys import metrics
     from fedsys_launch.cli import main
 
