@@ -438,6 +438,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if others or not sites:
         _print_table("SuperNodes (flwr supernode list)", ("node id", "status", "online since"),
                      ((n["node-id"], n["status"], str(n.get("online-at") or "-")) for n in others))
+    if not runs:
+        print("runs (flwr ls): none yet")
+        return 0
     _print_table("runs (flwr ls)", ("run id", "app", "status", "elapsed", "started"),
                  ((r["run-id"], f"{r['fab-id']} {r.get('fab-version', '')}".strip(),
                    r["status"], str(r.get("elapsed", "")), str(r.get("running-at") or "-"))

@@ -337,6 +337,15 @@ def write_server_proxy(kit: ServerKit) -> Path:
         user="root" if os.geteuid() == 0 else None))
 
 
+def deploy_file(name: str) -> str:
+    """The text of ``deploy/NAME`` (the role compose files), or :class:`DeployError`."""
+    try:
+        return (SCRIPTS / name).read_text()
+    except OSError:
+        raise DeployError(f"{SCRIPTS / name} not found: run fedsys deploy from a fedsys "
+                          "checkout (or an image built from one)") from None
+
+
 def run_script(name: str, *args: str) -> str:
     """Run ``deploy/NAME`` (make-certs.sh, node-keys.sh) under umask 077; its stdout,
     or :class:`DeployError` with its last error line."""
@@ -384,7 +393,7 @@ def make_server_kit(out: Path, names: list[str], addresses: list[str], sites_por
     # the server role in Docker (deploy/server.compose.yml): the proxy's configuration with
     # container paths, read by the image's user
     _write(kit.root / "proxy" / "compose.conf", compose_conf(), 0o644)
-    _write(kit.root / "compose.yml", (SCRIPTS / "server.compose.yml").read_text(), 0o644)
+    _write(kit.root / "compose.yml", deploy_file("server.compose.yml"), 0o644)
     _mkdir(kit.root / "inbox")
     _mkdir(kit.root / "sites")
     _write(kit.root / "start.sh", server_start_sh(kit), 0o700)
@@ -531,7 +540,7 @@ def add_site(fed: Federation, pub: Path, name: str, node_cfg: str) -> tuple[Path
     _write(kit / f"{name}.pub", key + "\n", 0o644)
     _write(kit / "site.env", site_env(name, fed.site_address, node_cfg,
                                       server_host=fed.server_host))
-    _write(kit / "compose.yml", (SCRIPTS / "site.compose.yml").read_text(), 0o644)
+    _write(kit / "compose.yml", deploy_file("site.compose.yml"), 0o644)
     _write(kit / SITE_FILE, json.dumps({
         "name": name, "node-id": node_id, "superlink": fed.site_address,
         "node-config": node_cfg, "public-key": key,

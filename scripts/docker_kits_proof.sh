@@ -24,9 +24,7 @@
 #   scripts/docker_kits_proof.sh     # exit 0: proven (prints PROOF OK); 77: no Docker engine
 #
 # Needs root (iptables, chown 49999), the fedsys images (built with scripts/docker_proof.sh
-# --build-only when missing) and Fashion-MNIST.  Until fedsys_launch/kits.py copies the
-# compose files into the kits (and writes proxy/compose.conf, inbox/ and sites/), this
-# script puts them there itself and says so ("kit: ... (as kits.py will)").
+# --build-only when missing) and Fashion-MNIST.
 #
 # Environment:
 #   FEDSYS_CLI     the fedsys command that makes the kits (default .venv/bin/fedsys)
@@ -151,19 +149,8 @@ echo "== fedsys deploy server-kit --name $NAME --address $ADDR"
 for i in 0 1; do
   "$FEDSYS_CLI" deploy site-key "${SITES[$i]}" --out "$WORK/${SITES[$i]}" >/dev/null
 done
-if [ ! -f "$K/compose.yml" ]; then
-  cp deploy/server.compose.yml "$K/compose.yml"
-  echo "kit: compose.yml copied from deploy/server.compose.yml (as kits.py will)"
-fi
-if [ ! -f "$K/proxy/compose.conf" ]; then
-  "$(dirname "$(readlink -f "$FEDSYS_CLI")")/python" -I -c 'import sys
-from fedsys_launch.proxy import compose_conf
-open(sys.argv[1], "w").write(compose_conf())' "$K/proxy/compose.conf"
-  chmod 0644 "$K/proxy/compose.conf"
-  echo "kit: proxy/compose.conf written (compose_conf(); as kits.py will)"
-fi
-for d in inbox sites; do
-  [ -d "$K/$d" ] || { mkdir -m 0700 "$K/$d"; echo "kit: $d/ made (as kits.py will)"; }
+for f in compose.yml proxy/compose.conf inbox sites; do
+  [ -e "$K/$f" ] || { echo "error: the server kit has no $f" >&2; exit 1; }
 done
 grep -q "^SITES_BIND=$ADDR$" "$K/server.env" \
   || { echo "error: server.env does not bind $ADDR" >&2; cat "$K/server.env" >&2; exit 1; }
@@ -190,10 +177,8 @@ for i in 0 1; do
   server run --rm -T sites add-site "inbox/${SITES[$i]}.pub" --partition-id "$i" \
     --num-partitions 2
   [ -f "$K/sites/${SITES[$i]}/site.env" ] || { echo "error: no site kit" >&2; exit 1; }
-  if [ ! -f "$K/sites/${SITES[$i]}/compose.yml" ]; then
-    cp deploy/site.compose.yml "$K/sites/${SITES[$i]}/compose.yml"
-    echo "kit: sites/${SITES[$i]}/compose.yml copied from deploy/site.compose.yml (as kits.py will)"
-  fi
+  [ -f "$K/sites/${SITES[$i]}/compose.yml" ] \
+    || { echo "error: the site kit ${SITES[$i]} has no compose.yml" >&2; exit 1; }
 done
 echo "site.env as add-site wrote it:"; sed 's/^/  /' "$K/sites/site-0/site.env"
 leak=$(find "$K/sites" -type f \( -name '*.secret' -o -name site-0 -o -name site-1 \))
@@ -205,8 +190,8 @@ for i in 0 1; do
   cp -a "$K/sites/${SITES[$i]}" "$s/kit"          # the kit sent to the site, beside its keys
   chown 49999 "$s/keys/${SITES[$i]}" "$s/keys/${SITES[$i]}.secret"
   # the certificate's name, pinned to the kit's address (no DNS here)
-  grep -q '^SERVER_NAME=' "$s/kit/site.env" || printf 'SERVER_NAME=%s\nSERVER_IP=%s\n' \
-    "$NAME" "$ADDR" >> "$s/kit/site.env"
+  grep -q "^SERVER_NAME=$NAME$" "$s/kit/site.env" && grep -q "^SERVER_IP=$ADDR$" "$s/kit/site.env" \
+    || { echo "error: site.env does not map $NAME to $ADDR" >&2; exit 1; }
   echo "== ${SITES[$i]}: docker-compose --env-file site.env --profile cpu up -d (in its kit)"
   net "${SITES[$i]}" "${SITE_NETS[$i]}" "${SITE_GWS[$i]}"; B=$BR
   # the internet between the hosts: this site reaches the server's published port only
