@@ -26,12 +26,10 @@ FLWR_OLDEST  := 1.41.0
 # the same packages as pip, in less time (docs/performance.md "Setting up").
 # uv honours pip's configured constraint file (on this machine it caps torch) and uses the
 # system's certificates; it reads no other pip setting.
-# Bytecode is compiled when a module is first imported and kept (Python's own way; make
-# undoes a PYTHONDONTWRITEBYTECODE it inherits, which would compile every import of every
-# process anew), not for the whole venv at install: that cost 73 s of CPU per venv for
-# 12,900 files, of which the suite imports about 3,200 (docs/performance.md "Setting up").
-# IMPORT_AHEAD compiles the heavy ones once before the test workers start (three workers
-# compiling torch and Ray side by side once made Ray's start-up time out).
+# Bytecode is compiled when a module is first imported and kept, not for the whole venv at
+# install (docs/performance.md "Setting up"); an inherited PYTHONDONTWRITEBYTECODE is undone.
+# IMPORT_AHEAD compiles the heavy modules once before the test workers start, which would
+# otherwise compile them side by side (docs/development.md "Why things are as they are").
 unexport PYTHONDONTWRITEBYTECODE
 IMPORT_AHEAD := -c 'import fedsys_launch.cli, fedsys_launch.client_app, fedsys_launch.server_app, fedsys_launch.simulation, ray, flwr.simulation'
 UV_REQ := uv>=0.13.5,<0.14
@@ -59,16 +57,8 @@ data: $(VENV)/.installed
 run: $(VENV)/.installed data
 	$(FEDSYS) run configs/default.yaml
 
-# three xdist workers on 2 cores, each file's tests on one (a module's deployment starts once;
-# loadgroup does not group under pytest 9 with xdist 3.8): the tests wait on Ray's start-up,
-# the SuperNodes' polling and round timeouts, and in CI one worker waits for the Docker images,
-# so a third worker fills cores that two left idle (2026-11-25: the integration tests in 1166 s
-# instead of about 1370 s); each worker's simulations join one Ray cluster of one CPU, so each
-# starts one ClientApp actor (tests/conftest.py; the suite 1390 -> 1137 s beside a niced run).
-# A fourth worker does not help: the suite is CPU-bound (load average 5-6 through a fresh-clone
-# CI run); 2026-11-27, idle machine: pytest 1427 s with -n 3, 1478 s with -n 4 and the longest
-# modules split (test_deploy_tls/test_deploy_faults, test_killed_run; since then the template's
-# deployment test joined test_deploy_smoke, and test_deploy_faults test_deploy_tls's deployment)
+# three xdist workers on 2 cores, each file's tests on one (a module's deployment starts
+# once): the tests wait more than they compute (docs/development.md "Why things are as they are")
 test: $(VENV)/.installed-dev data lint
 	$(PY) $(IMPORT_AHEAD)
 	$(PY) -m pytest -q -rs --durations=20 -n 3 --dist loadfile
@@ -78,7 +68,6 @@ test-fast: $(VENV)/.installed-dev
 
 # the oldest supported flwr: its own venv (uv's cache makes it quick after .venv), the unit
 # tests, one simulation and Flower's app template under IMA over FedCDA with partition-id
-# (2 min 52 s with -n 2 on the 2-core machine while other work ran, venv set-up aside)
 $(VENV_OLDEST)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV_OLDEST)
 	$(VENV_OLDEST)/bin/python -m pip install -q '$(UV_REQ_OLDEST)'

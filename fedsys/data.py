@@ -110,8 +110,8 @@ def _read_idx(path: Path) -> np.ndarray:
 
     A ``.gz`` file is read through an uncompressed copy in the cache (:func:`idx_cache`),
     made on first use: every process that loads the data (each deployment message starts
-    one) then skips the decompression, 0.3 of the 0.5 s of CPU a load of Fashion-MNIST took
-    (measured 2026-11-27).  A file that is cut off (an interrupted download), empty, not
+    one) then skips the decompression, most of a load's CPU (docs/development.md "Why
+    things are as they are").  A file that is cut off (an interrupted download), empty, not
     gzip or not IDX raises :class:`DataError` naming the file; a copy in the cache that is
     not a whole IDX file is made again.
     """

@@ -85,11 +85,10 @@ def staged_app(app_dir: Path, into: Path) -> Path:
     does), a copy of ``pyproject.toml``, ``.gitignore`` and the files the patterns match,
     in ``into/app-<digest of the copy>`` (made once per content, never changed after).
 
-    Flower's ``flwr run`` walks and resolves every file under the directory it is given
-    before it filters: a checkout with its virtual environments and ``runs/`` is about
-    85,000 files and 13 s of CPU per submission (measured 2026-11-27).  The copy holds the
-    files the FAB is built from, so the FAB and its hash are the same
-    (``tests/unit/test_deploy_cli.py``).
+    Flower's ``flwr run`` walks every file under the directory it is given before it
+    filters, a checkout's virtual environments and ``runs/`` included (docs/deployment.md
+    gives the cost).  The copy holds the files the FAB is built from, so the FAB and its
+    hash are the same (``tests/unit/test_deploy_cli.py``).
     """
     project = app_dir / "pyproject.toml"
     try:
@@ -216,16 +215,12 @@ class LocalDeployment:
     node_nice : int
         Scheduling niceness of the SuperNodes and their SuperExecs, and so of the
         ClientApps they start (default 0: normal priority; 19 for tens of nodes on a
-        machine given to the deployment), set both on the process and on its
-        session's scheduling group (Linux's autogroup, where a process's own niceness
-        counts only against its own session: ``nice -n`` alone left 30 nodes level with
-        the SuperLink).  With more nodes than cores the nodes' training takes the CPU the
-        SuperLink needs to answer them: at 30 nodes on 2 cores its queue for the database
-        lock passed the SuperNodes' 30 s request timeout (replies dropped), and the
-        ServerApp's heartbeats went unanswered for a minute, so the SuperLink failed the
-        run.  The SuperLink and the server SuperExec keep the caller's niceness.  Not
-        the default: niced nodes wait for every other busy process on the machine (3
-        nodes at 10 beside two training runs answered nothing in 600 s).
+        machine given to the deployment), set on the process and on its session's
+        scheduling group (Linux's autogroup: a process's own niceness counts only within
+        its session).  With more nodes than cores, niced nodes leave the SuperLink the
+        CPU it needs to answer them; not the default, since niced nodes also wait for
+        every other busy process (docs/development.md "Why things are as they are").
+        The SuperLink and the server SuperExec keep the caller's niceness.
     """
 
     root: Path

@@ -510,9 +510,9 @@ def orderly_shutdown(environ: Mapping[str, str] = os.environ) -> Iterator[bool]:
     worker threads may still wait on an actor's reply or submit a message they had taken.
     A thread that reaches Ray's core worker while it shuts down ends the whole process at
     once with exit status 1 ("The core worker has already been shutdown", ray-project/ray
-    #19115): the stop's exit status and its word on how to continue were lost (CI,
-    2026-12-06); a call still waiting fails (the actor's owner gone), and a submit after
-    the shutdown starts a new local Ray cluster.
+    #19115): the stop's exit status and its word on how to continue are lost; a call still
+    waiting fails (the actor's owner gone), and a submit after the shutdown starts a new
+    local Ray cluster.
     """
     if not _usable("orderly-shutdown", check_orderly_shutdown(), environ):
         yield False

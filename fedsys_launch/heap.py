@@ -8,10 +8,8 @@ of its heap to the system above its trim threshold: every round then pays the pa
 of memory it had a moment before.  :func:`keep_freed_memory` raises both thresholds, as
 ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` would (``mallopt``, glibc's own
 call for them): blocks up to 32 MiB come from the heap, and up to 256 MiB of freed heap is
-kept for reuse.  Measured (``benchmarks/round_parts.py``, ``docs/performance.md`` "The
-floor of a round that sends Flower's messages"): the batched training of the cross-device
-round 74 ms a round against 98 with glibc's defaults; the round 1.02 times a plain PyTorch
-loop against 1.13 in one three-pass run, 1.16 against 1.33 in another.
+kept for reuse; a batched cross-device round is quicker so (``benchmarks/round_parts.py``,
+docs/performance.md "The floor of a round that sends Flower's messages").
 Numbers do not change (only where memory comes from); the process may hold up to the trim
 threshold of freed memory it would have returned.
 

@@ -39,11 +39,11 @@ def ray_cluster(root: Path, num_cpus: int | None = None,
     On leaving, the cluster is stopped and none of its processes is left.
     ``worker_ports`` (first, last) is the range its workers and drivers listen on (Ray's
     default, 10002-19999, is every cluster's: clusters started side by side, such as the
-    test workers', took the same port and a driver aborted, "Failed to start the grpc
-    server ... port is 10002", CI 2026-11-27).  ``ray start`` gives up when its raylet has
+    test workers', would take the same port).  ``ray start`` gives up when its raylet has
     not registered with the GCS after 30 s (fixed in Ray's ``node.py``), which a busy
-    2-core machine reached (2026-11-27); such a start is tried again, ``attempts`` times in
-    all, each attempt's output kept in ``ray-start.log``.
+    machine can reach; such a start is tried again, ``attempts`` times in all, each
+    attempt's output kept in ``ray-start.log`` (docs/development.md "Why things are as
+    they are").
 
     Raises
     ------

@@ -5,8 +5,8 @@ The runner builds each strategy from the run config (:func:`fedsys_launch.regist
 and calls its Flower ``start`` with ``num_rounds``, ``timeout`` (``round-timeout``), the
 local-training keys as ``train_config`` and the central evaluation as ``evaluate_fn``.
 Before anything reads a path or imports a plugin, the run config is admitted under the
-operator's policy (:mod:`fedsys.confine`: ``FEDSYS_ROOTS``, ``FEDSYS_PLUGINS``), except
-under fedsys's own simulation (:func:`make_app`).
+operator's policy (:mod:`fedsys.confine`: ``FEDSYS_ROOTS``, ``FEDSYS_PLUGINS``); fedsys's own
+simulation admits it under the policy of the run's own config (:func:`make_app`).
 
 Run directory layout (``<output-dir>/<name>/``)::
 
@@ -143,12 +143,10 @@ def settle_heap() -> None:
     """Once per process, after a run's first round: collect, then freeze every object
     alive (``gc.freeze``: the libraries, the datasets, what the first round imported and
     cached), so that Python's full collections, which the many small objects of a round's
-    messages set off, no longer walk them.  Measured on the cross-device setting
-    (docs/performance.md): full collections took 0.9 s of a 31-round run, up to 0.2 s
-    each (a round that holds one took twice the others); frozen, a few ms.  Nothing is
-    kept alive that would be freed: an object is still freed when its last reference
-    goes; only garbage cycles among the frozen objects would stay, and the collection
-    just before leaves none."""
+    messages set off, no longer walk them (they stalled rounds: docs/performance.md "The
+    floor of a round that sends Flower's messages").  Nothing is kept alive that would be
+    freed: an object is still freed when its last reference goes; only garbage cycles
+    among the frozen objects would stay, and the collection just before leaves none."""
     import gc
 
     global _heap_settled

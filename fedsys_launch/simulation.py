@@ -29,24 +29,16 @@ FLWR_ENV = {
     # Ray binds to the machine's address unless told it is not a cluster: keep it on
     # loopback (read when ray is first imported).
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    # Ray's GCS declares its own raylet dead after 5 missed health checks (3 s apart, 10 s
-    # each); a run niced under other work on 2 cores missed them and lost its cluster
-    # ("mistakenly been marked as dead by the GCS").  The raylet is on this machine, so a
-    # real death ends the driver anyway: allow 50 (2.5 to 11 minutes of starvation).
+    # a starved machine (a niced run beside other work) must not lose its own Ray cluster:
+    # the raylet is on this machine, a real death ends the driver anyway (docs/development.md
+    # "Why things are as they are", Ray's settings)
     "RAY_health_check_failure_threshold": "50",
-    # ... and the raylet gives up on a GCS that has not answered for 60 s, ending the run
-    # the same way (a niced run lost its cluster so while the test suite started beside it)
     "RAY_gcs_rpc_server_reconnect_timeout_s": "600",
-    # Ray hands an argument or result over 100 KiB to its shared-memory object store: a
-    # model of 0.2 to 2.3 MB went to a ClientApp actor and back in 10 to 28 ms that way, 5
-    # to 24 ms inline (benchmarks/client_overhead.py, 2026-11-27).  Inline up to 4 MiB.
+    # a model passed inline to and from the actors, not through the object store: quicker up
+    # to this size (docs/performance.md "Where a simulated client's time goes")
     "RAY_max_direct_call_object_size": str(4 << 20),
-    # Ray's C++ failure handler takes SIGTERM from the driver: 'kill', 'timeout', 'docker
-    # stop' and a batch scheduler's time limit printed a stack dump and ended the run
-    # without a word on how to continue (ray-project/ray#64830: it may also abort a slow
-    # shutdown 3 s on).  Without it, ray.init's Python handler raises SystemExit(SIGTERM),
-    # which fedsys_launch.cli.main turns into Ctrl-C's stop: exit 143, the checkpoint whole
-    # (tests/integration/test_interrupt.py).
+    # Ray's C++ failure handler would take SIGTERM (a stack dump, no word on resuming);
+    # without it SIGTERM stops the run as Ctrl-C does (tests/integration/test_interrupt.py)
     "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1",
 }
 

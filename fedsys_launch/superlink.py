@@ -2,17 +2,15 @@
 
 Flower 1.41's SuperLink keeps its state (``--database FILE``) in SQLite with a
 hard-coded ``busy_timeout`` of 5 s (``flwr.supercore.constant.SQLITE_PRAGMAS``).  Each
-reply arrives as one write transaction per object (every array of the model is one)
-plus one for the message, each taking the database's single write lock; with 10
-SuperNodes replying at once on 2 cores the queue for that lock grew past 5 s, the
-SuperLink answered ``500 database is locked``, and a SuperNode dropped the reply it was
-pushing (Flower's SuperNode does not retry a 500): measured, 2 of 10 replies lost in a
-round (``benchmarks/deploy_load.py``).  Waiting longer for the lock loses nothing, so
-this entry point sets the busy timeout to ``FEDSYS_SQLITE_BUSY_TIMEOUT_MS`` (default
-120000) and then runs Flower's own ``flower-superlink`` with the same arguments.  With it
-10 nodes lost no reply; at 30 nodes on 2 cores the queue passes the SuperNodes' own 30 s
-request timeout and some replies are still dropped, which the SuperLink then reports as
-lost and the ServerApp asks for again (``transport-retries``, strategies/base.py).
+reply arrives as one write transaction per object plus one for the message, each taking
+the database's single write lock; when many SuperNodes reply at once the queue for that
+lock passes 5 s, the SuperLink answers ``500 database is locked``, and the SuperNode
+drops the reply it was pushing (it does not retry a 500; figures: docs/performance.md
+"What each patch of Flower buys").  Waiting longer for the lock loses nothing, so this
+entry point sets the busy timeout to ``FEDSYS_SQLITE_BUSY_TIMEOUT_MS`` (default 120000)
+and then runs Flower's own ``flower-superlink`` with the same arguments.  A reply still
+dropped past the SuperNodes' own 30 s request timeout is reported lost and asked for
+again (``transport-retries``, strategies/base.py).
 
 It also gives the ServerApp the same start window as :mod:`fedsys_launch.supernode` gives a
 ClientApp (``FEDSYS_CLIENTAPP_START_S``, default 300 s instead of Flower's 30 s): a

@@ -7,11 +7,9 @@ not activated by then goes back to pending (``InMemoryCoreState.
 _cleanup_expired_task_tokens_locked``), the SuperExec claims it again and starts a
 second ClientApp, and the first one is left running.  A ClientApp that needs longer
 than 30 s to import torch and Flower (many nodes on few cores, or a machine busy with
-something else) so starts another and another, each slowing the others further:
-measured, 30 SuperNodes on 2 cores held 375 ClientApp processes and used up the
-machine's 23 GiB within two minutes of the first round (``benchmarks/deploy_load.py``),
-and a node caught in this never replies again (its SuperNode waits for the reply of
-the task it handed out).
+something else) so starts another and another, each slowing the others further until
+memory runs out (docs/performance.md "Deployment load"), and a node caught in this never
+replies again (its SuperNode waits for the reply of the task it handed out).
 
 This entry point widens only that start window, to ``FEDSYS_CLIENTAPP_START_S``
 seconds (default 300): a claimed task waits that long for its ClientApp, so there is
