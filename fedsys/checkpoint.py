@@ -37,16 +37,8 @@ from typing import IO, Any, cast
 import numpy as np
 import torch
 
-from fedsys.fedcda import Layout
-
-#: The checkpoint layout this fedsys writes.  Format 1 held FedCDA's layout as a
-#: ``fedsys.fedcda.Layout`` object, format 2 holds it as plain values (:func:`load` still
-#: reads the object: see :data:`FORMER_GLOBALS`); checkpoints without a format field
-#: were written before it existed and have layout 1.
+#: The checkpoint layout this fedsys writes, and the only one :func:`load` reads.
 FORMAT = 2
-
-#: The layouts :func:`load` reads (a format-1 file without a FedCDA layout is format 2).
-READS = (1, 2)
 
 #: numpy's ``_reconstruct``, which a pickled ``ndarray`` names first (its module is
 #: ``numpy._core.multiarray`` in numpy 2, ``numpy.core.multiarray`` in numpy 1).
@@ -75,12 +67,6 @@ SAFE_GLOBALS: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [
     *sorted({type(np.dtype(c)) for c in NUMERIC_DTYPES}, key=lambda t: t.__name__),
 ]
 
-#: Classes only an older fedsys wrote into its checkpoints (format 1), still read so that
-#: its runs resume: FedCDA's ``Layout``, a frozen dataclass of tuples, strings and ints
-#: with no ``__setstate__``, which the safe loader builds with ``object.__new__`` and a
-#: ``__dict__`` update (no fedsys code runs).  :func:`save` never writes one.
-FORMER_GLOBALS: list[Callable[..., Any]] = [Layout]
-
 #: The values a checkpoint holds besides dicts, lists, tuples, tensors and numeric numpy
 #: arrays (their exact types: a subclass such as ``numpy.float64`` pickles as a global).
 PLAIN: tuple[type, ...] = (type(None), bool, int, float, str, bytes)
@@ -91,8 +77,8 @@ class CheckpointError(ValueError):
 
 
 class UnsafeCheckpointError(CheckpointError):
-    """A file that holds more than a checkpoint does (code, or objects only an older
-    fedsys wrote): refused unread, and never replaced by the previous checkpoint."""
+    """A file that holds more than a checkpoint does (code, or objects): refused unread,
+    and never replaced by the previous checkpoint."""
 
 
 def version() -> str:
@@ -176,7 +162,7 @@ def load(path: Path) -> dict[str, Any]:
     ------
     UnsafeCheckpointError
         The file holds Python code or objects a checkpoint does not (the names it
-        would import are given), or objects only an older fedsys wrote.
+        would import are given).
     CheckpointError
         The file is missing, truncated, corrupt, no fedsys checkpoint, or of a format
         this fedsys does not read.
@@ -192,7 +178,7 @@ def load(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is corrupt (its part {part!r} fails the CRC-32 it was "
                               "written with)")
     try:
-        with torch.serialization.safe_globals([*SAFE_GLOBALS, *FORMER_GLOBALS]):
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
             out: Any = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:  # what the safe loader refuses (its CRC-32s held)
         raise refusal(path, pickle_imports(path)) from None
@@ -200,11 +186,11 @@ def load(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is truncated or corrupt ({type(exc).__name__})") from None
     if not isinstance(out, dict) or "round" not in out:
         raise CheckpointError(f"{path} is not a fedsys checkpoint")
-    fmt = out.get("format", 1)
-    if fmt not in READS:
+    fmt = out.get("format", "none")
+    if fmt != FORMAT:
         raise CheckpointError(
             f"{path} was written by fedsys {out.get('fedsys', '?')} (checkpoint format {fmt}); "
-            f"this fedsys {version()} reads format {' or '.join(map(str, READS))}")
+            f"this fedsys {version()} reads format {FORMAT}")
     return out
 
 
@@ -334,7 +320,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
-__all__ = ["FORMAT", "FORMER_GLOBALS", "NUMERIC_DTYPES", "PLAIN", "READS", "SAFE_GLOBALS", "CheckpointError",
+__all__ = ["FORMAT", "NUMERIC_DTYPES", "PLAIN", "SAFE_GLOBALS", "CheckpointError",
            "UnsafeCheckpointError", "changed_part", "foreign", "load", "load_latest",
            "pickle_imports", "prev_path", "refusal", "rng_state", "save", "scan_imports",
            "set_rng_state", "version"]

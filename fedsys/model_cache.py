@@ -52,7 +52,7 @@ class Entry:
     loss: float
     sq: float
     ints: Params = field(default_factory=dict)
-    #: CRC-32 of the disk store's data bytes (``None``: RAM store, or a checkpoint from before)
+    #: CRC-32 of the disk store's data bytes (``None``: RAM store)
     crc: int | None = None
 
 
@@ -187,8 +187,8 @@ class ModelCache:
         """Restore :meth:`state_dict`; the disk store checks its files are there."""
         self.capacity = int(state["capacity"])
         self.entries = {
-            int(c): deque(Entry(int(r), float(f), float(s), dict(i), *crc)
-                          for r, f, s, i, *crc in rows)  # no CRC in a checkpoint from before
+            int(c): deque(Entry(int(r), float(f), float(s), dict(i), crc)
+                          for r, f, s, i, crc in rows)
             for c, rows in state["entries"].items()
         }
         if self.directory is None:

@@ -39,12 +39,11 @@ TOGETHER = "(clients trained together)"
 
 def numbers_config(given: dict[str, Any]) -> dict[str, Any]:
     """``given`` (a run's config) with ``engine`` and ``batch-clients`` replaced by
-    :data:`TOGETHER`: the two engines give the same numbers one client at a time, and a
-    config from before ``batch-clients`` existed trained one at a time.  ``auto`` counts
-    as together (whether it batched depends on the model and the device)."""
+    :data:`TOGETHER`: the two engines give the same numbers one client at a time.  ``auto``
+    counts as together (whether it batched depends on the model and the device)."""
     out = {k: v for k, v in given.items() if k not in ("engine", "batch-clients")}
-    out[TOGETHER] = (given.get("engine") == "inprocess"
-                     and str(given.get("batch-clients", "false")).lower() != "false")
+    out[TOGETHER] = (given["engine"] == "inprocess"
+                     and str(given["batch-clients"]).lower() != "false")
     return out
 
 

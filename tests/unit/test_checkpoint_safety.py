@@ -101,15 +101,15 @@ def test_a_replaced_latest_checkpoint_is_not_worked_around_with_the_previous_one
     assert checkpoint.load(checkpoint.prev_path(path))["round"] == 1  # there, and not used
 
 
-def test_a_checkpoint_an_older_fedsys_wrote_with_a_layout_in_it_still_loads(tmp_path):
-    """Format 1 held FedCDA's layout as a ``fedsys.fedcda.Layout`` object: such a run must
-    still resume (no lost run), and a FedCDA strategy restores it as it was."""
+def test_a_layout_object_in_a_checkpoint_is_refused_unread(tmp_path):
+    """A checkpoint holds FedCDA's layout as plain values; an object there is refused
+    unread, naming its class, like any other."""
     layout = Layout.of({"w": np.zeros(3, np.float32), "n": np.array(1, np.int64)})
     path = tmp_path / "checkpoint.pt"
-    torch.save({"round": 2, "format": 1, "fedsys": "0.9", "strategy": {"fedcda": {
-        "layout": layout}}}, path)
-    back = checkpoint.load(path)["strategy"]["fedcda"]["layout"]
-    assert type(back) is Layout and back == layout
+    torch.save({"round": 2, "format": checkpoint.FORMAT, "fedsys": "0.9", "strategy": {
+        "fedcda": {"layout": layout}}}, path)
+    with pytest.raises(checkpoint.UnsafeCheckpointError, match=r"fedsys\.fedcda\.Layout"):
+        checkpoint.load(path)
 
 
 def test_save_refuses_what_load_would_refuse(tmp_path):

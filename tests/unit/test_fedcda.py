@@ -230,12 +230,6 @@ def test_disk_cache_names_a_file_whose_data_changed_after_it_was_written(tmp_pat
     restored = ModelCache(2, tmp_path)
     restored.load_state_dict(state)
     assert np.array_equal(restored.vector(3, 2), vec[::-1])
-    # a checkpoint from before the CRC (4-tuples) still restores, its files unhashed
-    old = {**state, "entries": {k: [row[:4] for row in rows] for k, rows in state["entries"].items()}}
-    flip_bit(f, -1000)
-    before = ModelCache(2, tmp_path)
-    before.load_state_dict(old)
-    assert [e.crc for e in before.of(3)] == [None, None]
 
 
 def test_disk_cache_checks_a_file_on_its_first_read_in_a_pass(tmp_path) -> None:
