@@ -20,6 +20,7 @@ Run directory layout (``<output-dir>/<name>/``)::
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from datetime import timedelta
@@ -136,9 +137,7 @@ def make_estimator_fn(cfg: RunConfig) -> Any:
     return fn
 
 
-_heap_settled = False
-
-
+@functools.cache
 def settle_heap() -> None:
     """Once per process, after a run's first round: collect, then freeze every object
     alive (``gc.freeze``: the libraries, the datasets, what the first round imported and
@@ -149,10 +148,6 @@ def settle_heap() -> None:
     among the frozen objects would stay, and the collection just before leaves none."""
     import gc
 
-    global _heap_settled
-    if _heap_settled:
-        return
-    _heap_settled = True
     gc.collect()
     gc.freeze()
 
