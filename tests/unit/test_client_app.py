@@ -125,5 +125,5 @@ def test_a_site_with_its_own_data_trains_on_all_of_it(tmp_path):
     assert own[proto.PARTITION_ID] == 5 and own[proto.NUM_EXAMPLES] == 60
     split = declared({proto.PARTITION_ID: 1, proto.NUM_PARTITIONS: 2, "data-dir": str(tmp_path)})
     assert split[proto.NUM_EXAMPLES] == 30
-    with pytest.raises(ValueError, match="outside 0..1"):
+    with pytest.raises(ValueError, match=r"outside 0\.\.1"):
         declared({proto.PARTITION_ID: 5, proto.NUM_PARTITIONS: 2, "data-dir": str(tmp_path)})
