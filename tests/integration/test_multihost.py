@@ -20,6 +20,8 @@ the site starts the kit it got back (``kit/start.sh``).  On it:
 * a third site with its own data, added while the federation is up, joins the next run
   (with the site whose link was cut), and ``fedsys deploy status --kit`` shows each site
   online, last seen, and the run it is in;
+* the red-team rows against the kits: a site's local user finds no task token, and a
+  registered site, from its own namespace, reaches only what was handed to it;
 * a removed site's key is refused by the SuperLink.
 
 One federation for the module (about N minutes on 2 cores).  Needs root (``ip netns``);
@@ -377,6 +379,105 @@ def test_no_security_patch_is_off(fed: Federation, first_run: Path) -> None:
     turned off by FEDSYS_FLOWER_PATCHES logs a WARNING naming it)."""
     for name in ("server", "site0", "site1"):
         assert "Flower patch" not in fed.log(name), fed.log(name)[-2000:]
+
+
+OWNERSHIP_PROBE = r"""
+import functools, json, sys, time
+import httpx
+from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+from flwr.proto.fleet_pb2 import PullMessagesRequest, PushMessagesRequest
+from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest, PullObjectRequest
+from flwr.proto.node_pb2 import Node
+from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+from flwr.supernode.fleet_http_client import FleetHttpClient
+from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
+from tests.integration.test_deploy_redteam import _reply_to
+
+address, ca, key0, n0, key1, n1 = sys.argv[1:7]
+n0, n1 = int(n0), int(n1)
+
+def fleet(path):
+    key = load_ssh_private_key(open(path, "rb").read(), password=None)
+    return FleetHttpClient.from_server_address(
+        address, insecure=False, root_certificates=ca,
+        interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperNode"),
+                      NodeAuthHttpInterceptor(key, key.public_key())])
+
+def status(call):
+    try:
+        call()
+    except httpx.HTTPStatusError as exc:
+        return exc.response.status_code
+    return 200
+
+owner, other = fleet(key0), fleet(key1)
+end = time.monotonic() + 180
+while True:
+    res = owner.PullMessages(PullMessagesRequest(node=Node(node_id=n0)))
+    if res.messages_list:
+        break
+    if time.monotonic() > end:
+        sys.exit("no message for site0 within 180 s")
+    time.sleep(0.5)
+msg, tree = res.messages_list[0], res.message_object_trees[0]
+run, mid, own = msg.metadata.run_id, msg.metadata.message_id, tree.object_id
+node1 = Node(node_id=n1)
+out = {"run": run,
+       "pull": status(lambda: other.PullObject(PullObjectRequest(node=node1, run_id=run,
+                                                                 object_id=own))),
+       "confirm": status(lambda: other.ConfirmMessageReceived(ConfirmMessageReceivedRequest(
+           node=node1, run_id=run, message_object_id=mid))),
+       "push": [status(functools.partial(other.PushMessages, PushMessagesRequest(
+           node=node1, messages_list=[_reply_to(msg, src)], message_object_trees=[tree])))
+                for src in (n0, n1)],
+       "owner": status(lambda: owner.PullObject(PullObjectRequest(
+           node=Node(node_id=n0), run_id=run, object_id=own)))}
+print(json.dumps(out))
+"""
+
+
+def _supernode_of(site: Path) -> int:
+    """The pid of the SuperNode a site kit's start.sh started (its key is under ``site``)."""
+    for d in Path("/proc").iterdir():
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "fedsys_launch.supernode" in cmd and str(site / "keys") in cmd:
+            return int(d.name)
+    raise AssertionError(f"no SuperNode of {site} running")
+
+
+def test_a_registered_site_reaches_only_what_was_handed_to_it(fed: Federation,
+                                                              third: Third) -> None:
+    """The red-team row "a registered site" against the kits, across the namespaces: from
+    site1's namespace, with site1's key, site0's message can be neither pulled, confirmed
+    nor answered through fl.example.org:9093 (403); site0's key still pulls it."""
+    import json
+    import signal
+
+    ids = {n: int(json.loads((fed.kit / "sites" / n / "site.json").read_text())["node-id"])
+           for n in ("site0", "site1")}
+    node0 = _supernode_of(fed.site_dir("site0"))
+    os.kill(node0, signal.SIGSTOP)  # site0's own SuperNode would take the message first
+    run = None
+    try:
+        run = fed.submit("owned", 3, **{"num-server-rounds": 1, "round-timeout": 20.0,
+                                        "node-wait-timeout": 60.0})
+        probe = fed.net.run("site1", [
+            sys.executable, "-c", OWNERSHIP_PROBE, f"{SERVER_NAME}:{SITES_PORT}",
+            str(fed.site_dir("site1") / "kit" / "ca.crt"),
+            str(fed.site_dir("site0") / "keys" / "site0"), str(ids["site0"]),
+            str(fed.site_dir("site1") / "keys" / "site1"), str(ids["site1"])],
+            env={**ENV, "PYTHONPATH": str(ROOT)}, timeout=300)
+    finally:
+        os.kill(node0, signal.SIGCONT)
+    assert probe.returncode == 0, probe.stdout + probe.stderr
+    got = json.loads(probe.stdout)
+    assert (got["pull"], got["confirm"], got["push"]) == (403, 403, [403, 403]), got
+    assert got["owner"] == 200, got
+    fed.flwr("stop", str(got["run"]), CONNECTION)
+    run.communicate(timeout=300)
 
 
 def test_a_removed_sites_key_is_refused(fed: Federation, first_run: Path) -> None:
