@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,21 @@ def _config(items: tuple[tuple[str, Any], ...]) -> RunConfig:
     return from_run_config(dict(items))
 
 
+def _admit(run_config: Mapping[str, Any], policy: confine.Policy, node_data_dir: str | None,
+           build: Callable[[Mapping[str, Any]], RunConfig]) -> RunConfig:
+    if node_data_dir is not None:
+        policy = policy.reading(node_data_dir)
+    return confine.admit(run_config, policy, build, confine.CLIENT_KEYS)
+
+
+@functools.lru_cache(maxsize=4)
+def _admitted_under(policy: confine.Policy, items: tuple[tuple[str, Any], ...],
+                    node_data_dir: str | None) -> RunConfig:
+    """``items`` admitted under a fixed ``policy``: checked once per process (Flower's
+    simulation engine hands its actors the app anew with every message)."""
+    return _admit(dict(items), policy, node_data_dir, lambda _: _config(items))
+
+
 class Admission:
     """How a fedsys ClientApp admits each message's run config (:func:`fedsys.confine.admit`):
     under ``policy``, or, where it is None, the site operator's policy read from the
@@ -69,19 +84,17 @@ class Admission:
             A key the policy refuses, named (the node's ``data-dir`` is allowed).
         """
         last = self._last  # one read: another thread may set it meanwhile
-        if (self.policy is not None and last is not None and last[1] == node_data_dir
-                and last[0] == run_config):  # a dict compare, no sorting, for every node
-            return last[2]
+        if self.policy is not None:
+            if last is not None and last[1] == node_data_dir and last[0] == run_config:
+                return last[2]  # a dict compare, no sorting, for every node
+            cfg = _admitted_under(self.policy, tuple(sorted(run_config.items())), node_data_dir)
+        else:
+            def build(rc: Mapping[str, Any]) -> RunConfig:
+                if last is not None and last[0] == rc:
+                    return last[2]
+                return _config(tuple(sorted(rc.items())))
 
-        def build(rc: Mapping[str, Any]) -> RunConfig:
-            if last is not None and last[0] == rc:
-                return last[2]
-            return _config(tuple(sorted(rc.items())))
-
-        policy = self.policy if self.policy is not None else confine.policy_from_env(os.environ)
-        if node_data_dir is not None:
-            policy = policy.reading(node_data_dir)
-        cfg = confine.admit(run_config, policy, build, confine.CLIENT_KEYS)
+            cfg = _admit(run_config, confine.policy_from_env(os.environ), node_data_dir, build)
         self._last = (dict(run_config), node_data_dir, cfg)
         return cfg
 
