@@ -105,7 +105,9 @@ def test_finite_attacks_under_every_strategy(tmp_path, caplog, kind):
     """x100 (refused by ``max-update-ratio`` against the round's other updates, a chain's
     hop against the hops before it), sign-flipped (an honest update's norm: taken, and
     the run stays finite), a fresh model claiming 20x its examples (within the old
-    ``max-examples-ratio`` 100: cut to ``max-weight-share`` of every weighted mean)."""
+    ``max-examples-ratio`` 100: cut in every weighted mean to ``max-weight-ratio`` 15 times
+    the median of the others' claims; to half the mean by ``max-weight-share`` 0.5 before
+    issue 77)."""
     from fedsys.attacks import attackers
 
     who = next(iter(attackers(FINITE["seed"], 1, FINITE["num-clients"])))

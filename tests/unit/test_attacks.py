@@ -120,7 +120,8 @@ def test_fewer_attackers_are_among_more_of_the_same_seed() -> None:
 
 def test_an_inflated_count_attacker_declares_the_inflated_size_in_the_query() -> None:
     """Its claims then agree with what it declared (an attacker lies consistently): only
-    ``max-weight-share`` stands between it and the mean, not the declared-size check."""
+    ``max-weight-ratio`` (``max-weight-share`` where set) stands between it and the mean,
+    not the declared-size check."""
     who = next(iter(attacks.attackers(0, 1, 4)))
     run = {"attack.kind": "inflated-count", "attack.clients": 1}
 
