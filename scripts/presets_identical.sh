@@ -18,8 +18,10 @@
 # presets, 300 samples a client and 1,000 test images (at their sizes a chain preset takes
 # 20+ minutes on 2 cores); the LSS presets start from the same saved pre-trained models,
 # copied from PRETRAINED (default: this repository's runs/lss; `fedsys pretrain
-# configs/lss-fmnist.yaml` writes one).  FEDSYS: the fedsys command (default: this
-# repository's .venv).  About 60 minutes per half with both halves side by side here.
+# configs/lss-fmnist.yaml` writes one).  FEDSYS: the fedsys command, words split on spaces
+# (default: this repository's .venv/bin/python -m fedsys_launch, which runs each checkout's
+# own command whatever entry point the venv's console script names).  About 60 minutes per
+# half with both halves side by side here.
 # ENGINE: the simulation engine of every run (the config key 'engine': flower or inprocess;
 # default: the config's), so that one checkout run twice compares the engines (inprocess
 # with batch-clients=false, one client at a time, unless BATCH names another value: batched
@@ -30,7 +32,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 checkout=$(cd "${1:?usage: scripts/presets_identical.sh CHECKOUT OUT}" && pwd)
 out=${2:?usage: scripts/presets_identical.sh CHECKOUT OUT}
 mkdir -p "$out" "$out-logs"; out=$(cd "$out" && pwd)
-fedsys=${FEDSYS:-$here/.venv/bin/fedsys}
+read -ra fedsys <<< "${FEDSYS:-$here/.venv/bin/python -m fedsys_launch}"
 pretrained=${PRETRAINED:-$here/runs/lss}
 cd "$checkout"; export PYTHONPATH="$checkout"
 mkdir -p runs/lss
@@ -60,7 +62,7 @@ for c in configs/*.yaml; do n=$(basename "$c" .yaml)
   esac
   echo "== $n ${extra[*]} $(date +%T)"
   rm -rf "${out:?}/$n"
-  "$fedsys" run "$c" "${extra[@]}" "${engine[@]}" --set "name=$n" --set "output-dir=$out" > "$out-logs/$n.log" 2>&1 \
+  "${fedsys[@]}" run "$c" "${extra[@]}" "${engine[@]}" --set "name=$n" --set "output-dir=$out" > "$out-logs/$n.log" 2>&1 \
     || { echo "FAILED $n (see $out-logs/$n.log)"; failed=1; }
 done
 echo "== done $(date +%T)"
