@@ -38,6 +38,7 @@ from fedsys.fedelmy import GRAD_RATIO, POOL_HELD
 from fedsys.params import Params
 from fedsys.seeding import derive_seed
 from fedsys.validation import ClientUpdate
+from strategies.base import Aggregate, Traits
 from strategies.chain import ChainBrokenError, ChainOptions, ChainStrategy
 from strategies.exchange import Exchange
 from strategies.replies import Verdict
@@ -109,9 +110,16 @@ class ParallelStrategy(FedElmyStrategy):
             ex.outbox.append(self.instruction(n, MessageType.TRAIN, self.params, s))
         return self.validate(self.exchange(grid, ex), ex)
 
+    #: Every client at once; the server's mean of the replies, which a robust rule may replace.
+    traits = Traits(asks="all", mean="all")
+
     def combine(self, rnd: int, updates: list[ClientUpdate]) -> Params:
         """The server's mean of the replies (:meth:`average`: a robust wrapper's rule)."""
         raise NotImplementedError
+
+    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Aggregate:
+        """A parallel round's model: :meth:`combine` (the wrappers then act on it)."""
+        return Aggregate(self.combine(server_round, updates))
 
     def parallel_step(self, grid: Grid, rnd: int, cfg: dict[str, Any], p: int) -> dict[str, Any]:
         """One parallel round: every client, then :meth:`combine`."""
@@ -123,7 +131,7 @@ class ParallelStrategy(FedElmyStrategy):
         if not ok:
             log(ERROR, "[%s] round %d: no usable update; model unchanged", self.label, rnd)
             return record
-        self.params = self.finish(rnd, {0: self.combine(rnd, ok)})[0]
+        self.params = self.aggregated(rnd, ok).model
         self.on_updates(rnd, ok)
         n = sum(u.num_examples for u in ok)
         key = self.settings.train_loss_key
@@ -147,6 +155,13 @@ class OneShotFedAvgStrategy(ParallelStrategy):
 
     name = "oneshot-fedavg"
     default_trainer = "fedseq"
+
+    def unwrapped(self) -> list[str]:
+        """The warm-up hop: one client's model sent on to every client as it is."""
+        if self.options.warmup_epochs > 0:
+            return ["its warm-up hop sends one client's trained model to every client without "
+                    "noise (chain.warmup-epochs=0 starts from the server's model)"]
+        return []
 
     def plan_length(self, n: int) -> int:
         """A warm-up step (when ``warmup-epochs`` > 0), then one round per pass."""

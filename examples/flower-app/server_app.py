@@ -25,7 +25,7 @@ def make_strategy(name: str, fraction_train: float) -> FedsysStrategy:
     common = {"fraction_train": fraction_train, "fraction_evaluate": 0.5,
               "min_available_nodes": 2}
     if name == "fedavg+ima":
-        return FedAvgStrategy(**common).wrap(IMA(window=3, start_fraction=0.5))
+        return IMA(FedAvgStrategy(**common), window=3, start_fraction=0.5)
     return {
         "fedavg": lambda: FedAvgStrategy(**common),
         "fedprox": lambda: FedProxStrategy(**common),
