@@ -97,6 +97,9 @@ class FedSeqStrategy(FedElmyStrategy):
 class ParallelStrategy(FedElmyStrategy):
     """Base of the one-shot parallel baselines: a parallel round per pass."""
 
+    #: Every client at once; the server's mean of the replies, which a robust rule may replace.
+    traits = Traits(asks="all", mean="all")
+
     def parallel(self, grid: Grid, rnd: int, cfg: dict[str, Any]) -> Verdict:
         """Send the current model to every partition's node at once; the replies, judged."""
         assert self.params is not None
@@ -109,9 +112,6 @@ class ParallelStrategy(FedElmyStrategy):
                 s[proto.INIT_SEED] = derive_seed(int(s[proto.INIT_SEED]), p)
             ex.outbox.append(self.instruction(n, MessageType.TRAIN, self.params, s))
         return self.validate(self.exchange(grid, ex), ex)
-
-    #: Every client at once; the server's mean of the replies, which a robust rule may replace.
-    traits = Traits(asks="all", mean="all")
 
     def combine(self, rnd: int, updates: list[ClientUpdate]) -> Params:
         """The server's mean of the replies (:meth:`average`: a robust wrapper's rule)."""
