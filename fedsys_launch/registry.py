@@ -105,11 +105,12 @@ def to_toml() -> str:
 
 
 def make_strategy(cfg: RunConfig) -> FedsysStrategy:
-    """The strategy ``cfg`` names (one strategy: see :meth:`RunConfig.variants`)."""
+    """The strategy ``cfg`` names (one strategy: see :meth:`RunConfig.variants`): the method
+    that runs the rounds, its wrappers applied (a wrapper's ``engine``)."""
     def builder(name: str) -> FedsysStrategy:
         return REGISTRY[name].from_config(cfg, builder)
 
-    strategy = builder(cfg.strategy)
+    strategy = builder(cfg.strategy).engine
     strategy.prepare(cfg.num_server_rounds)
     return strategy
 

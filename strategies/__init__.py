@@ -2,14 +2,16 @@
 
 :data:`REGISTRY` is the one place a strategy becomes known: one line per method.
 Each entry has a ``name``, its ``Options`` (declared in its module; they become the
-config keys ``<prefix>.<option>``), ``prefix()`` and ``from_config(cfg, build)``.
+config keys ``<prefix>.<option>``), ``prefix()`` and ``from_config(cfg, build)``.  A wrapper's
+entry (``ima``, ``robust``, ``dp``) builds the strategy its ``<name>.base`` names and wraps it
+(``IMA(strategy, **options)``, :class:`strategies.wrapper.StrategyWrapper`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from strategies.base import FedsysStrategy, StrategyWrapper
+from strategies.base import FedsysStrategy, StrategyWrapper, Traits
 from strategies.dp import DP
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedavgm import FedAvgMStrategy
@@ -62,4 +64,5 @@ __all__ = [
     "ParallelFedElmyStrategy",
     "Robust",
     "StrategyWrapper",
+    "Traits",
 ]

@@ -21,8 +21,9 @@ run config.  The strategy is composed of parts, each in a module of its own:
   (:mod:`strategies.wrapper`), the round's client metrics (:mod:`strategies.client_metrics`)
   and the state a checkpoint holds (:mod:`strategies.state`).
 
-This class builds them from the keywords and gives a method its tools (its wrappers'
-:meth:`~FedsysStrategy.finish` and :meth:`~FedsysStrategy.average`); pure maths lives in
+This class builds them from the keywords and gives a method its tools (the mean a wrapper
+may replace, :meth:`~FedsysStrategy.average`); a wrapper holds the strategy
+(``IMA(FedAvgStrategy(), window=5)``, :mod:`strategies.wrapper`).  Pure maths lives in
 :mod:`fedsys`.
 """
 
@@ -45,7 +46,7 @@ from strategies.replies import why_refused
 from strategies.rounds import RoundEngine
 from strategies.settings import RoundSettings, config_kwargs, keywords, method_options
 from strategies.state import engine_state, load_engine_state
-from strategies.wrapper import StrategyWrapper
+from strategies.wrapper import StrategyWrapper, Traits
 
 if TYPE_CHECKING:
     from fedsys.config import RunConfig
@@ -112,21 +113,28 @@ class FedsysStrategy(RoundEngine):
 
     # ------------------------------------------------------------------ wrappers
 
-    def wrap(self, wrapper: StrategyWrapper) -> Self:
-        """Attach a :class:`StrategyWrapper` (after any attached before); returns ``self``."""
-        self.wrappers.append(wrapper)
+    @property
+    def engine(self) -> Self:
+        """The strategy that runs the rounds: this one (a wrapper's is the method it holds,
+        :class:`strategies.wrapper.StrategyWrapper`)."""
         return self
 
-    def finish(self, server_round: int, models: dict[int, Params]) -> dict[int, Params]:
-        """The models the method has just made, through its wrappers
-        (:meth:`WrapperChain.finish`): what a method's :meth:`aggregate` returns."""
-        return self.wrappers.finish(server_round, models)
+    def average(self, server_round: int,
+                models: Sequence[Params] | Callable[[], Sequence[Params]],
+                weights: Sequence[float] | None = None,
+                own: Callable[[], Params] | None = None) -> Params:
+        """The method's mean of the round's models (weighted by ``weights``), which a
+        wrapper may replace (a robust rule: :meth:`WrapperChain.average`): the one step
+        inside a method a wrapper takes, declared by the method's ``traits.mean``.
+        ``own`` computes the same mean the method's own way (a faster path), used where
+        no wrapper replaces it; ``models`` may be a function giving them, called only
+        where they are needed."""
+        return self.wrappers.average(server_round, models, weights, own)
 
-    def average(self, server_round: int, models: Sequence[Params],
-                weights: Sequence[float] | None = None) -> Params:
-        """The method's mean of the round's models, or a wrapper's rule in its place
-        (:meth:`WrapperChain.average`)."""
-        return self.wrappers.average(server_round, models, weights)
+    def unwrapped(self) -> list[str]:
+        """What the method sends to clients without passing it through its wrappers
+        (one sentence each, naming the key that makes it so; none here): DP refuses it."""
+        return []
 
     # ------------------------------------------------------------------ state
 
@@ -154,5 +162,6 @@ __all__ = [
     "NodesUnavailableError",
     "RoundHook",
     "StrategyWrapper",
+    "Traits",
     "why_refused",
 ]

@@ -25,7 +25,7 @@ from fedsys import protocol as proto
 from fedsys.chain import ORDERS, chain_order, parse_order_list
 from fedsys.options import ConfigError, option
 from fedsys.validation import ClientUpdate
-from strategies.base import FedsysStrategy
+from strategies.base import Aggregate, FedsysStrategy, Traits
 from strategies.replies import Verdict
 
 
@@ -67,6 +67,8 @@ class ChainStrategy(FedsysStrategy):
     Options = ChainOptions
     option_prefix = "chain"
     checkpoint_each_round = True
+    #: One client per hop; the model relayed, no mean taken.
+    traits = Traits(asks="hop", mean="none")
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -193,7 +195,7 @@ class ChainStrategy(FedsysStrategy):
             return record
         (upd,) = verdict.updates
         self.warmed = self.warmed or warm
-        self.params = self.finish(rnd, {0: upd.params})[0]
+        self.params = self.aggregated(rnd, [upd]).model
         self.on_updates(rnd, [upd])
         record.update({"clients-ok": 1, "clients-rejected": 0, "hop-skipped": 0})
         if self.settings.train_metrics_aggr_fn is None:  # the hop's one reply: its metrics as they are
@@ -209,6 +211,10 @@ class ChainStrategy(FedsysStrategy):
         none before issue 75; other wrappers' metrics stay out of them, so a run without
         DP keeps its records as they were."""
         return {k: v for w in self.wrappers if w.name == "dp" for k, v in w.round_metrics().items()}
+
+    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Aggregate:
+        """A hop's model: its one client's, relayed (the wrappers then act on it)."""
+        return Aggregate(updates[0].params)
 
     def on_updates(self, rnd: int, updates: list[ClientUpdate]) -> None:
         """Called with a step's accepted updates (nothing here; FedELMY's pool check)."""

@@ -4,8 +4,14 @@ Gaussian noise of std z C on their sum, and the (epsilon, delta) spent, from the
 accountant of Google's ``dp_accounting`` (:mod:`fedsys.dp`, which holds the mechanism and
 why the accountant's noise multiplier is z / 2), as the round metric ``dp-epsilon``.
 
-A :class:`~strategies.wrapper.StrategyWrapper`; ``strategy: dp`` with ``dp.base: <strategy>``.
-What is released, per method:
+A :class:`~strategies.wrapper.StrategyWrapper` holding the strategy it makes private::
+
+    strategy = DP(FedAvgStrategy(clients_per_round=10, num_partitions=100),
+                  noise_multiplier=1.0, clipping_norm=1.0)
+
+``strategy: dp`` with ``dp.base: <strategy>`` builds the same from a run config.  What is
+released follows from what the method declares (its ``traits``, :class:`strategies.wrapper.Traits`:
+how a round asks its clients), not from its name; per method:
 
 - FedAvg, FedProx, FedAdam/FedYogi (before the server step), parallel FedELMY, one-shot
   FedAvg without its warm-up hop: the model sent plus the sum of the round's accepted
@@ -15,18 +21,21 @@ What is released, per method:
   most ``num-clients`` (issue 75 item 7a: with 10 of 100 sites connected every round takes
   the same 10; a WARNING says when the pool is below ``num-clients``); the parallel plans
   ask every client: no amplification;
-- FedSeq, FedELMY's chain: a hop releases one client's clipped model plus N(0, (zC)^2); a
+- FedSeq, FedELMY's chain (any method that asks one client per hop): a hop releases one
+  client's clipped model plus N(0, (zC)^2); a
   client is in one hop per pass, so each pass begun is one release for it, whether its
   hop ran or was skipped (no amplification; issue 75 item 7b);
 - integer buffers (BatchNorm's ``num_batches_tracked``) are neither clipped nor noised: a
   release carries the values of the model sent, said once (issue 75 item 7c);
 - IMA on top (``ima.base: dp``) averages released models: post-processing, free.
 
-Refused, one line each, in every order (:meth:`DP.inert_options`): FedCDA (its selection
-reads the clients' raw cached models), FedCross (its collaborator selection reads the raw
-uploads' similarities, and one upload can be mixed into several of the K released slots,
-so a client's influence is not one clipped update), one-shot FedAvg's warm-up hop (one
-client's model sent on without noise), a robust rule with DP either way round (a median
+Refused, one line each, in every order (:meth:`DP.inert_options`): a method that says why
+DP does not describe its release (``Traits.private``: FedCDA, whose selection reads the
+clients' raw cached models; FedCross, whose collaborator selection reads the raw uploads'
+similarities, and one upload can be mixed into several of the K released slots, so a
+client's influence is not one clipped update), a model a method sends past its wrappers
+(``unwrapped``: one-shot FedAvg's warm-up hop, one client's model sent on without
+noise), a robust rule with DP either way round (a median
 of clipped updates moves by up to 2C when one client changes, the noise is sized for a
 mean), any wrapper applied before DP (IMA's window would hold un-noised models), any
 wrapper after it that screens or replaces the mean, and the ``estimators`` (raw client
@@ -60,7 +69,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from logging import INFO, WARNING
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from flwr.supercore import log
@@ -71,12 +80,8 @@ from fedsys.options import REGISTERED_STRATEGIES, ConfigError, option, parse_gro
 from fedsys.params import Params, distance
 from fedsys.seeding import derive_seed
 from fedsys.validation import ClientUpdate, Rejection
-from strategies.wrapper import StrategyWrapper, Wrapped
+from strategies.wrapper import StrategyWrapper
 
-#: Strategies that relay one model along a chain.
-CHAINS = ("fedseq", "fedelmy")
-#: Strategies whose rounds ask every client at once (no sampling).
-PARALLEL = ("oneshot-fedavg", "fedelmy-parallel")
 #: Seeds the noise (with the run's seed, the round and the slot) under
 #: ``dp.reproducible-noise`` only.
 NOISE_TAG = 0xD9
@@ -109,6 +114,8 @@ class DP(StrategyWrapper):
 
     Parameters
     ----------
+    strategy : FedsysStrategy or StrategyWrapper
+        The strategy made private (see :class:`~strategies.wrapper.StrategyWrapper`).
     **options
         :class:`DPOptions`'s fields (``base`` is only read by :meth:`from_config`).
     """
@@ -116,12 +123,13 @@ class DP(StrategyWrapper):
     name = "dp"
     Options = DPOptions
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, strategy: Any, **options: Any) -> None:
         self.options: DPOptions = parse_group(DPOptions, self.name, options)
-        self.method = ""
+        super().__init__(strategy)
         self.seed = 0
         self.population = 0
-        self.sample = 0
+        #: The clients a round samples (``clients-per-round``; 0: no sampling to account).
+        self.sampled = 0
         self.started = False
         #: The round's clients asked (the fixed denominator), those accepted, and the
         #: model they were all sent.
@@ -152,35 +160,39 @@ class DP(StrategyWrapper):
             raise ConfigError(_ESTIMATORS)
         return super().from_config(cfg, build)
 
-    def on_start(self, strategy: Wrapped, num_rounds: int) -> None:
-        """The accounting's population and sample; the strategy made private: no reply
-        bound compares clients, the round's sample drawn secretly (unless
-        ``dp.reproducible-noise``)."""
-        self.method, self.seed = strategy.name, strategy.settings.seed
+    def on_start(self, num_rounds: int) -> None:
+        """The accounting's population and sample, from what the method declares
+        (``traits.asks``: a sample each round, every client at once, or one per hop of a
+        chain); the strategy made private: no reply bound compares clients, the round's
+        sample drawn secretly (unless ``dp.reproducible-noise``)."""
+        strategy = self.engine
+        self.seed = strategy.settings.seed
+        traits = strategy.traits
         self.population = int(strategy.settings.num_partitions or 0)
-        self.sample = (0 if strategy.name in (*CHAINS, *PARALLEL)
-                       else int(strategy.settings.clients_per_round or 0))
-        replies: Any = getattr(strategy, "replies", None)
-        if getattr(replies, "private", None) is False:  # a ReplyPolicy (strategies.replies)
-            cast(Any, strategy).replies = replace(replies, private=True)
-        nodes = getattr(strategy, "nodes", None)
+        self.sampled = (int(strategy.settings.clients_per_round or 0)
+                        if traits.asks == "sample" else 0)
+        if strategy.replies.private is False:
+            strategy.replies = replace(strategy.replies, private=True)
+        nodes = strategy.nodes
         if nodes is not None:
             nodes.secret_draws = not self.options.reproducible_noise
         self._nodes = nodes
-        self._pass_of = getattr(strategy, "where", None) if strategy.name in CHAINS else None
+        # a chain's hop: its pass (each pass begun is one release of every client)
+        self._pass_of = getattr(strategy, "where", None) if traits.chain else None
+        if traits.chain and self._pass_of is None:
+            raise ConfigError(f"[dp] {strategy.name} asks one client per hop (traits.asks='hop') "
+                              f"but has no where(round) -> (pass, hop) for DP to count passes by")
         self.started = True
 
-    def inert_options(self, strategy: Wrapped, num_rounds: int) -> list[str]:
+    def inert_options(self, num_rounds: int) -> list[str]:
         """The compositions whose release the accountant does not describe, in every order
         (one sentence each; none recommends another refused one)."""
-        attached = list(getattr(strategy, "wrappers", []))
+        strategy = self.engine
+        attached = list(strategy.wrappers)
         mine = attached.index(self) if self in attached else len(attached)
-        out = [f"dp on {strategy.name}: {_METHODS[strategy.name]}"] if strategy.name in _METHODS else []
-        opts = getattr(strategy, "options", None)
-        if strategy.name == "oneshot-fedavg" and int(getattr(opts, "warmup_epochs", 0)) > 0:
-            out.append("dp on oneshot-fedavg: its warm-up hop sends one client's trained model to "
-                       "every client without noise (chain.warmup-epochs=0 starts from the "
-                       "server's model)")
+        out = [f"dp on {strategy.name}: {why}" for why in
+               ([strategy.traits.private] if strategy.traits.private else [])
+               + strategy.unwrapped()]
         for i, w in enumerate(attached):
             if w is self:
                 continue
@@ -192,7 +204,7 @@ class DP(StrategyWrapper):
             elif type(w).screen is not StrategyWrapper.screen:
                 out.append(f"{w.name} after dp: it screens the clients' updates, which DP's "
                            f"clipping alone must decide")
-        if getattr(strategy, "estimator_fn", None) is not None:
+        if strategy.estimator_fn is not None:
             out.append(_ESTIMATORS)
         return out
 
@@ -264,15 +276,15 @@ class DP(StrategyWrapper):
             self.passes = max(self.passes, self._pass_of(server_round)[0] + 1)
             return
         pool = int(getattr(self._nodes, "pool", 0) or 0)
-        key = pool_rate(self.population, self.sample, pool, asked)
+        key = pool_rate(self.population, self.sampled, pool, asked)
         self.ledger[key] = self.ledger.get(key, 0) + 1
-        if self.sample and 0 < pool < self.population and (
+        if self.sampled and 0 < pool < self.population and (
                 not self._warned_pool or pool < self._warned_pool):
             self._warned_pool = pool
             log(WARNING, "[dp] round %d: the sample of %d was drawn from %d connected of "
                 "num-clients %d: epsilon is accounted at the rate %d/%d of that pool, not "
                 "%d/%d (%s)", server_round, asked, pool, self.population, asked, pool,
-                self.sample, self.population,
+                self.sampled, self.population,
                 "no amplification: every connected client is in every such round"
                 if key == (0, 0) else "each connected client is likelier to be sampled")
 
@@ -281,12 +293,12 @@ class DP(StrategyWrapper):
         once in each pass begun, skipped hops or not (issue 75 item 7b); a round's release
         at the rate of the pool its sample was drawn from (item 7a)."""
         o = self.options
-        if self.method in CHAINS:  # a client is in one hop per pass
+        if self.engine.traits.chain:  # a client is in one hop per pass
             legacy = math.ceil(self.legacy / max(self.population, 1))
             return dp.epsilon(o.noise_multiplier, max(self.passes, legacy), o.delta)
         ledger = dict(self.ledger)
         if self.legacy:  # a checkpoint before issue 75: the config's rate, as it was counted
-            key = pool_rate(self.population, self.sample, self.population, self.sample)
+            key = pool_rate(self.population, self.sampled, self.population, self.sampled)
             ledger[key] = ledger.get(key, 0) + self.legacy
         return dp.epsilon_of(o.noise_multiplier, ledger, o.delta)
 
@@ -297,7 +309,7 @@ class DP(StrategyWrapper):
         return {"dp-epsilon": self.spent(), "dp-noise-std": self.std, "dp-clipped": self.clipped,
                 "dp-reproducible-noise": float(self.options.reproducible_noise)}
 
-    def summary(self) -> None:
+    def own_summary(self) -> None:
         """Log the mechanism, where its noise comes from, and what it leaves outside epsilon."""
         o = self.options
         log(INFO, "[dp] %s-side clipping to C=%g, noise N(0, (z C)^2) on the sum with z=%g, "
@@ -318,18 +330,18 @@ class DP(StrategyWrapper):
             "max-weight-ratio, and max-weight-share are off: clipping to C bounds every update, "
             "and no client's update may decide another's inclusion")
         log(INFO, "[dp] released outside epsilon (round records, log): %s", ", ".join(dp.OUTSIDE_EPSILON))
-        if not self.sample and self.method not in (*CHAINS, *PARALLEL):
+        if not self.sampled and self.engine.traits.asks == "sample":
             log(WARNING, "[dp] no fixed clients-per-round: the accounting assumes no sampling "
                 "amplification")
 
-    def state_dict(self) -> dict[str, Any]:
+    def own_state(self) -> dict[str, Any]:
         """The releases so far (the accountant's input): their count, their pools and
         samples, a chain's passes."""
         return {"releases": self.releases, "passes": self.passes, "legacy": self.legacy,
                 "ledger": [[p, m, n] for (p, m), n in sorted(self.ledger.items())]}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output (one written before issue 75 holds only the
+    def load_own_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`own_state` output (one written before issue 75 holds only the
         count: its releases are accounted at the config's rate, as they were)."""
         self.releases = int(state.get("releases", 0))
         self.passes = int(state.get("passes", 0))
@@ -364,15 +376,6 @@ def _unusable(ref: Params | None, round_ref: Params | None) -> str:
     return ""
 
 
-#: Methods whose release is not a function of the noised sum of clipped updates.
-_METHODS = {
-    "fedcda": "FedCDA's selection reads the clients' raw cached models, so its global model "
-              "is not a function of the noised aggregates only",
-    "fedcross": "FedCross's collaborator selection reads the raw uploads' similarities and one "
-                "upload can be mixed into several of the K released slots, so a client's "
-                "influence is not one clipped update (no DP composition of FedCross is "
-                "accounted)",
-}
 #: Why a wrapper cannot act before DP.
 _BEFORE = {"ima": "IMA's window would hold un-noised models, each released again in later "
                   "rounds; put ima outside: ima.base=dp"}

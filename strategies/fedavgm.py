@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 
 from fedsys.options import option
+from fedsys.params import Params
 from fedsys.server_opt import momentum_step
 from fedsys.validation import ClientUpdate
-from strategies.base import Aggregate, FedsysStrategy
+from strategies.base import Aggregate, FedsysStrategy, Traits
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,8 @@ class FedAvgMOptions:
 class FedAvgMStrategy(FedsysStrategy):
     r"""Federated averaging with server momentum.
 
-    With :math:`\bar w` the example-weighted mean of the accepted updates (through the
-    wrappers, :meth:`finish`, as FedAdam's), the pseudo-gradient
+    With :math:`\bar w` the example-weighted mean of the accepted updates (a robust
+    rule's in its place, then the wrappers, as FedAdam's), the pseudo-gradient
     :math:`\Delta = w^t - \bar w`, the velocity :math:`v \leftarrow \beta v + \Delta` and
     :math:`w^{t+1} = w^t - \eta v` (§3; :func:`fedsys.server_opt.momentum_step`).  Built
     like Flower's ``FedAvgM``::
@@ -44,6 +45,7 @@ class FedAvgMStrategy(FedsysStrategy):
     name = "fedavgm"
     default_trainer = "sgd"
     Options = FedAvgMOptions
+    traits = Traits(asks="sample", mean="round")
     foreign_model = ("it becomes the model the round sends and the server step starts "
                      "from; the velocity stays")
 
@@ -52,13 +54,16 @@ class FedAvgMStrategy(FedsysStrategy):
         self.velocity: dict[str, np.ndarray] = {}
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Aggregate:
-        """The weighted client mean (then the wrappers), then the server momentum step."""
-        assert self.params is not None
+        """The weighted client mean; after the wrappers, the server momentum step."""
         avg = self.average(server_round, [u.params for u in updates], [u.num_examples for u in updates])
-        x = self.finish(server_round, {0: avg})[0]
+        return Aggregate(avg, then=self._step)
+
+    def _step(self, server_round: int, models: dict[int, Params], changed: bool) -> Params:
+        """The server momentum step from the client mean as the wrappers left it."""
+        assert self.params is not None
         o: FedAvgMOptions = self.options
-        return Aggregate(momentum_step(self.params, x, self.velocity, o.server_learning_rate,
-                                       o.server_momentum))
+        return momentum_step(self.params, models[0], self.velocity, o.server_learning_rate,
+                             o.server_momentum)
 
     def state_dict(self) -> dict[str, Any]:
         """Base state plus the velocity."""

@@ -26,7 +26,7 @@ from fedsys.options import ConfigError, option
 from fedsys.params import Params, mean
 from fedsys.seeding import derive_seed
 from fedsys.validation import ClientUpdate
-from strategies.base import Aggregate, FedsysStrategy
+from strategies.base import Aggregate, FedsysStrategy, Traits
 
 BATCH_TAG = 0xCDA
 
@@ -101,6 +101,9 @@ class FedCDAStrategy(FedsysStrategy):
     Options = FedCDAOptions
     foreign_model = ("it becomes the global model the round sends; the clients' cached "
                      "models stay, and the next aggregate draws on them as before")
+    traits = Traits(asks="sample", mean="all", private=(
+        "FedCDA's selection reads the clients' raw cached models, so its global model is not "
+        "a function of the noised aggregates only"))
     required_metrics: ClassVar[dict[str, str]] = {
         "train_loss_key": "the mean training loss of the last local epoch, Alg. 1 line 8"}
 
@@ -246,11 +249,9 @@ class FedCDAStrategy(FedsysStrategy):
         if warm and self.options.warmup_mode == "fedavg":
             new = self.average(server_round, [u.params for u in updates],
                                [u.num_examples for u in updates])
-        elif self.wrappers.replaces_mean:  # a robust rule over the selected models (Alg. 1 line 10)
-            new = self.average(server_round, self.selected_models())
-        else:
-            new = self.global_model()
-        return Aggregate(self.finish(server_round, {0: new})[0], metrics)
+        else:  # Alg. 1 line 10: the selected models' mean, from the running sum
+            new = self.average(server_round, self.selected_models, own=self.global_model)
+        return Aggregate(new, metrics)
 
     def _fixed_sums(self, clients: list[int]) -> tuple[float, float]:
         assert self.cache is not None

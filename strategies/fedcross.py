@@ -21,10 +21,10 @@ from flwr.supercore import log
 
 from fedsys import fedcross as maths
 from fedsys.options import ConfigError, option
-from fedsys.params import Params, copy, mean
+from fedsys.params import Params, copy
 from fedsys.seeding import derive_seed
 from fedsys.validation import ClientUpdate
-from strategies.base import SAMPLE_TAG, Aggregate, FedsysStrategy
+from strategies.base import SAMPLE_TAG, Aggregate, FedsysStrategy, Traits
 
 ASSIGN_TAG = 0xC055
 
@@ -99,10 +99,10 @@ class FedCrossStrategy(FedsysStrategy):
     needs no saved RNG state and does not depend on Flower's node ids.
 
     K is ``clients_per_round``; a strategy built with ``fraction_train`` instead fixes
-    K at the number of nodes sampled in its first round.  With a wrapper (IMA) the
-    changed slots pass through :meth:`finish` after mixing; if a wrapper replaces one,
-    the global model is the mean of the K slots, or, with a robust rule, that rule over
-    the K slots as the wrappers left them (in any wrapper order: issue 65 item A).
+    K at the number of nodes sampled in its first round.  The wrappers (IMA) act on the
+    changed slots after mixing (the ``Aggregate`` names them); the global model is then the
+    mean of the K slots as the wrappers left them, which a robust rule replaces
+    (:meth:`average`; in any wrapper order: issue 65 item A).
 
     Parameters
     ----------
@@ -114,6 +114,10 @@ class FedCrossStrategy(FedsysStrategy):
     name = "fedcross"
     default_trainer = "sgd"
     Options = FedCrossOptions
+    traits = Traits(asks="sample", mean="round", private=(
+        "FedCross's collaborator selection reads the raw uploads' similarities and one upload "
+        "can be mixed into several of the K released slots, so a client's influence is not "
+        "one clipped update (no DP composition of FedCross is accounted)"))
     foreign_model = "every one of the K slot models restarts from it, as at round 1"
 
     def __init__(self, **kwargs: Any) -> None:
@@ -260,7 +264,7 @@ class FedCrossStrategy(FedsysStrategy):
         weights = np.eye(self.K)  # new slot i = sum_j weights[i, j] Z_j
         if phase == "warmup":  # every slot, with or without an upload, := mean of uploads
             ups = [by_slot[i] for i in ok]
-            avg = self.average(server_round, ups) if self.wrappers.replaces_mean else maths.uniform_mean(ups)
+            avg = self.average(server_round, ups, own=lambda: maths.uniform_mean(ups))
             for slot in self.slots:
                 for key, v in avg.items():
                     np.copyto(slot[key], v)
@@ -273,16 +277,18 @@ class FedCrossStrategy(FedsysStrategy):
             glob = maths.cross_aggregate(self.slots, by_slot, a)
             self.last_updated_slots = ok
         metrics = self._metrics(phase, a, sub, g, weights, ok, time.perf_counter() - t0)
-        if self.wrappers:
-            done = self.finish(server_round, {i: self.slots[i] for i in self.last_updated_slots})
-            replaced = [i for i, m in done.items() if m is not self.slots[i]]
-            for i in replaced:
-                self.slots[i] = done[i]
-            if replaced:  # the base's own global model unless a slot was replaced
-                glob = mean(self.slots)
-        if self.wrappers.replaces_mean:  # a robust rule over the K slots as every wrapper left them
-            glob = self.average(server_round, self.slots)
-        return Aggregate(glob, metrics)
+        # the wrappers act on the changed slots; then the mean of all K (line 13)
+        return Aggregate(glob, metrics, {i: self.slots[i] for i in self.last_updated_slots},
+                         lambda rnd, slots, changed: self._global(rnd, slots, None if changed else glob))
+
+    def _global(self, server_round: int, slots: dict[int, Params], mixed: Params | None) -> Params:
+        """The global model (Alg. 1 line 13) once the wrappers have acted on ``slots``: the
+        mean of the K slots (``mixed``: the one :func:`fedsys.fedcross.cross_aggregate`
+        made, where no wrapper replaced a slot), which a robust rule may replace."""
+        for i, m in slots.items():
+            self.slots[i] = m
+        return self.average(server_round, self.slots,
+                            own=(lambda: mixed) if mixed is not None else None)
 
     def _metrics(self, phase: str, a: maths.F64, sub: maths.F64, g: maths.Gram,
                  new: maths.F64, ok: list[int], seconds: float) -> dict[str, float]:

@@ -38,6 +38,7 @@ from fedsys.fedelmy import GRAD_RATIO, POOL_HELD
 from fedsys.params import Params
 from fedsys.seeding import derive_seed
 from fedsys.validation import ClientUpdate
+from strategies.base import Aggregate, Traits
 from strategies.chain import ChainBrokenError, ChainOptions, ChainStrategy
 from strategies.exchange import Exchange
 from strategies.replies import Verdict
@@ -96,6 +97,9 @@ class FedSeqStrategy(FedElmyStrategy):
 class ParallelStrategy(FedElmyStrategy):
     """Base of the one-shot parallel baselines: a parallel round per pass."""
 
+    #: Every client at once; the server's mean of the replies, which a robust rule may replace.
+    traits = Traits(asks="all", mean="all")
+
     def parallel(self, grid: Grid, rnd: int, cfg: dict[str, Any]) -> Verdict:
         """Send the current model to every partition's node at once; the replies, judged."""
         assert self.params is not None
@@ -113,6 +117,10 @@ class ParallelStrategy(FedElmyStrategy):
         """The server's mean of the replies (:meth:`average`: a robust wrapper's rule)."""
         raise NotImplementedError
 
+    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Aggregate:
+        """A parallel round's model: :meth:`combine` (the wrappers then act on it)."""
+        return Aggregate(self.combine(server_round, updates))
+
     def parallel_step(self, grid: Grid, rnd: int, cfg: dict[str, Any], p: int) -> dict[str, Any]:
         """One parallel round: every client, then :meth:`combine`."""
         verdict = self.parallel(grid, rnd, cfg)
@@ -123,7 +131,7 @@ class ParallelStrategy(FedElmyStrategy):
         if not ok:
             log(ERROR, "[%s] round %d: no usable update; model unchanged", self.label, rnd)
             return record
-        self.params = self.finish(rnd, {0: self.combine(rnd, ok)})[0]
+        self.params = self.aggregated(rnd, ok).model
         self.on_updates(rnd, ok)
         n = sum(u.num_examples for u in ok)
         key = self.settings.train_loss_key
@@ -147,6 +155,13 @@ class OneShotFedAvgStrategy(ParallelStrategy):
 
     name = "oneshot-fedavg"
     default_trainer = "fedseq"
+
+    def unwrapped(self) -> list[str]:
+        """The warm-up hop: one client's model sent on to every client as it is."""
+        if self.options.warmup_epochs > 0:
+            return ["its warm-up hop sends one client's trained model to every client without "
+                    "noise (chain.warmup-epochs=0 starts from the server's model)"]
+        return []
 
     def plan_length(self, n: int) -> int:
         """A warm-up step (when ``warmup-epochs`` > 0), then one round per pass."""

@@ -12,9 +12,10 @@ import numpy as np
 from flwr.supercore import log
 
 from fedsys.options import option
+from fedsys.params import Params
 from fedsys.server_opt import OptConfig, step
 from fedsys.validation import ClientUpdate
-from strategies.base import Aggregate, FedsysStrategy
+from strategies.base import Aggregate, FedsysStrategy, Traits
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class FedOptStrategy(FedsysStrategy):
     to no client either).  The IMA paper's code runs both at ``lr=0.01`` without the
     correction (``bias_correction=False``); fedsys's defaults were those until issue 77.
 
-    The client mean passes through the wrappers (:meth:`finish`) *before* the step:
+    The client mean passes through the wrappers *before* the step (``Aggregate.then``):
     IMA then averages its window of client means (spec §2.5: IMA goes between
     averaging and the Adam step).
     """
@@ -54,6 +55,7 @@ class FedOptStrategy(FedsysStrategy):
     kind: ClassVar[str] = "adam"
     Options = FedOptOptions
     option_prefix = "fedopt"
+    traits = Traits(asks="sample", mean="round")
     foreign_model = ("it becomes the model the round sends and the server optimiser steps "
                      "from (as Flower's FedOpt takes its current_arrays); the moments stay")
     #: Flower's ``FedAdam`` / ``FedYogi`` keywords -> the options they mean
@@ -82,13 +84,16 @@ class FedOptStrategy(FedsysStrategy):
         self.v: dict[str, np.ndarray] = {}
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Aggregate:
-        """Alg. 2: the weighted client mean (through the wrappers), then the server step."""
-        assert self.params is not None
+        """Alg. 2: the weighted client mean; after the wrappers, the server step."""
         avg = self.average(server_round, [u.params for u in updates], [u.num_examples for u in updates])
-        x = self.finish(server_round, {0: avg})[0]
+        return Aggregate(avg, then=self._step)
+
+    def _step(self, server_round: int, models: dict[int, Params], changed: bool) -> Params:
+        """The server optimiser step from the client mean as the wrappers left it."""
+        assert self.params is not None
         # the bias correction's exponent is Flower's FedAdam's, server_round + 1 (legacy
         # and Message API): with it on, the same replies give Flower's model
-        return Aggregate(step(self.kind, self.params, x, self.m, self.v, server_round + 1, self.opt))
+        return step(self.kind, self.params, models[0], self.m, self.v, server_round + 1, self.opt)
 
     def summary(self) -> None:
         """The base's summary, then the server step's values (the defaults resolved)."""

@@ -36,7 +36,7 @@ from strategies.model import Aggregate, GlobalModel
 from strategies.nodes import SAMPLE_TAG, NodeDirectory
 from strategies.replies import ReplyPolicy, Verdict
 from strategies.settings import RoundSettings
-from strategies.wrapper import WrapperChain
+from strategies.wrapper import Traits, WrapperChain
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,9 @@ class MethodHooks(Strategy):
     #: log when it happens and in the docs; a strategy whose state is more than one model
     #: says what it does with the rest, and does it in :meth:`adopt`.
     foreign_model: ClassVar[str] = "it becomes the global model the round sends"
+    #: What a wrapper must know of the method (how a round asks its clients, the mean a
+    #: robust rule may replace, why DP cannot account it): :class:`strategies.wrapper.Traits`.
+    traits: ClassVar[Traits] = Traits()
     #: The method's options, an instance of :attr:`Options` (set by the constructor).
     options: Any
 
@@ -91,8 +94,8 @@ class MethodHooks(Strategy):
         self.round = 0
         #: The global model (:attr:`params`) under Flower's round semantics.
         self.model = GlobalModel()
-        #: What acts on the models the strategy makes (IMA, robust rules, DP), in order
-        #: (:meth:`strategies.base.FedsysStrategy.wrap` attaches them).
+        #: What acts on the models the strategy makes (IMA, robust rules, DP), in the order
+        #: they were applied (each wrapper holding the strategy joins it: strategies.wrapper).
         self.wrappers = WrapperChain()
         self.poll_interval = 0.1
         self.history: list[dict[str, Any]] = []
@@ -174,8 +177,7 @@ class MethodHooks(Strategy):
 
     def foreign_model_note(self) -> str:
         """The method's :attr:`foreign_model`, then each wrapper's."""
-        return "; ".join([self.foreign_model, *(w.foreign_model for w in self.wrappers
-                                                 if w.foreign_model)])
+        return "; ".join([self.foreign_model, *self.wrappers.foreign_model()])
 
     def adopt(self, params: Params) -> None:
         """Take ``params``, a model given to ``configure_train`` that is not the
@@ -227,10 +229,7 @@ class MethodHooks(Strategy):
         a wrapper's start round).  :meth:`start` calls it with its ``num_rounds``."""
         self.num_rounds = int(num_rounds)
         self.on_start(self.num_rounds)
-        for w in self.wrappers:
-            w.on_start(self, self.num_rounds)
-        inert = [*self.inert_options(self.num_rounds),
-                 *(p for w in self.wrappers for p in w.inert_options(self, self.num_rounds))]
+        inert = [*self.inert_options(self.num_rounds), *self.wrappers.on_start(self.num_rounds)]
         if inert:
             raise ConfigError(f"[{self.label}] " + "; ".join(inert))
 
@@ -250,7 +249,7 @@ class MethodHooks(Strategy):
         from a checkpoint of that round may set them otherwise than its parent did
         (``branch-from``, :func:`fedsys_launch.lifecycle.branch_point`).  The strategy's own
         (none by default) and its wrappers'."""
-        return frozenset().union(*(w.branch_late_keys(self, rnd) for w in self.wrappers))
+        return self.wrappers.branch_late_keys(rnd)
 
     def branch_refusal(self) -> str | None:
         """Why a run of this strategy cannot branch from another run's checkpoint (one
@@ -266,8 +265,7 @@ class MethodHooks(Strategy):
                      else f"fraction {s.fraction_train:g} (>= {s.min_train})")
         log(INFO, "[%s] %d rounds, %s clients per round, trainer=%s, seed=%d, options %s",
             self.label, self.num_rounds, per_round, self.trainer, s.seed, self.options)
-        for w in self.wrappers:
-            w.summary()
+        self.wrappers.summary()
 
     def checkpoint_written(self) -> None:
         """Called after a checkpoint holding :meth:`state_dict` was written

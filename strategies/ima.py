@@ -2,12 +2,11 @@
 (Zhou et al., "Mitigating Data Heterogeneity in Federated Learning with Iterative
 Moving Averaging of Global Models", Algorithm 1; spec ``fedima.md`` §2.3-2.5).
 
-IMA is a :class:`~strategies.wrapper.StrategyWrapper`: it acts on the models the wrapped
-strategy is about to send and evaluate, through the strategy's documented hook
-(:meth:`~strategies.base.FedsysStrategy.finish`), and on the client learning rate.
-In a Flower app::
+IMA is a :class:`~strategies.wrapper.StrategyWrapper`: it holds the strategy it wraps and
+acts on the models that strategy's aggregate makes, before they are sent and evaluated
+(the engine passes them through it), and on the client learning rate.  In a Flower app::
 
-    strategy = FedAvgStrategy(fraction_train=0.1).wrap(IMA(window=5, start_fraction=0.75))
+    strategy = IMA(FedAvgStrategy(fraction_train=0.1), window=5, start_fraction=0.75)
 
 ``strategy: ima`` with ``ima.base: <strategy>`` builds the same from a run config.
 The maths is in :mod:`fedsys.ima`.
@@ -25,7 +24,7 @@ from flwr.supercore import log
 from fedsys import ima
 from fedsys.options import REGISTERED_STRATEGIES, option, parse_group
 from fedsys.params import Params, copy, mean
-from strategies.wrapper import StrategyWrapper, Wrapped
+from strategies.wrapper import StrategyWrapper
 
 
 @dataclass(frozen=True)
@@ -71,6 +70,9 @@ class IMA(StrategyWrapper):
 
     Parameters
     ----------
+    strategy : FedsysStrategy or StrategyWrapper
+        The strategy whose models are averaged (see
+        :class:`~strategies.wrapper.StrategyWrapper`).
     **options
         :class:`ImaOptions`'s fields (``base`` is only read by :meth:`from_config`).
     """
@@ -80,32 +82,33 @@ class IMA(StrategyWrapper):
     foreign_model = ("IMA's window keeps the rounds' aggregates, which the foreign model "
                      "does not enter; the average it sends from its start is the window's")
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, strategy: Any, **options: Any) -> None:
         self.options: ImaOptions = parse_group(ImaOptions, self.name, options)
+        super().__init__(strategy)
         self.P = self.options.window
         self.t_s = 0
-        self.base_name = self.options.base
+        #: The method under IMA, by name (as its log says).
+        self.base_name = str(self.engine.name)
         self.windows: dict[int, deque[Params]] = {}
         self.active = False
         self._round = 0
 
-    def on_start(self, strategy: Wrapped, num_rounds: int) -> None:
+    def on_start(self, num_rounds: int) -> None:
         """Resolve :math:`t_s` from the run's length."""
         o = self.options
-        self.base_name = strategy.name
         self.t_s = ima.start_round(num_rounds, o.start_fraction, o.start_round)
 
-    def schedule_keys(self) -> list[str]:
+    def own_schedule_keys(self) -> list[str]:
         """:math:`t_s` as a fraction of the run, unless ``start_round`` is given."""
         return [] if self.options.start_round >= 0 else ["ima.start-fraction"]
 
-    def branch_late_keys(self, strategy: Wrapped, rnd: int) -> frozenset[str]:
+    def own_branch_late_keys(self, rnd: int) -> frozenset[str]:
         """Averaging and IMA's lr decay act from round :math:`t_s + 1` on: up to round
         :math:`t_s` a branch may set them otherwise (the models and the lr so far are
         the base strategy's)."""
         return frozenset({"ima.average", "ima.lr-decay"}) if rnd <= self.t_s else frozenset()
 
-    def inert_options(self, strategy: Wrapped, num_rounds: int) -> list[str]:
+    def inert_options(self, num_rounds: int) -> list[str]:
         """A start after the last round, or a window of one model, leaves IMA without an
         average.  A start at the last round is allowed: the final model is then the mean
         of the window (a last-round average, as stochastic weight averaging ends)."""
@@ -120,14 +123,14 @@ class IMA(StrategyWrapper):
                        "would only decay the lr (ima.average=false says so on purpose)")
         return out
 
-    def summary(self) -> None:
+    def own_summary(self) -> None:
         """Log P, t_s and the late lr decay."""
         o = self.options
         log(INFO, "[ima] base=%s, window P=%d, t_s=%d (Flower round %d), then lr decay %g "
             "per round, averaging %s", self.base_name, self.P, self.t_s, self.t_s + 1,
             o.lr_decay, "on" if o.average else "OFF")
 
-    def client_lr(self, server_round: int, lr: float, lr_decay: float, current: float) -> float:
+    def schedule_lr(self, server_round: int, lr: float, lr_decay: float, current: float) -> float:
         """Spec §2.4's schedule from the caller's ``lr``."""
         return ima.client_lr(server_round - 1, lr, lr_decay, self.t_s, self.options.lr_decay)
 
@@ -149,12 +152,12 @@ class IMA(StrategyWrapper):
         return {"ima-active": float(self.active),
                 "ima-window": float(max((len(w) for w in self.windows.values()), default=0))}
 
-    def state_dict(self) -> dict[str, Any]:
+    def own_state(self) -> dict[str, Any]:
         """The windows, per slot."""
         return {str(k): [copy(m) for m in w] for k, w in self.windows.items()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output."""
+    def load_own_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`own_state` output."""
         self.windows = {int(k): deque((copy(m) for m in w), maxlen=self.P)
                         for k, w in state.items()}
 

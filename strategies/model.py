@@ -10,7 +10,7 @@ adopts as its :attr:`~strategies.rounds.RoundEngine.foreign_model` line says.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import NamedTuple
@@ -56,7 +56,17 @@ class GlobalModel:
 class Aggregate(NamedTuple):
     """What a method's ``aggregate`` returns, as Flower's ``aggregate_train`` does: the
     new global model (``None``: unchanged) and the method's own numbers of the round
-    (reported in the round's record)."""
+    (reported in the round's record).
+
+    The engine passes it through the strategy's wrappers
+    (:meth:`strategies.wrapper.WrapperChain.release`): ``model``, or the models
+    ``wrapped`` names where the wrappers act on others (slot -> model: FedCross's changed
+    slots), after which ``then(server_round, models, changed)`` makes the round's model
+    of them (``changed``: a wrapper replaced one; FedCross's mean of its slots, FedAdam's
+    server step from its client mean).
+    """
 
     model: Params | None
     metrics: Mapping[str, float] = MappingProxyType({})
+    wrapped: Mapping[int, Params] | None = None
+    then: Callable[[int, dict[int, Params], bool], Params] | None = None

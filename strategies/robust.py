@@ -2,9 +2,11 @@ r"""Robust aggregation composed with any fedsys strategy (issue 42 item 2): the
 coordinate-wise median, the trimmed mean and multi-Krum in place of a strategy's mean of
 the round's models.  The maths is in :mod:`fedsys.robust`.
 
-A :class:`~strategies.wrapper.StrategyWrapper` like IMA.  Each strategy names the mean it
-hands over (:meth:`~strategies.base.FedsysStrategy.average`), so what the rule replaces is,
-per method:
+A :class:`~strategies.wrapper.StrategyWrapper` like IMA, holding the strategy whose mean it
+replaces.  A method that takes a mean of the round's models declares it (``traits.mean``,
+:class:`strategies.wrapper.Traits`) and takes it through the engine's
+:meth:`~strategies.base.FedsysStrategy.average`, where the rule stands in; what the rule
+replaces is, per method:
 
 - FedAvg, FedProx: the example-weighted mean of the accepted updates (Alg. 1);
 - FedAdam, FedYogi, FedAvgM: the client mean before the server optimiser step (the
@@ -18,9 +20,9 @@ per method:
   out of the global model;
 - one-shot FedAvg and parallel FedELMY: the server's mean of the replies;
 - IMA: the base strategy's mean below IMA's window (``robust.base: ima`` with ``ima.base``);
-- FedSeq and FedELMY's chain relay one model from client to client and never average:
-  the wrapper refuses them at start (it would be inert), and the update bounds of
-  ``max-update-ratio`` are their defence.
+- FedSeq and FedELMY's chain relay one model from client to client and never average
+  (``traits.mean`` none, as any method that declares no mean): the wrapper refuses them at
+  start (it would be inert), and the update bounds of ``max-update-ratio`` are their defence.
 
 The rules read no example counts: a claimed weight buys no influence.
 
@@ -28,7 +30,8 @@ A rule that cannot hold over the models it is given is never applied silently (i
 item C; :mod:`fedsys.robust` says when each holds): multi-Krum over :math:`n \le 2f + 2`
 models, and a trimmed mean that trims :math:`\lfloor\beta n\rfloor = 0` values (the plain
 mean), are refused at start when every round is certain to have so few (the method's most
-models a round, :func:`most_models`: ``clients-per-round``), and otherwise replaced in that
+models a round, :func:`most_models`: ``clients-per-round`` where its mean is of the round's
+replies, ``traits.mean`` round), and otherwise replaced in that
 round by the coordinate-wise median, which holds while fewer than half attack, with a WARNING
 naming the numbers (``robust-fallback`` 1).  A ``robust.krum-keep`` above :math:`n - f`
 averages at least one of f attackers: refused at start likewise, else cut to :math:`n - f`
@@ -36,7 +39,7 @@ that round with a WARNING.
 
 In a Flower app::
 
-    strategy = FedAvgStrategy(fraction_train=0.5).wrap(Robust(rule="multi-krum", krum_f=1))
+    strategy = Robust(FedAvgStrategy(fraction_train=0.5), rule="multi-krum", krum_f=1)
 
 ``strategy: robust`` with ``robust.base: <strategy>`` builds the same from a run config.
 """
@@ -54,13 +57,6 @@ from fedsys import robust
 from fedsys.options import REGISTERED_STRATEGIES, option, parse_group
 from fedsys.params import Params
 from strategies.wrapper import StrategyWrapper, Wrapped
-
-#: Strategies that relay one model along a chain and take no mean.
-CHAINS = ("fedseq", "fedelmy")
-#: Methods whose replaced mean sees at most ``clients-per-round`` models (the round's
-#: replies; FedCross its K slots).  The others' may see every partition: FedCDA's mean of
-#: every seen client's selected model, one-shot FedAvg's and parallel FedELMY's of all clients.
-PER_ROUND = ("fedavg", "fedprox", "fedadam", "fedavgm", "fedyogi", "fedcross")
 
 
 @dataclass(frozen=True)
@@ -87,9 +83,11 @@ class RobustOptions:
 
 def most_models(strategy: Wrapped) -> int | None:
     """The most models the replaced mean of ``strategy`` can see in one round, where the
-    configuration fixes it: ``clients-per-round`` for :data:`PER_ROUND` methods, else the
-    number of partitions (``None``: not known before the run)."""
-    per_round = strategy.settings.clients_per_round if strategy.name in PER_ROUND else None
+    configuration fixes it: ``clients-per-round`` for a method whose mean is of the round's
+    replies (``traits.mean`` round: FedAvg's, FedCross's K slots), else the number of
+    partitions (FedCDA's mean of every seen client's selected model, a parallel plan's of
+    all clients; ``None``: not known before the run)."""
+    per_round = strategy.settings.clients_per_round if strategy.traits.mean == "round" else None
     most = per_round or strategy.settings.num_partitions
     return int(most) if most else None
 
@@ -121,6 +119,8 @@ class Robust(StrategyWrapper):
 
     Parameters
     ----------
+    strategy : FedsysStrategy or StrategyWrapper
+        The strategy whose mean is replaced (see :class:`~strategies.wrapper.StrategyWrapper`).
     **options
         :class:`RobustOptions`'s fields (``base`` is only read by :meth:`from_config`).
     """
@@ -129,28 +129,28 @@ class Robust(StrategyWrapper):
     Options = RobustOptions
     replaces_mean = True
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, strategy: Any, **options: Any) -> None:
         self.options: RobustOptions = parse_group(RobustOptions, self.name, options)
+        super().__init__(strategy)
         self.kept = 0.0
         self.offered = 0.0
         self.fallback = 0.0
-        self.label = self.name
 
-    def on_start(self, strategy: Wrapped, num_rounds: int) -> None:
-        """Name the strategy in the round's warnings."""
-        self.label = strategy.label
-
-    def inert_options(self, strategy: Wrapped, num_rounds: int) -> list[str]:
-        """A chain takes no mean: the rule would never act.  A rule that cannot hold in
-        any round (:func:`cannot_hold`, :func:`keeps_too_many` over :func:`most_models`)."""
-        if strategy.name in CHAINS:
-            return [f"robust on {strategy.name}: a chain relays one model from client to "
-                    f"client and takes no mean for robust.rule={self.options.rule} to replace "
-                    f"(max-update-ratio bounds each hop)"]
+    def inert_options(self, num_rounds: int) -> list[str]:
+        """A method that takes no mean (a chain: ``traits.mean`` none): the rule would never
+        act.  A rule that cannot hold in any round (:func:`cannot_hold`,
+        :func:`keeps_too_many` over :func:`most_models`)."""
+        strategy = self.engine
+        if strategy.traits.mean == "none":
+            what = ("a chain relays one model from client to client and takes" if
+                    strategy.traits.chain else "it declares (traits.mean) that it takes")
+            return [f"robust on {strategy.name}: {what} no mean for robust.rule="
+                    f"{self.options.rule} to replace (max-update-ratio bounds each "
+                    f"{'hop' if strategy.traits.chain else 'update'})"]
         n = most_models(strategy)
         if n is None:
             return []
-        whose = "clients-per-round" if strategy.name in PER_ROUND else "num-clients"
+        whose = "clients-per-round" if strategy.traits.mean == "round" else "num-clients"
         return [f"robust on {strategy.name}: {why}, and no round has more than {n} ({whose})"
                 for why in (cannot_hold(self.options, n), keeps_too_many(self.options, n))
                 if why is not None]
@@ -168,7 +168,7 @@ class Robust(StrategyWrapper):
             beyond = (f" (with f = {f} of {n} models no rule holds: the median needs fewer than "
                       f"half)" if f is not None and 2 * f >= n else "")
             log(WARNING, "[%s] round %d: %s: the coordinate-wise median instead, which holds "
-                "while fewer than half of the models are an attacker's%s", self.label,
+                "while fewer than half of the models are an attacker's%s", self.engine.label,
                 server_round, why, beyond)
             return robust.coordinate_median(models)
         if o.rule == "median":
@@ -177,7 +177,7 @@ class Robust(StrategyWrapper):
             return robust.trimmed_mean(models, o.trim)
         keep = o.krum_keep or n - o.krum_f
         if (too := keeps_too_many(o, n)) is not None:
-            log(WARNING, "[%s] round %d: %s: it keeps n - f = %d instead", self.label,
+            log(WARNING, "[%s] round %d: %s: it keeps n - f = %d instead", self.engine.label,
                 server_round, too, n - o.krum_f)
             keep = n - o.krum_f
         out, kept = robust.multi_krum(models, o.krum_f, keep)
@@ -191,7 +191,7 @@ class Robust(StrategyWrapper):
         return {"robust-models": self.offered, "robust-kept": self.kept,
                 "robust-fallback": self.fallback}
 
-    def summary(self) -> None:
+    def own_summary(self) -> None:
         """Log the rule."""
         o = self.options
         detail = {"median": "", "trimmed-mean": f", beta {o.trim:g}",
@@ -199,5 +199,4 @@ class Robust(StrategyWrapper):
         log(INFO, "[robust] %s in place of the mean%s", o.rule, detail)
 
 
-__all__ = ["CHAINS", "PER_ROUND", "Robust", "RobustOptions", "cannot_hold", "keeps_too_many",
-           "most_models"]
+__all__ = ["Robust", "RobustOptions", "cannot_hold", "keeps_too_many", "most_models"]

@@ -31,6 +31,7 @@ import strategies.replies as pipeline
 from fedsys import protocol as proto
 from fedsys.options import ConfigError
 from fedsys.params import Params, distance
+from fedsys.validation import ClientUpdate
 from strategies.exchange import Exchange
 from strategies.hooks import MethodHooks
 from strategies.loop import EvaluateFn, RoundLoop
@@ -150,12 +151,7 @@ class RoundEngine(MethodHooks):
                 "Strategy.start does)")
         verdict = self.validate(replies)
         updates, rejected = verdict.updates, verdict.refused
-        result: Any = self.aggregate(server_round, updates) if updates else Aggregate(None)
-        if not isinstance(result, Aggregate):  # a model, as aggregate returned before Aggregate
-            self.tell_once("bare-model", WARNING, "[%s] aggregate returned %s, not "
-                           "strategies.base.Aggregate(model, metrics): taken as the round's "
-                           "model", self.label, type(result).__name__)
-            result = Aggregate(*result) if isinstance(result, tuple) else Aggregate(result)
+        result = self.aggregated(server_round, updates)
         own, new = dict(result.metrics), result.model
         if new is None:
             if not (self.settings.skips_training and not replies):
@@ -172,6 +168,31 @@ class RoundEngine(MethodHooks):
         self.add_client_metrics(metrics, verdict, own=own)
         metrics.update(own)
         return (self.model_record() if new is not None else None), proto.metric_record(metrics)
+
+    def aggregated(self, server_round: int, updates: list[ClientUpdate]) -> Aggregate:
+        """The method's :meth:`aggregate` of ``updates`` (none: no model), then its
+        wrappers' (:meth:`strategies.wrapper.WrapperChain.release`): what a round or a hop
+        makes.  A method that declares a mean (``traits.mean``) and made a model without
+        taking it while a wrapper replaces it is an error (the rule would not have acted)."""
+        if not updates:
+            return Aggregate(None)
+        self.wrappers.averaged = 0
+        result: Any = self.aggregate(server_round, updates)
+        if not isinstance(result, Aggregate):  # a model, as aggregate returned before Aggregate
+            self.tell_once("bare-model", WARNING, "[%s] aggregate returned %s, not "
+                           "strategies.base.Aggregate(model, metrics): taken as the round's "
+                           "model", self.label, type(result).__name__)
+            result = Aggregate(*result) if isinstance(result, tuple) else Aggregate(result)
+        result = self.wrappers.release(server_round, result)
+        if (result.model is not None and self.wrappers.replaces_mean
+                and self.traits.mean != "none" and not self.wrappers.averaged):
+            raise RuntimeError(
+                f"[{self.label}] round {server_round}: {type(self).__name__} declares a mean of "
+                f"the round's models (traits.mean={self.traits.mean!r}) but made its model "
+                f"without self.average(...), so {', '.join(w.name for w in self.wrappers if w.replaces_mean)} "
+                f"did not act: take the mean through self.average, or declare "
+                f"traits = Traits(mean='none')")
+        return result
 
     def add_client_metrics(self, record: dict[str, Any], verdict: Verdict,
                            own: Iterable[str] = ()) -> None:

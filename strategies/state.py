@@ -25,7 +25,7 @@ def engine_state(s: RoundEngine) -> dict[str, Any]:
         "usable_rounds": s.usable_rounds,
         "update_norms": list(s.update_norms),
         **s.traffic.state(),
-        "wrappers": {w.name: w.state_dict() for w in s.wrappers},
+        "wrappers": s.wrappers.state(),
     }
 
 
@@ -46,5 +46,4 @@ def load_engine_state(s: RoundEngine, state: dict[str, Any]) -> None:
     s.usable_rounds = int(state.get("usable_rounds", s.round))
     s.update_norms = [float(v) for v in state.get("update_norms", [])]
     s.traffic.load(state)
-    for w in s.wrappers:
-        w.load_state_dict((wrapped or {})[w.name])
+    s.wrappers.load(wrapped or {})

@@ -9,7 +9,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from task import Net, load_data, test
 
-from strategies.base import FedsysStrategy
+from strategies.base import FedsysStrategy, StrategyWrapper
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedcda import FedCDAStrategy
 from strategies.fedcross import FedCrossStrategy
@@ -20,12 +20,12 @@ from strategies.ima import IMA
 app = ServerApp()
 
 
-def make_strategy(name: str, fraction_train: float) -> FedsysStrategy:
+def make_strategy(name: str, fraction_train: float) -> FedsysStrategy | StrategyWrapper:
     """Flower's keywords plus each method's own options, no fedsys config."""
     common = {"fraction_train": fraction_train, "fraction_evaluate": 0.5,
               "min_available_nodes": 2}
     if name == "fedavg+ima":
-        return FedAvgStrategy(**common).wrap(IMA(window=3, start_fraction=0.5))
+        return IMA(FedAvgStrategy(**common), window=3, start_fraction=0.5)
     return {
         "fedavg": lambda: FedAvgStrategy(**common),
         "fedprox": lambda: FedProxStrategy(**common),

@@ -15,10 +15,10 @@ import numpy as np
 from clients import TRAINERS
 from clients.base import Trainer, TrainJob, TrainResult, sgd_loop
 from fedsys.options import option
-from fedsys.params import is_float, mean
+from fedsys.params import is_float
 from fedsys.validation import ClientUpdate
 from strategies import REGISTRY
-from strategies.base import Aggregate, FedsysStrategy
+from strategies.base import Aggregate, FedsysStrategy, Traits
 
 
 @dataclass(frozen=True)
@@ -34,16 +34,17 @@ class DampedAvg(FedsysStrategy):
     name = "damped"
     default_trainer = "counting"
     Options = DampedOptions
+    traits = Traits(asks="sample", mean="round")  # what the wrappers read of it
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Aggregate:
         assert self.params is not None
-        avg = mean([u.params for u in updates], [u.num_examples for u in updates])
+        avg = self.average(server_round, [u.params for u in updates],
+                           [u.num_examples for u in updates])
         k = self.options.keep
         new = {n: (k * self.params[n] + (1 - k) * v).astype(v.dtype) if is_float(v) else v
                for n, v in avg.items()}
         seen = [u.metrics["rounds-seen"] for u in updates]  # the round's own numbers
-        return Aggregate(self.finish(server_round, {0: new})[0],
-                         {"rounds-seen-min": min(seen), "rounds-seen-max": max(seen)})
+        return Aggregate(new, {"rounds-seen-min": min(seen), "rounds-seen-max": max(seen)})
 
 
 @dataclass(frozen=True)

@@ -293,8 +293,7 @@ def test_start_as_flower_documents_it_num_rounds_sets_imas_start_and_the_lr(repl
 
     sent: list[Message] = []
     grid = reply_grid(NODES, plain_client(sent))
-    s = FedAvgStrategy(fraction_train=0.5, min_available_nodes=2).wrap(
-        IMA(start_fraction=0.6, window=2, lr_decay=0.5))
+    s = IMA(FedAvgStrategy(fraction_train=0.5, min_available_nodes=2), start_fraction=0.6, window=2, lr_decay=0.5)
     res = s.start(grid, protocol.to_record(model(0.0)), num_rounds=5,
                   train_config=ConfigRecord({"lr": 0.5, "note": "mine"}))
     assert s.wrappers[0].t_s == 3  # floor(0.6 * 5), from start's num_rounds
@@ -822,7 +821,7 @@ def test_a_round_loop_of_the_users_own_runs_or_says_what_it_needs(reply_grid):
                                           r"strategy\.prepare\(num_rounds\)"):
         flower_loop(FedCDAStrategy(**kw), grid, 4)
     with pytest.raises(ConfigError, match=r"ima\.start-fraction"):
-        flower_loop(FedAvgStrategy(**kw).wrap(IMA(window=2)), grid, 4)
+        flower_loop(IMA(FedAvgStrategy(**kw), window=2), grid, 4)
     s = FedCDAStrategy(**kw, memory=2, batches=1)
     s.prepare(8)  # as start(num_rounds=8) does
     flower_loop(s, grid, 8)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -51,7 +50,6 @@ from strategies.dp import DP, NOISE_TAG
 from strategies.fedavg import FedAvgStrategy
 from strategies.ima import IMA
 from strategies.robust import Robust
-from strategies.settings import RoundSettings
 from strategies.wrapper import StrategyWrapper
 from tests.conftest import ReplyGrid
 from tests.unit.test_base_strategy import NODES, configured, model
@@ -196,9 +194,9 @@ def test_the_noise_std_added_is_the_one_accounted() -> None:
     """std zC/m on the released mean is zC on the sum of the m updates: measured on 200,000
     weights through the wrapper (4 clients asked, all accepted)."""
     z, c, m = 0.5, 2.0, 4
-    w = DP(noise_multiplier=z, clipping_norm=c)
-    w.on_start(SimpleNamespace(name="fedavg", settings=RoundSettings(
-        seed=0, num_partitions=100, clients_per_round=m)), 10)
+    w = DP(FedAvgStrategy(seed=0, num_partitions=100, clients_per_round=m),
+           noise_multiplier=z, clipping_norm=c)
+    w.on_start(10)
     ref = {"w": np.zeros(200_000, np.float32)}
     ups = [ClientUpdate(n, n, ref, 10) for n in range(m)]
     ok, bad = w.screen(ups, dict.fromkeys(range(m), ref))
@@ -384,8 +382,8 @@ def test_an_update_without_its_reference_fails_closed(reply_grid, caplog) -> Non
                                        *[hostile(m, model(1.1), 10) for m in msgs[1:]]])
     assert metrics is not None and metrics["clients-ok"] == 2 and metrics["clients-rejected"] == 1
     assert "dp refuses it (fails closed)" in caplog.text
-    w = DP()
-    w.on_start(SimpleNamespace(name="fedavg", settings=RoundSettings(seed=0)), 2)
+    w = DP(FedAvgStrategy(seed=0))
+    w.on_start(2)
     ok, bad = w.screen([ClientUpdate(7, 1, model(3.0), 10)], {})
     assert ok == [] and len(bad) == 1 and "fails closed" in bad[0].reason
 
@@ -459,11 +457,11 @@ def test_the_recommended_compositions_are_accepted() -> None:
 
 
 def test_the_python_api_refuses_the_same_in_any_order() -> None:
-    for s in (FedAvgStrategy().wrap(DP()).wrap(Robust()), FedAvgStrategy().wrap(Robust()).wrap(DP()),
-              FedAvgStrategy().wrap(IMA()).wrap(DP())):
+    for s in (Robust(DP(FedAvgStrategy())), DP(Robust(FedAvgStrategy())),
+              DP(IMA(FedAvgStrategy()))):
         with pytest.raises(ConfigError, match=r"DP must be applied first|dp with robust"):
             s.prepare(10)
-    FedAvgStrategy().wrap(DP()).wrap(IMA()).prepare(10)
+    IMA(DP(FedAvgStrategy())).prepare(10)
 
 
 class _Screening(StrategyWrapper):
@@ -480,14 +478,14 @@ class _Mean(StrategyWrapper):
 
 def test_a_plugin_wrapper_that_screens_or_replaces_the_mean_is_refused_with_dp() -> None:
     with pytest.raises(ConfigError, match="screening after dp: it screens"):
-        FedAvgStrategy().wrap(DP()).wrap(_Screening()).prepare(10)
+        _Screening(DP(FedAvgStrategy())).prepare(10)
     with pytest.raises(ConfigError, match="dp with mymean"):
-        FedAvgStrategy().wrap(DP()).wrap(_Mean()).prepare(10)
+        _Mean(DP(FedAvgStrategy())).prepare(10)
 
 
 def test_estimators_are_refused_with_dp() -> None:
     assert "estimators: true: the estimators release" in _refusal(estimators=True)
-    s = FedAvgStrategy().wrap(DP())
+    s = DP(FedAvgStrategy())
     s.estimator_fn = lambda r, u, g: {}
     with pytest.raises(ConfigError, match="estimators"):
         s.prepare(10)
@@ -504,7 +502,7 @@ def test_a_refused_composition_is_one_line_and_exit_code_2_from_the_cli(capsys) 
 def test_a_strategy_not_prepared_does_not_run_under_dp(reply_grid) -> None:
     """A round loop of the caller's own must call prepare() first (start() does): without
     it the bounds that compare clients would stay on and the sample would be seeded."""
-    s = FedAvgStrategy(clients_per_round=3).wrap(DP())
+    s = DP(FedAvgStrategy(clients_per_round=3))
     msgs = configured(s, reply_grid(NODES))
     with pytest.raises(ConfigError, match=r"call strategy\.prepare"):
         s.aggregate_train(1, [hostile(m, model(1.1), 10) for m in msgs])
@@ -609,10 +607,10 @@ def test_a_pool_that_grows_is_accounted_round_by_round(tmp_path) -> None:
                                     "dp.noise-multiplier": 1.0}))
     restored.prepare(30)
     saved = tmp_path / "dp.pt"                                          # resumed: the same
-    checkpoint.save(saved, {"round": 30, "dp": s.wrappers[0].state_dict()})
-    restored.wrappers[0].load_state_dict(checkpoint.load(saved)["dp"])
+    checkpoint.save(saved, {"round": 30, "dp": s.wrappers[0].own_state()})
+    restored.wrappers[0].load_own_state(checkpoint.load(saved)["dp"])
     assert restored.wrappers[0].spent() == pytest.approx(want, rel=1e-9)
-    restored.wrappers[0].load_state_dict({"releases": 30})               # before issue 75
+    restored.wrappers[0].load_own_state({"releases": 30})               # before issue 75
     assert restored.wrappers[0].spent() == epsilon(1.0, 30, DELTA, 100, 10)
 
 
@@ -696,8 +694,8 @@ def _chain(nodes: dict[int, int], fail: dict[int, int], extra: dict[str, float] 
            **kw: object) -> tuple[Any, list[dict[str, Any]], _Hops]:
     from strategies.fedelmy import FedSeqStrategy
 
-    s = FedSeqStrategy(passes=3, num_partitions=10, query_partitions=True, warmup_epochs=0,
-                       node_wait_timeout=0.2, fraction_evaluate=0.0, **kw).wrap(DP(noise_multiplier=1.0))
+    s = DP(FedSeqStrategy(passes=3, num_partitions=10, query_partitions=True, warmup_epochs=0,
+                       node_wait_timeout=0.2, fraction_evaluate=0.0, **kw), noise_multiplier=1.0)
     s.poll_interval = 0.0
     records: list[dict[str, Any]] = []
     s.hooks.append(lambda _, r: records.append(r))

@@ -178,7 +178,7 @@ def test_fedcross_restarts_every_slot_from_a_foreign_model(reply_grid: Any) -> N
 
 
 def test_a_wrapper_says_what_it_does_with_a_foreign_model() -> None:
-    strategy = FedAvgStrategy().wrap(IMA())
+    strategy = IMA(FedAvgStrategy())
     assert strategy.foreign_model_note() == f"{FedAvgStrategy.foreign_model}; {IMA.foreign_model}"
 
 
@@ -303,7 +303,7 @@ def test_median_as_flowers_fedmedian(reply_grid: Any) -> None:
 
     from strategies.robust import Robust
 
-    mine = _fixed_round(FedAvgStrategy(fraction_train=1.0).wrap(Robust(rule="median")),
+    mine = _fixed_round(Robust(FedAvgStrategy(fraction_train=1.0), rule="median"),
                         _nodes(3), reply_grid(_nodes(3)), START, R3)
     theirs = _fixed_round(FedMedian(fraction_train=1.0, min_available_nodes=3),
                           _nodes(3), reply_grid(_nodes(3)), START, R3)
@@ -325,8 +325,7 @@ def test_trimmed_mean_as_flowers_fedtrimmedavg(reply_grid: Any, answers: Any, wa
     from strategies.robust import Robust
 
     start = {"x": np.asarray(np.zeros_like(answers[0][0]["x"]) + 0.6)}
-    mine = _fixed_round(FedAvgStrategy(fraction_train=1.0, max_update_ratio=0).wrap(
-        Robust(rule="trimmed-mean", trim=0.25)),
+    mine = _fixed_round(Robust(FedAvgStrategy(fraction_train=1.0, max_update_ratio=0), rule="trimmed-mean", trim=0.25),
                         _nodes(4), reply_grid(_nodes(4)), start, answers)
     theirs = _fixed_round(FedTrimmedAvg(beta=0.25, fraction_train=1.0, min_available_nodes=4),
                           _nodes(4), reply_grid(_nodes(4)), start, answers)
@@ -353,8 +352,7 @@ def test_multikrum_as_flowers_where_krum_holds(reply_grid: Any, keep: int, value
 
     from strategies.robust import Robust
 
-    mine = _fixed_round(FedAvgStrategy(fraction_train=1.0).wrap(
-        Robust(rule="multi-krum", krum_f=1, krum_keep=keep)), _nodes(5), reply_grid(_nodes(5)), START,
+    mine = _fixed_round(Robust(FedAvgStrategy(fraction_train=1.0), rule="multi-krum", krum_f=1, krum_keep=keep), _nodes(5), reply_grid(_nodes(5)), START,
         _krum_answers(values))
     theirs = _fixed_round(MultiKrum(num_malicious_nodes=1, num_nodes_to_select=keep,
                                     fraction_train=1.0, min_available_nodes=5),
@@ -403,7 +401,7 @@ def test_difference_outsized_update(reply_grid: Any, caplog: pytest.LogCaptureFi
     start = {"x": np.array(0.6)}
     theirs = _fixed_round(FedTrimmedAvg(beta=0.25), _nodes(4), reply_grid(_nodes(4)), start, answers)
     with caplog.at_level(logging.WARNING):
-        mine = _fixed_round(FedAvgStrategy().wrap(Robust(rule="trimmed-mean", trim=0.25)), _nodes(4),
+        mine = _fixed_round(Robust(FedAvgStrategy(), rule="trimmed-mean", trim=0.25), _nodes(4),
                             reply_grid(_nodes(4)), start, answers)
     np.testing.assert_allclose(theirs["x"], 1.5, rtol=1e-12)
     np.testing.assert_allclose(mine["x"], 1.0, rtol=1e-12)  # 100 refused; the median of three
@@ -452,8 +450,7 @@ def test_difference_robust_rules_read_no_counts(reply_grid: Any) -> None:
     theirs = _fixed_round(MultiKrum(num_malicious_nodes=1, num_nodes_to_select=2,
                                     fraction_train=1.0, min_available_nodes=5),
                           _nodes(5), reply_grid(_nodes(5)), START, answers)
-    mine = _fixed_round(FedAvgStrategy(fraction_train=1.0).wrap(
-        Robust(rule="multi-krum", krum_f=1, krum_keep=2)), _nodes(5), reply_grid(_nodes(5)),
+    mine = _fixed_round(Robust(FedAvgStrategy(fraction_train=1.0), rule="multi-krum", krum_f=1, krum_keep=2), _nodes(5), reply_grid(_nodes(5)),
         START, answers)
     np.testing.assert_allclose(theirs["x"], (0.5 * 5 + 0.46 * 50) / 55, rtol=1e-12)
     np.testing.assert_allclose(mine["x"], 0.48, rtol=1e-12)
@@ -474,19 +471,18 @@ def test_difference_rule_that_cannot_hold(reply_grid: Any, caplog: pytest.LogCap
                                     fraction_train=1.0, min_available_nodes=3),
                           _nodes(3), reply_grid(_nodes(3)), START, answers)
     with caplog.at_level(logging.WARNING):
-        mine = _fixed_round(FedAvgStrategy(fraction_train=1.0).wrap(
-            Robust(rule="multi-krum", krum_f=1, krum_keep=2)), _nodes(3), reply_grid(_nodes(3)),
+        mine = _fixed_round(Robust(FedAvgStrategy(fraction_train=1.0), rule="multi-krum", krum_f=1, krum_keep=2), _nodes(3), reply_grid(_nodes(3)),
             START, answers)
     np.testing.assert_allclose(theirs["x"], 0.35, rtol=1e-12)  # Flower's case
     np.testing.assert_allclose(mine["x"], 0.5, rtol=1e-12)  # the median
     assert "median" in caplog.text
     four = _krum_answers([0.2, 0.5, 1.0, 0.9])
     trimmed = _fixed_round(FedTrimmedAvg(), _nodes(4), reply_grid(_nodes(4)), START, four)
-    median = _fixed_round(FedAvgStrategy().wrap(Robust(rule="trimmed-mean")), _nodes(4),
+    median = _fixed_round(Robust(FedAvgStrategy(), rule="trimmed-mean"), _nodes(4),
                           reply_grid(_nodes(4)), START, four)
     np.testing.assert_allclose(trimmed["x"], 0.65, rtol=1e-12)
     np.testing.assert_allclose(median["x"], 0.7, rtol=1e-12)
-    fixed = FedAvgStrategy(clients_per_round=3).wrap(Robust(rule="multi-krum", krum_f=1))
+    fixed = Robust(FedAvgStrategy(clients_per_round=3), rule="multi-krum", krum_f=1)
     with pytest.raises(ConfigError, match="2f"):
         fixed.prepare(5)
 
@@ -658,10 +654,10 @@ def _pairs() -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
         "fedavg": (FedAvgStrategy, FedAvg), "fedprox": (FedProxStrategy, FedProx),
         "fedadam": (FedAdamStrategy, FedAdam), "fedyogi": (FedYogiStrategy, FedYogi),
         "fedavgm": (FedAvgMStrategy, FedAvgM),
-        "median": (lambda: FedAvgStrategy().wrap(Robust(rule="median")), FedMedian),
-        "trimmed-mean": (lambda: FedAvgStrategy().wrap(Robust(rule="trimmed-mean")), FedTrimmedAvg),
-        "multi-krum": (lambda: FedAvgStrategy().wrap(Robust(rule="multi-krum")), MultiKrum),
-        "krum": (lambda: FedAvgStrategy().wrap(Robust(rule="multi-krum", krum_keep=1)), Krum),
+        "median": (lambda: Robust(FedAvgStrategy(), rule="median"), FedMedian),
+        "trimmed-mean": (lambda: Robust(FedAvgStrategy(), rule="trimmed-mean"), FedTrimmedAvg),
+        "multi-krum": (lambda: Robust(FedAvgStrategy(), rule="multi-krum"), MultiKrum),
+        "krum": (lambda: Robust(FedAvgStrategy(), rule="multi-krum", krum_keep=1), Krum),
     }
 
 

@@ -73,7 +73,7 @@ def test_averaging_active_boundaries() -> None:
 def run(strategy, stream: list[list[ClientUpdate]]) -> list[Params]:
     outs = []
     for r, ups in enumerate(stream, 1):
-        out = strategy.aggregate(r, ups).model
+        out = strategy.aggregated(r, ups).model
         strategy.params = out
         outs.append(out)
     return outs
@@ -152,7 +152,7 @@ def test_ima_state_round_trip_resumes_identically() -> None:
 def run_from(strategy, st, first: int) -> list[Params]:
     outs = []
     for r in range(first, len(st) + 1):
-        out = strategy.aggregate(r, st[r - 1]).model
+        out = strategy.aggregated(r, st[r - 1]).model
         strategy.params = out
         outs.append(out)
     return outs
@@ -173,8 +173,8 @@ def test_fedcross_base_keeps_one_window_per_slot() -> None:
         ups = [upd(p, rng.normal(size=3)) for p in range(3)]
         for st in (s, b):
             st.assignment = {100 + p: (p + r) % 3 for p in range(3)}
-        out_b = b.aggregate(r, ups).model
-        out_s = s.aggregate(r, ups).model
+        out_b = b.aggregated(r, ups).model
+        out_s = s.aggregated(r, ups).model
         if r <= 2:  # t = 0, 1 < t_s = 2
             for i in range(3):
                 np.testing.assert_array_equal(s.slots[i]["w"], b.slots[i]["w"])

@@ -67,7 +67,7 @@ def test_fedcda_with_no_option_set_selects_after_a_quarter_of_the_run(reply_grid
 
 
 def test_ima_with_no_option_set_averages_from_three_quarters_of_the_run(reply_grid):
-    s = FedAvgStrategy(fraction_train=0.5, min_available_nodes=4).wrap(IMA())
+    s = IMA(FedAvgStrategy(fraction_train=0.5, min_available_nodes=4))
     recs = _run(s, _grid(reply_grid))
     active = [int(r["round"]) for r in recs if r.get("ima-active") == 1.0]
     assert active == list(range(23, ROUNDS + 1))  # t_s = floor(0.75 * 30) = 22, 0-indexed
@@ -90,9 +90,9 @@ def test_every_registered_method_with_no_option_set_starts_for_the_default_run(n
     (lambda: FedCDAStrategy(warmup=50), "fedcda.warmup=50 makes the FedAvg warmup 50 rounds"),
     (lambda: FedCDAStrategy(warmup=30), "fedcda.warmup=30"),
     (lambda: FedCDAStrategy(warmup_fraction=1.0), "fedcda.warmup-fraction=1"),
-    (lambda: FedAvgStrategy().wrap(IMA(start_round=30)),
+    (lambda: IMA(FedAvgStrategy(), start_round=30),
      "ima.start-round=30 starts IMA at round 31, after the run's last round 30"),
-    (lambda: FedAvgStrategy().wrap(IMA(window=1)), "ima.window=1"),
+    (lambda: IMA(FedAvgStrategy(), window=1), "ima.window=1"),
     (lambda: FedCrossStrategy(alpha=1.0), "fedcross.alpha=1"),
     (lambda: FedCrossStrategy(warmup=30), "fedcross.warmup=30 covers the whole run"),
 ])
@@ -105,8 +105,8 @@ def test_an_inert_option_is_refused_at_start_naming_it(make, needle, reply_grid)
 
 @pytest.mark.parametrize("make", [
     lambda: FedCDAStrategy(warmup=29),                       # selects in the last round
-    lambda: FedAvgStrategy().wrap(IMA(start_round=29)),      # averages in the last round
-    lambda: FedAvgStrategy().wrap(IMA(window=1, average=False)),  # the control, on purpose
+    lambda: IMA(FedAvgStrategy(), start_round=29),      # averages in the last round
+    lambda: IMA(FedAvgStrategy(), window=1, average=False),  # the control, on purpose
     lambda: FedCrossStrategy(alpha=1.0, dynamic_alpha_rounds=10),  # alpha ramps from 0.5
 ])
 def test_values_that_still_act_are_allowed(make):

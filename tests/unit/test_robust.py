@@ -21,6 +21,7 @@ from fedsys.params import Params
 from fedsys.robust import coordinate_median, krum_holds, krum_scores, multi_krum, trimmed_mean
 from fedsys.validation import ClientUpdate
 from fedsys_launch.registry import build, make_strategy
+from strategies.fedavg import FedAvgStrategy
 from strategies.fedcda import FedCDAStrategy
 from strategies.robust import Robust
 
@@ -83,7 +84,7 @@ def test_fedavg_with_a_rule_ignores_a_scaled_model_and_any_claim(rule: str, want
                              "robust.trim": 0.25, "clients-per-round": 5}))
     assert s.composition == "fedavg+robust"
     ups = [upd(0, 1.0), upd(1, 2.0, ex=1000), upd(2, 1.0), upd(3, 100.0), upd(4, 2.0)]
-    got = s.aggregate(1, ups).model
+    got = s.aggregated(1, ups).model
     assert got is not None and np.allclose(got["w"], want)               # the 100 is out
     metrics = s.wrappers.metrics()
     assert metrics["robust-kept"] == (4.0 if rule == "multi-krum" else 5.0)
@@ -97,7 +98,7 @@ def test_fedcda_keeps_its_selection_and_the_rule_replaces_the_mean_of_the_select
     plain = FedCDAStrategy.from_config(cfg(**{**c, "strategy": "fedcda"}))
     rounds = [[upd(0, 1.0), upd(1, 2.0), upd(3, 50.0)], [upd(0, 4.0), upd(5, 8.0)]]
     for r, ups in enumerate(rounds, start=1):
-        got, base = s.aggregate(r, ups).model, plain.aggregate(r, ups).model
+        got, base = s.aggregated(r, ups).model, plain.aggregated(r, ups).model
         assert got is not None and base is not None
         assert s.selected == plain.selected                                # Eq. 8's choice unchanged
         want = coordinate_median(plain.selected_models())
@@ -109,7 +110,7 @@ def test_fedcross_global_model_is_the_rule_over_its_slots_after_its_own_mixing()
     s = make_strategy(cfg(**{"strategy": "robust", "robust.base": "fedcross"}))
     s.slots = [{"w": np.full(2, v, np.float32), "n": np.array(1, np.int64)} for v in (1, 2, 3, 4)]
     s.assignment = {100 + i: i for i in range(4)}
-    got = s.aggregate(1, [upd(0, 1.5), upd(1, 2.5), upd(2, 3.5), upd(3, 400.0)]).model
+    got = s.aggregated(1, [upd(0, 1.5), upd(1, 2.5), upd(2, 3.5), upd(3, 400.0)]).model
     assert got is not None
     assert np.array_equal(got["w"], coordinate_median(s.slots)["w"])     # the K slots' median
     assert float(got["w"][0]) < 10 < 300 < max(float(m["w"][0]) for m in s.slots)  # mean: ~102
@@ -140,14 +141,14 @@ def test_multi_krum_over_n_at_most_2f_plus_2_stands_in_the_median_with_a_warning
     s = make_strategy(cfg(**{"strategy": "robust", "robust.rule": "multi-krum", "robust.krum-f": 2,
                              "num-clients": 8, "clients-per-round": 7}))
     with caplog.at_level(logging.WARNING):
-        got = s.aggregate(3, ups).model
+        got = s.aggregated(3, ups).model
     assert got is not None and np.allclose(got["w"], [1.1, 0.0])          # was (33.67, 33.33)
     assert ("round 3: multi-Krum with robust.krum-f=2 needs more than 2f + 2 = 6 models "
             "(Blanchard et al. 2017, Prop. 1), not 5: the coordinate-wise median instead"
             ) in caplog.text
     assert s.wrappers.metrics()["robust-fallback"] == 1.0
     # with f = 2 of 4 no rule holds, and the warning says so
-    Robust(rule="multi-krum", krum_f=2).combine(1, [u.params for u in ups[1:]], None)
+    Robust(FedAvgStrategy(), rule="multi-krum", krum_f=2).combine(1, [u.params for u in ups[1:]], None)
     assert "with f = 2 of 4 models no rule holds" in caplog.text
 
 
@@ -186,7 +187,7 @@ def test_a_round_too_small_for_the_trim_is_warned_and_stood_in_for(caplog) -> No
     s = make_strategy(cfg(**{"strategy": "robust", "robust.rule": "trimmed-mean",
                              "robust.trim": 0.25}))                       # 4 a round: trims 1
     with caplog.at_level(logging.WARNING):
-        got = s.aggregate(2, [upd(0, 1.0), upd(1, 2.0), upd(2, 60.0)]).model   # 3: floor(0.75) = 0
+        got = s.aggregated(2, [upd(0, 1.0), upd(1, 2.0), upd(2, 60.0)]).model   # 3: floor(0.75) = 0
     assert got is not None and np.allclose(got["w"], 2.0)                # the mean was 21
     assert "robust.trim=0.25 trims floor(0.25 x 3) = 0 values at each end of 3 models" in caplog.text
 
@@ -197,7 +198,7 @@ def test_a_round_too_small_for_the_krum_keep_keeps_n_minus_f_with_a_warning(capl
                              "robust.krum-keep": 5, "clients-per-round": 6}))  # 5 <= 6 - 1
     ups = [upd(0, 1.0), upd(1, 1.0), upd(2, 1.0), upd(3, 1.0), upd(4, 100.0)]
     with caplog.at_level(logging.WARNING):
-        got = s.aggregate(2, ups).model                                        # 5: keep <= 4
+        got = s.aggregated(2, ups).model                                        # 5: keep <= 4
     assert got is not None and np.allclose(got["w"], 1.0)                # all 5 before: 20.8
     assert s.wrappers.metrics()["robust-kept"] == 4.0
     assert "robust.krum-keep=5 averages more than n - f = 4 of 5 models" in caplog.text
@@ -212,7 +213,7 @@ def test_one_attacker_does_not_set_an_integer_buffer(rule: str) -> None:
     ups = [ClientUpdate(100 + i, i, {"w": np.full(2, 1.0 + 0.1 * i, np.float32),
                                      "n": np.array(c, np.int64)}, 10, {"train-loss": 0.0})
            for i, c in enumerate([10, 11, 12, 13, 10**12])]               # honest weights
-    got = s.aggregate(1, ups).model
+    got = s.aggregated(1, ups).model
     assert got is not None and got["n"].dtype == np.int64
     assert int(got["n"]) == 12                    # median 12; trimmed (11 + 12 + 13) / 3
     assert int(coordinate_median([{"n": np.array(c, np.int64)} for c in (10, 11)])["n"]) == 10
@@ -237,7 +238,7 @@ def test_fedcross_keeps_the_rules_global_model_when_ima_replaces_its_slots(keys,
     s = fedcross_over({**keys, "ima.start-round": 0})
     assert s.composition == composition
     for rnd in (1, 2):
-        got = s.aggregate(rnd, [upd(0, 1.5), upd(1, 2.5), upd(2, 3.5), upd(3, 400.0)]).model
+        got = s.aggregated(rnd, [upd(0, 1.5), upd(1, 2.5), upd(2, 3.5), upd(3, 400.0)]).model
         assert got is not None and s.wrappers.metrics()["ima-active"] == 1.0
         assert np.array_equal(got["w"], coordinate_median(s.slots)["w"])
         assert float(got["w"][0]) < 10 < 100 < float(np.mean([m["w"][0] for m in s.slots]))

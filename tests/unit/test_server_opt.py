@@ -91,7 +91,7 @@ def test_ima_averages_client_means_before_the_adam_step() -> None:
     s, plain = make_strategy(c), REGISTRY["fedadam"].from_config(c)
     s.params = plain.params = {"x": np.zeros(3, np.float32)}
     for r in range(1, 6):
-        a, b = s.aggregate(r, ups(r)).model, plain.aggregate(r, ups(r)).model
+        a, b = s.aggregated(r, ups(r)).model, plain.aggregated(r, ups(r)).model
         if r <= 2:  # t = r - 1 < t_s = 2: identical
             np.testing.assert_array_equal(a["x"], b["x"])
         s.params, plain.params = a, b

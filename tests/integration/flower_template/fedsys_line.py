@@ -103,21 +103,20 @@ def fedsys_strategy(name: str, fraction_train: float) -> Strategy:
         # 0.54-0.62 (6 of 6 runs, 2026-11-27)
         "fedcross": lambda: FedCrossStrategy(fraction_train=fraction_train,
                                              dynamic_alpha_rounds=3),
-        "fedavg+ima": lambda: FedAvgStrategy(fraction_train=fraction_train).wrap(
-            IMA(window=2, start_fraction=0.5)),
-        "fedcda+ima": lambda: FedCDAStrategy(fraction_train=fraction_train, memory=2,
-                                             warmup_fraction=0.4).wrap(
-            IMA(window=2, start_fraction=0.5)),
+        "fedavg+ima": lambda: IMA(FedAvgStrategy(fraction_train=fraction_train), window=2,
+                                  start_fraction=0.5),
+        "fedcda+ima": lambda: IMA(FedCDAStrategy(fraction_train=fraction_train, memory=2,
+                                                 warmup_fraction=0.4), window=2, start_fraction=0.5),
         "fedelmy": lambda: FedElmyStrategy(order="permutation"),
         # Flower's tutorial's server side, with client_app_tutorial.py (not in STRATEGIES)
         "fedcda-tutorial": lambda: TutorialFedCDA(fraction_train=fraction_train, memory=2,
                                                   warmup_fraction=0.4),
         # the robust and DP wrappers as a user composes them (issue 42): the coordinate-wise
         # median of the round's models; server-side clipping to C = 5 with noise z = 0.01
-        "fedavg+median": lambda: FedAvgStrategy(fraction_train=fraction_train).wrap(
-            Robust(rule="median")),
-        "fedavg+dp": lambda: FedAvgStrategy(fraction_train=fraction_train).wrap(
-            DP(noise_multiplier=0.01, clipping_norm=5.0)),
+        "fedavg+median": lambda: Robust(FedAvgStrategy(fraction_train=fraction_train),
+                                        rule="median"),
+        "fedavg+dp": lambda: DP(FedAvgStrategy(fraction_train=fraction_train),
+                                noise_multiplier=0.01, clipping_norm=5.0),
     }
     strategy = build[name]()
     strategy.hooks.append(_report)
