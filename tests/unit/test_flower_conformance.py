@@ -547,7 +547,7 @@ def test_difference_keyword_after_build(reply_grid: Any) -> None:
     assert list(theirs.configure_evaluate(1, protocol.to_record(A), ConfigRecord(), grid)) == []
     mine = FedAvgStrategy(fraction_evaluate=1.0, min_evaluate_nodes=1)
     assert mine.fraction_evaluate == theirs.min_evaluate_nodes == 1
-    with pytest.raises(AttributeError, match="property 'fraction_evaluate' .* has no setter"):
+    with pytest.raises(AttributeError, match=r"property 'fraction_evaluate' .* has no setter"):
         mine.fraction_evaluate = 0.0
     asked = mine.configure_evaluate(1, protocol.to_record(A), ConfigRecord(), grid)
     assert len(list(asked)) == len(NODES)
