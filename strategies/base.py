@@ -6,11 +6,14 @@ Build a fedsys strategy like one of Flower's own::
     result = strategy.start(grid, initial_arrays, num_rounds=50, timeout=600,
                             train_config=ConfigRecord({"lr": 0.01}), evaluate_fn=...)
 
-Its keywords are the settings every strategy takes (Flower's and fedsys's, one value:
-:class:`strategies.settings.RoundSettings`) and the method's options, declared once in its
-module as a frozen dataclass (``Options``) whose fields are also its config keys
-(``fedcda.memory``); :meth:`FedsysStrategy.from_config` builds the same object from a fedsys
-run config.  The strategy is composed of parts, each in a module of its own:
+Its keywords are the method's options, each a keyword of its class's constructor (typed,
+with its default; ``memory``), and the settings every strategy takes, Flower's and
+fedsys's (``**settings: Unpack[RoundSettingsKw]``, one value documented on
+:class:`strategies.settings.RoundSettings`).  A method's options are also its config keys
+(``fedcda.memory``), declared in its module as a frozen dataclass (``Options``) whose
+fields are its constructor's keywords (a unit test holds them equal);
+:meth:`FedsysStrategy.from_config` builds the same object from a fedsys run config.  The
+strategy is composed of parts, each in a module of its own:
 
 * what the method is and decides, its state and its hooks: :mod:`strategies.hooks`;
 * Flower's API and a round over them: :mod:`strategies.rounds`; the loop of rounds,
@@ -21,7 +24,7 @@ run config.  The strategy is composed of parts, each in a module of its own:
   (:mod:`strategies.wrapper`), the round's client metrics (:mod:`strategies.client_metrics`)
   and the state a checkpoint holds (:mod:`strategies.state`).
 
-This class builds them from the keywords and gives a method its tools (the mean a wrapper
+This class builds them from the settings and gives a method its tools (the mean a wrapper
 may replace, :meth:`~FedsysStrategy.average`); a wrapper holds the strategy
 (``IMA(FedAvgStrategy(), window=5)``, :mod:`strategies.wrapper`).  Pure maths lives in
 :mod:`fedsys`.
@@ -29,9 +32,10 @@ may replace, :meth:`~FedsysStrategy.average`); a wrapper holds the strategy
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import inspect
+from collections.abc import Callable, Sequence
 from logging import WARNING
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, Unpack
 
 from flwr.supercore import log
 
@@ -44,7 +48,13 @@ from strategies.model import Aggregate
 from strategies.nodes import EVAL_TAG, SAMPLE_TAG, NodesUnavailableError
 from strategies.replies import why_refused
 from strategies.rounds import RoundEngine
-from strategies.settings import RoundSettings, config_kwargs, keywords, method_options
+from strategies.settings import (
+    RoundSettings,
+    RoundSettingsKw,
+    config_options,
+    config_settings,
+    unexpected_keyword,
+)
 from strategies.state import engine_state, load_engine_state
 from strategies.wrapper import StrategyWrapper, Traits
 
@@ -65,27 +75,30 @@ class FedsysStrategy(RoundEngine):
 
     Parameters
     ----------
-    **kwargs
-        The settings every strategy takes (Flower's keywords and fedsys's, documented
-        once: :class:`strategies.settings.RoundSettings`) and the method's own options
-        (the fields of :attr:`Options`).
+    **settings
+        The settings every strategy takes, Flower's keywords and fedsys's
+        (:class:`~strategies.settings.RoundSettingsKw`; each documented, with its default, on
+        :class:`strategies.settings.RoundSettings`).  A method's constructor takes its
+        options as keywords of its own and hands the settings on.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, **settings: Unpack[RoundSettingsKw]) -> None:
+        names = RoundSettings.names()
+        for name in settings:
+            if name not in names:  # a method's keyword spelt wrong lands here too
+                own = [p.name for p in inspect.signature(type(self)).parameters.values()
+                       if p.kind is inspect.Parameter.KEYWORD_ONLY]
+                raise unexpected_keyword(type(self), name, [*own, *names])
         try:
-            settings = RoundSettings.take(kwargs)
+            values = RoundSettings(**settings)
         except ConfigError as exc:
             raise ConfigError(f"{type(self).__name__}: {exc}") from None
-        self.options = self.parse_options(kwargs)
-        if settings.skips_training:  # as Flower's FedAvg
+        if values.skips_training:  # as Flower's FedAvg
             log(WARNING, "[%s] fraction_train is set to 0.0: federated training is skipped "
                 "(no train message is sent), as on Flower's strategies", self.name)
-        super().__init__(settings, settings.node_directory(self.tell_once),
-                         settings.reply_policy(self.name, self.required_metrics, self.tell_once))
-
-    def __init_subclass__(cls, **kw: Any) -> None:
-        super().__init_subclass__(**kw)
-        cls.__signature__ = keywords(cls)  # type: ignore[attr-defined]  # help() lists them
+        super().__init__(values, values.node_directory(self.tell_once),
+                         values.reply_policy(self.name, self.required_metrics, self.tell_once))
+        self.options = NoOptions()
 
     # ------------------------------------------------------------------ options
 
@@ -95,21 +108,11 @@ class FedsysStrategy(RoundEngine):
         return cls.option_prefix or cls.name
 
     @classmethod
-    def parse_options(cls, values: Mapping[str, Any]) -> Any:
-        """Build :attr:`Options` from keyword arguments; a wrong name is a TypeError
-        (:func:`strategies.settings.method_options`)."""
-        return method_options(cls, values)
-
-    @classmethod
-    def config_kwargs(cls, cfg: RunConfig) -> dict[str, Any]:
-        """Keyword arguments of the strategy from a fedsys run config."""
-        return config_kwargs(cfg, cls.Options, cls.prefix())
-
-    @classmethod
     def from_config(cls, cfg: RunConfig, build: Builder | None = None) -> Self:
-        """The strategy a fedsys run config describes (``build`` makes other
-        registered strategies by name, for composites)."""
-        return cls(**cls.config_kwargs(cfg))
+        """The strategy a fedsys run config describes: its settings and the method's
+        options, by their keywords (``build`` makes other registered strategies by name,
+        for composites)."""
+        return cls(**config_settings(cfg), **config_options(cfg, cls.Options, cls.prefix()))
 
     # ------------------------------------------------------------------ wrappers
 

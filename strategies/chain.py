@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, Unpack
 
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
@@ -27,6 +27,7 @@ from fedsys.options import ConfigError, option
 from fedsys.validation import ClientUpdate
 from strategies.base import Aggregate, FedsysStrategy, Traits
 from strategies.replies import Verdict
+from strategies.settings import RoundSettingsKw, checked_options
 
 
 class ChainBrokenError(RuntimeError):
@@ -62,7 +63,18 @@ class ChainOptions:
 class ChainStrategy(FedsysStrategy):
     """A chain of single-node hops (see the module docstring), built like a Flower
     strategy; ``num_rounds`` of :meth:`start` is not used: the chain has ``passes`` x
-    nodes hops."""
+    nodes hops.
+
+    Parameters
+    ----------
+    passes, order, reshuffle, order_list, warmup_epochs, evaluate, retries, max_skipped
+        The chain's options: :class:`ChainOptions`'s fields, each documented there with its
+        type, default and bounds (the config keys ``chain.*``).
+    own_init
+        Likewise (``fedelmy-parallel``'s).
+    **settings
+        The settings every strategy takes (:class:`~strategies.settings.RoundSettings`).
+    """
 
     Options = ChainOptions
     option_prefix = "chain"
@@ -70,8 +82,15 @@ class ChainStrategy(FedsysStrategy):
     #: One client per hop; the model relayed, no mean taken.
     traits = Traits(asks="hop", mean="none")
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, *, passes: int = 1, order: str = "index", reshuffle: bool = False,
+                 order_list: str = "", warmup_epochs: int = 1, evaluate: str = "hop",
+                 retries: int = 1, max_skipped: float = 0.5, own_init: bool = True,
+                 **settings: Unpack[RoundSettingsKw]) -> None:
+        super().__init__(**settings)
+        self.options: ChainOptions = checked_options(ChainOptions(
+            passes=passes, order=order, reshuffle=reshuffle, order_list=order_list,
+            warmup_epochs=warmup_epochs, evaluate=evaluate, retries=retries,
+            max_skipped=max_skipped, own_init=own_init), self.prefix())
         if self.options.order == "list":
             try:
                 given = parse_order_list(self.options.order_list)

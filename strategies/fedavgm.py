@@ -5,7 +5,7 @@ Federated Visual Classification", 2019, §3): FedAvg with server momentum, as Fl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
@@ -14,6 +14,7 @@ from fedsys.params import Params
 from fedsys.server_opt import momentum_step
 from fedsys.validation import ClientUpdate
 from strategies.base import Aggregate, FedsysStrategy, Traits
+from strategies.settings import RoundSettingsKw, checked_options
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,14 @@ class FedAvgMStrategy(FedsysStrategy):
         FedAvgMStrategy(server_learning_rate=0.1, server_momentum=0.9, fraction_train=0.5)
 
     With :math:`\eta = 1` and :math:`\beta = 0` it is FedAvg, bit for bit.
+
+    Parameters
+    ----------
+    server_learning_rate, server_momentum : float, default 1.0, 0.0
+        :math:`\eta` and :math:`\beta`, Flower's keywords: :class:`FedAvgMOptions`'s fields
+        (the config keys ``fedavgm.*``, documented there).
+    **settings
+        The settings every strategy takes (:class:`~strategies.settings.RoundSettings`).
     """
 
     name = "fedavgm"
@@ -49,8 +58,12 @@ class FedAvgMStrategy(FedsysStrategy):
     foreign_model = ("it becomes the model the round sends and the server step starts "
                      "from; the velocity stays")
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, *, server_learning_rate: float = 1.0, server_momentum: float = 0.0,
+                 **settings: Unpack[RoundSettingsKw]) -> None:
+        super().__init__(**settings)
+        self.options: FedAvgMOptions = checked_options(FedAvgMOptions(
+            server_learning_rate=server_learning_rate, server_momentum=server_momentum),
+            self.prefix())
         self.velocity: dict[str, np.ndarray] = {}
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Aggregate:

@@ -14,7 +14,7 @@ import weakref
 from dataclasses import dataclass
 from logging import INFO
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Unpack
 
 import numpy as np
 from flwr.supercore import log
@@ -27,6 +27,7 @@ from fedsys.params import Params, mean
 from fedsys.seeding import derive_seed
 from fedsys.validation import ClientUpdate
 from strategies.base import Aggregate, FedsysStrategy, Traits
+from strategies.settings import RoundSettingsKw, checked_options
 
 BATCH_TAG = 0xCDA
 
@@ -94,6 +95,16 @@ class FedCDAStrategy(FedsysStrategy):
     The sum of the selected vectors is kept in float64 and updated by the changed
     selections only, so a round costs O(P·K·C) (plus the batch searches), not
     O(N·C); with ``fedcda.cache=disk`` only metadata and that sum live in RAM.
+
+    Parameters
+    ----------
+    memory, batches, search_budget, warmup, warmup_fraction, warmup_mode
+        The method's options: :class:`FedCDAOptions`'s fields, each documented there with
+        its type, default and bounds (the config keys ``fedcda.*``).
+    smoothness, selection, cache, cache_dir
+        Likewise.
+    **settings
+        The settings every strategy takes (:class:`~strategies.settings.RoundSettings`).
     """
 
     name = "fedcda"
@@ -107,9 +118,16 @@ class FedCDAStrategy(FedsysStrategy):
     required_metrics: ClassVar[dict[str, str]] = {
         "train_loss_key": "the mean training loss of the last local epoch, Alg. 1 line 8"}
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        o: FedCDAOptions = self.options
+    def __init__(self, *, memory: int = 3, batches: int = 3, search_budget: int = 4096,
+                 warmup: int = -1, warmup_fraction: float = 0.0, warmup_mode: str = "fedavg",
+                 smoothness: float = 1.0, selection: str = "approximate", cache: str = "ram",
+                 cache_dir: str = "", **settings: Unpack[RoundSettingsKw]) -> None:
+        super().__init__(**settings)
+        self.options: FedCDAOptions = checked_options(FedCDAOptions(
+            memory=memory, batches=batches, search_budget=search_budget, warmup=warmup,
+            warmup_fraction=warmup_fraction, warmup_mode=warmup_mode, smoothness=smoothness,
+            selection=selection, cache=cache, cache_dir=cache_dir), self.prefix())
+        o = self.options
         self.K = o.memory
         self.B = o.batches
         self.L = o.smoothness

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message
@@ -25,6 +25,7 @@ from fedsys.params import Params, copy
 from fedsys.seeding import derive_seed
 from fedsys.validation import ClientUpdate
 from strategies.base import SAMPLE_TAG, Aggregate, FedsysStrategy, Traits
+from strategies.settings import RoundSettingsKw, checked_options
 
 ASSIGN_TAG = 0xC055
 
@@ -106,9 +107,14 @@ class FedCrossStrategy(FedsysStrategy):
 
     Parameters
     ----------
-    **kwargs
-        See :class:`~strategies.base.FedsysStrategy`; ``clients_per_round`` (K) must
-        be at least 2; the options are :class:`FedCrossOptions`'s fields.
+    alpha, selection, similarity, warmup, propeller_rounds, propellers, propeller_beta
+        The method's options: :class:`FedCrossOptions`'s fields, each documented there with
+        its type, default and bounds (the config keys ``fedcross.*``).
+    dynamic_alpha_rounds
+        Likewise.
+    **settings
+        The settings every strategy takes (:class:`~strategies.settings.RoundSettings`);
+        ``clients_per_round`` (K) must be at least 2.
     """
 
     name = "fedcross"
@@ -120,8 +126,16 @@ class FedCrossStrategy(FedsysStrategy):
         "one clipped update (no DP composition of FedCross is accounted)"))
     foreign_model = "every one of the K slot models restarts from it, as at round 1"
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, *, alpha: float = 0.99, selection: str = "lowest",
+                 similarity: str = "flat", warmup: int = 0, propeller_rounds: int = 0,
+                 propellers: int = 2, propeller_beta: float = 0.0, dynamic_alpha_rounds: int = 0,
+                 **settings: Unpack[RoundSettingsKw]) -> None:
+        super().__init__(**settings)
+        self.options: FedCrossOptions = checked_options(FedCrossOptions(
+            alpha=alpha, selection=selection, similarity=similarity, warmup=warmup,
+            propeller_rounds=propeller_rounds, propellers=propellers,
+            propeller_beta=propeller_beta, dynamic_alpha_rounds=dynamic_alpha_rounds),
+            self.prefix())
         if self.settings.clients_per_round is not None:
             self._set_k(self.settings.clients_per_round)
         else:
@@ -143,7 +157,7 @@ class FedCrossStrategy(FedsysStrategy):
     def inert_options(self, num_rounds: int) -> list[str]:
         """alpha = 1 (without a dynamic ramp) mixes nothing; a warmup or propeller phase
         covering the run leaves no cross-aggregation round."""
-        c: FedCrossOptions = self.options
+        c = self.options
         out = []
         if c.alpha == 1.0 and c.dynamic_alpha_rounds == 0:
             out.append("fedcross.alpha=1 keeps every slot's own model (w_i = v_i): no "
@@ -158,7 +172,7 @@ class FedCrossStrategy(FedsysStrategy):
     def summary(self) -> None:
         """Log K, alpha, the selection rule and the acceleration settings."""
         super().summary()
-        c: FedCrossOptions = self.options
+        c = self.options
         log(INFO, "[%s] K=%s slots, alpha=%g, selection=%s, similarity=%s, warmup=%d, "
             "propellers=%d for %d rounds (beta=%s), dynamic alpha over %d rounds", self.label,
             self.K or "first round's", c.alpha, c.selection, c.similarity,
@@ -225,7 +239,7 @@ class FedCrossStrategy(FedsysStrategy):
 
     def alpha(self, server_round: int) -> float:
         """Cross-aggregation weight of ``server_round`` (dynamic alpha, spec §2.6 item 3)."""
-        c: FedCrossOptions = self.options
+        c = self.options
         start = max(c.warmup, c.propeller_rounds)
         return maths.dynamic_alpha(server_round, c.alpha, start, c.dynamic_alpha_rounds)
 

@@ -59,10 +59,8 @@ class FedElmyStrategy(ChainStrategy):
 
     name = "fedelmy"
     default_trainer = "fedelmy"
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.held_warned = False
+    #: Whether the run has said that a client's pool learnt little (:meth:`on_updates`, once).
+    held_warned = False
 
     def on_updates(self, rnd: int, updates: list[ClientUpdate]) -> None:
         """One WARNING in the server's log, the first time in a run that a reply says its

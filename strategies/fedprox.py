@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from logging import INFO
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, Unpack
 
 from flwr.app import ConfigRecord
 from flwr.supercore import log
@@ -11,6 +11,7 @@ from flwr.supercore import log
 from fedsys.options import ConfigError
 from fedsys.protocol import PROXIMAL_MU
 from strategies.fedavg import FedAvgStrategy
+from strategies.settings import RoundSettingsKw, config_settings
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -37,13 +38,22 @@ class FedProxStrategy(FedAvgStrategy):
     fedsys's ``fedprox`` trainer (:mod:`clients.fedprox`).  A caller's ``train_config``
     may give ``fedprox.mu`` instead (fedsys's way); both, disagreeing, is an error.
     Neither: :data:`DEFAULT_MU`, Flower's 0.0.  Server aggregation is FedAvg's weighted mean.
+
+    Parameters
+    ----------
+    proximal_mu : float, optional
+        :math:`\mu` (Flower's keyword), at least 0; unset: the caller's ``fedprox.mu``, else
+        :data:`DEFAULT_MU`.
+    **settings
+        The settings every strategy takes (:class:`~strategies.settings.RoundSettings`).
     """
 
     name = "fedprox"
     default_trainer = "fedprox"
 
-    def __init__(self, *, proximal_mu: float | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, *, proximal_mu: float | None = None,
+                 **settings: Unpack[RoundSettingsKw]) -> None:
+        super().__init__(**settings)
         if proximal_mu is not None and not float(proximal_mu) >= 0:
             raise ConfigError(f"FedProxStrategy: proximal_mu must be >= 0, got {proximal_mu!r}")
         self.proximal_mu = None if proximal_mu is None else float(proximal_mu)
@@ -52,7 +62,7 @@ class FedProxStrategy(FedAvgStrategy):
     def from_config(cls, cfg: RunConfig, build: Builder | None = None) -> Self:
         """The run config's ``fedprox.mu`` as ``proximal_mu``."""
         mu = cfg.group("fedprox").get(FEDPROX_MU)
-        return cls(**cls.config_kwargs(cfg), proximal_mu=None if mu is None else float(mu))
+        return cls(**config_settings(cfg), proximal_mu=None if mu is None else float(mu))
 
     def round_config(self, server_round: int, config: ConfigRecord | Mapping[str, Any]
                      ) -> dict[str, Any]:

@@ -38,27 +38,71 @@ from strategies.loop import EvaluateFn, RoundLoop
 from strategies.model import Aggregate
 from strategies.nodes import EVAL_TAG
 from strategies.replies import RoundView, Verdict, why_refused
-from strategies.settings import RoundSettings
+
+if TYPE_CHECKING:
+    from strategies.client_metrics import MetricsAggrFn
 
 
 class RoundEngine(MethodHooks):
     """Flower's :class:`Strategy` API and a round, over a method's hooks and a
     strategy's parts (see the module docstring)."""
 
-    if not TYPE_CHECKING:  # typed code reads strategy.settings
-        def __getattr__(self, name: str) -> Any:
-            """Flower's strategies keep their keywords as attributes: ``strategy.seed``
-            is ``strategy.settings.seed`` (read-only)."""
-            settings = self.__dict__.get("settings")
-            if settings is None or name not in RoundSettings.names():
-                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-            return getattr(settings, name)
+    # ------------------------------------------------------------------ Flower's attributes
+    # Flower's FedAvg keeps its keywords as attributes, which a caller may reassign; here
+    # they are read-only, the values of :attr:`settings`: the node directory and the reply
+    # pipeline are built from them and would not see a new value.
 
-        def __setattr__(self, name: str, value: Any) -> None:
-            if name in RoundSettings.names() and "settings" in self.__dict__:
-                raise AttributeError(f"{name} is one of the strategy's settings, fixed when it is "
-                                     f"built: pass {name}= to {type(self).__name__}()")
-            super().__setattr__(name, value)
+    @property
+    def fraction_train(self) -> float:
+        """Flower's attribute: the fraction of the connected nodes sampled for training."""
+        return self.settings.fraction_train
+
+    @property
+    def fraction_evaluate(self) -> float:
+        """Flower's attribute: the fraction of the nodes asked to evaluate."""
+        return self.settings.fraction_evaluate
+
+    @property
+    def min_train_nodes(self) -> int:
+        """Flower's attribute: the fewest nodes sampled for training."""
+        return self.settings.min_train_nodes
+
+    @property
+    def min_evaluate_nodes(self) -> int:
+        """Flower's attribute: the fewest nodes sampled for evaluation."""
+        return self.settings.min_evaluate_nodes
+
+    @property
+    def min_available_nodes(self) -> int:
+        """Flower's attribute: the fewest connected nodes a round starts with."""
+        return self.settings.min_available_nodes
+
+    @property
+    def weighted_by_key(self) -> str:
+        """Flower's attribute: the reply metric an update is weighted by."""
+        return self.settings.weighted_by_key
+
+    @property
+    def arrayrecord_key(self) -> str:
+        """Flower's attribute: the name an instruction's model travels under."""
+        return self.settings.arrayrecord_key
+
+    @property
+    def configrecord_key(self) -> str:
+        """Flower's attribute: the name an instruction's settings travel under."""
+        return self.settings.configrecord_key
+
+    @property
+    def train_metrics_aggr_fn(self) -> MetricsAggrFn | None:
+        """Flower's attribute: the caller's rule for the round's client train metrics
+        (None: Flower's default)."""
+        return self.settings.train_metrics_aggr_fn
+
+    @property
+    def evaluate_metrics_aggr_fn(self) -> MetricsAggrFn | None:
+        """Flower's attribute: the caller's rule for the round's client evaluation
+        metrics (None: Flower's default)."""
+        return self.settings.evaluate_metrics_aggr_fn
 
     def instruction(self, node_id: int, message_type: str, arrays: Params | ArrayRecord,
                     config: Mapping[str, Any], models: Mapping[str, Params] | None = None

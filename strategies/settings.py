@@ -1,16 +1,17 @@
 """What a fedsys strategy is built with: the settings every strategy takes, Flower's
 keywords and fedsys's, declared and documented once as one value (:class:`RoundSettings`)
-that the strategy hands to its parts, and the method's own options
-(:func:`method_options`); both from a fedsys run config (:func:`config_kwargs`).
+that the strategy hands to its parts, and typed as its constructor's keywords
+(:class:`RoundSettingsKw`, ``**settings: Unpack[RoundSettingsKw]``); a method's own options,
+checked against their declaration (:func:`checked_options`); both from a fedsys run config
+(:func:`config_settings`, :func:`config_options`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from fedsys import protocol as proto
 from fedsys.options import ConfigError, parse_group, suggest
@@ -155,12 +156,6 @@ class RoundSettings:
         """The keywords, in order."""
         return [f.name for f in dataclasses.fields(cls)]
 
-    @classmethod
-    def take(cls, kwargs: dict[str, Any]) -> RoundSettings:
-        """The settings among a strategy's keyword arguments (removed from ``kwargs``;
-        what is left are the method's options)."""
-        return cls(**{k: kwargs.pop(k) for k in cls.names() if k in kwargs})
-
     @property
     def skips_training(self) -> bool:
         """Whether a round sends no train message: ``fraction_train=0.0`` without a fixed
@@ -190,6 +185,37 @@ class RoundSettings:
                            max_weight_ratio=self.max_weight_ratio)
 
 
+class RoundSettingsKw(TypedDict, total=False):
+    """:class:`RoundSettings` as a strategy's keyword arguments, every one optional
+    (``**settings: Unpack[RoundSettingsKw]``, PEP 692: what mypy checks a call against):
+    the same names and types (a unit test holds them equal); each is documented, with its
+    default, on :class:`RoundSettings`."""
+
+    fraction_train: float
+    fraction_evaluate: float
+    min_train_nodes: int
+    min_evaluate_nodes: int
+    min_available_nodes: int
+    clients_per_round: int | None
+    seed: int
+    node_wait_timeout: float
+    lr_decay: float
+    trainer: str
+    num_partitions: int | None
+    max_examples_ratio: float
+    max_update_ratio: float
+    max_weight_ratio: float
+    max_weight_share: float
+    transport_retries: int
+    query_partitions: bool
+    train_loss_key: str
+    weighted_by_key: str
+    arrayrecord_key: str
+    configrecord_key: str
+    train_metrics_aggr_fn: MetricsAggrFn | None
+    evaluate_metrics_aggr_fn: MetricsAggrFn | None
+
+
 def _as(name: str, kind: Callable[[Any], Any], value: Any) -> Any:
     """``value`` as a ``kind`` (1 for 1.0, "5" for 5), or a ConfigError naming the keyword:
     no silent truncation (2.5 nodes), no string read as a flag ("false" is not False)."""
@@ -209,40 +235,30 @@ _KINDS: dict[str, Callable[[Any], Any]] = {
     for f in dataclasses.fields(RoundSettings) if str(f.type) in ("float", "int", "str", "bool")}
 
 
-def method_options(cls: Any, values: Mapping[str, Any]) -> Any:
-    """A strategy class's :attr:`Options` from its keyword arguments beside the settings;
-    a name that is none of its options is a TypeError naming the closest keywords."""
-    names = [f.name for f in dataclasses.fields(cls.Options)]
-    common = RoundSettings.names() + [p for p in inspect.signature(cls.__init__).parameters
-                                      if p not in ("self", "options", "kwargs")]
-    common += list(getattr(cls, "FLOWER_NAMES", {}))  # Flower's names of the options
-    for k in values:
-        if k not in names:
-            raise TypeError(f"{cls.__name__}() got an unexpected keyword argument "
-                            f"{k!r}.{suggest(k, names + common).split(' Run')[0]}")
-    return parse_group(cls.Options, cls.prefix(), values)
+def unexpected_keyword(cls: type, name: str, keywords: Iterable[str]) -> TypeError:
+    """The TypeError of a keyword ``cls`` does not take, naming the closest of its
+    ``keywords`` (Python's own names none)."""
+    return TypeError(f"{cls.__name__}() got an unexpected keyword argument {name!r}."
+                     f"{suggest(name, keywords).split(' Run')[0]}")
 
 
-def keywords(cls: Any) -> inspect.Signature:
-    """The signature a strategy class is called with, for ``help()`` and
-    :func:`inspect.signature`: its keywords of its own (Flower's ``eta_l``), the settings and
-    its options, each with its default."""
-    own = [p for n, p in inspect.signature(cls.__init__).parameters.items()
-           if n != "self" and p.kind is inspect.Parameter.KEYWORD_ONLY]
-    options = dataclasses.fields(cls.Options) if dataclasses.is_dataclass(cls.Options) else ()
-    fields = [*dataclasses.fields(RoundSettings), *options]
-    return inspect.Signature([*own, *(inspect.Parameter(
-        f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
-        for f in fields if f.name not in {p.name for p in own})])
+OptionsT = TypeVar("OptionsT")
 
 
-def config_kwargs(cfg: RunConfig, options: type, prefix: str) -> dict[str, Any]:
-    """A strategy's keyword arguments from a fedsys run config: the settings it gives
-    (:func:`config_settings`) and the method's options (the fields of ``options`` under
-    ``prefix``)."""
+def checked_options(options: OptionsT, prefix: str) -> OptionsT:
+    """``options`` (a method's options dataclass, built from its constructor's keywords)
+    with every value coerced and checked against its declaration
+    (:func:`fedsys.options.parse_group`): a wrong value is a ConfigError naming its config
+    key (``fedcda.memory``)."""
+    values: OptionsT = parse_group(type(options), prefix, dict(vars(options)))
+    return values
+
+
+def config_options(cfg: RunConfig, options: type, prefix: str) -> dict[str, Any]:
+    """A method's options from a fedsys run config, by field name: the fields of
+    ``options`` under ``prefix`` (other keys of the group are its trainer's)."""
     fields = {f.name for f in dataclasses.fields(options)}
-    return {**config_settings(cfg),
-            **{f: v for f, v in cfg.fields_of(prefix).items() if f in fields}}
+    return {f: v for f, v in cfg.fields_of(prefix).items() if f in fields}
 
 
 def config_settings(cfg: RunConfig) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def make_strategy(name: str, fraction_train: float) -> FedsysStrategy | Strategy
     return {
         "fedavg": lambda: FedAvgStrategy(**common),
         "fedprox": lambda: FedProxStrategy(**common),
-        "fedadam": lambda: FedAdamStrategy(**common, lr=0.05),
+        "fedadam": lambda: FedAdamStrategy(**common, eta=0.05),
         "fedcda": lambda: FedCDAStrategy(**common, memory=2, warmup_fraction=0.5),
         "fedcross": lambda: FedCrossStrategy(**common, alpha=0.9),
     }[name]()

@@ -9,6 +9,7 @@ registries stay as shipped).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Unpack
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from fedsys.params import is_float
 from fedsys.validation import ClientUpdate
 from strategies import REGISTRY
 from strategies.base import Aggregate, FedsysStrategy, Traits
+from strategies.settings import RoundSettingsKw, checked_options
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,10 @@ class DampedAvg(FedsysStrategy):
     default_trainer = "counting"
     Options = DampedOptions
     traits = Traits(asks="sample", mean="round")  # what the wrappers read of it
+
+    def __init__(self, *, keep: float = 0.25, **settings: Unpack[RoundSettingsKw]) -> None:
+        super().__init__(**settings)
+        self.options: DampedOptions = checked_options(DampedOptions(keep=keep), self.prefix())
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Aggregate:
         assert self.params is not None

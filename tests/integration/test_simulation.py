@@ -169,7 +169,7 @@ class ChainStrategy(FedAvgStrategy):
     visits: ClassVar[list[tuple[int, int]]] = []
 
     def run_round(self, grid, server_round, train_config):
-        chosen = self.sample(grid, server_round, self.clients_per_round)
+        chosen = self.sample(grid, server_round, self.settings.clients_per_round)
         carry, ok = self.params, 0
         for node, pid in sorted(chosen.items(), key=lambda kv: kv[1]):
             verdict = self.train_hop(grid, server_round, node, pid, carry, {**train_config, "hop": ok})

@@ -37,14 +37,25 @@ def test_a_strategy_takes_the_settings_and_its_options_and_nothing_else() -> Non
         REGISTRY["fedcda"](memroy=4)
 
 
-def test_settings_read_as_flowers_attributes_and_are_fixed_once_built() -> None:
-    s = REGISTRY["fedavg"](fraction_train=0.25, fraction_evaluate=0.0, min_train_nodes=3)
+def test_flowers_attributes_read_as_on_flowers_strategies_and_are_fixed_once_built() -> None:
+    """Flower's FedAvg keeps its keywords as attributes; fedsys's strategies read the same
+    names as declared read-only properties (no attribute forwarding): the values of
+    ``strategy.settings``, which the parts were built from.  fedsys's own settings are read
+    on ``strategy.settings`` only."""
+    from flwr.serverapp.strategy import FedAvg
+
+    from strategies.rounds import RoundEngine
+
+    s = REGISTRY["fedavg"](fraction_train=0.25, fraction_evaluate=0.0, min_train_nodes=3, seed=5)
     assert (s.fraction_train, s.fraction_evaluate, s.min_train_nodes) == (0.25, 0.0, 3)
     assert s.weighted_by_key == "num-examples" and s.arrayrecord_key == "arrays"
+    assert s.train_metrics_aggr_fn is None and s.settings.seed == 5
     # an assignment would change the attribute and not the parts built from it: refused
-    with pytest.raises(AttributeError, match="fraction_train is one of the strategy's settings"):
+    with pytest.raises(AttributeError, match="property 'fraction_train' of 'FedAvgStrategy'"):
         s.fraction_train = 0.5
     assert s.settings.fraction_train == 0.25
+    with pytest.raises(AttributeError, match="no attribute 'seed'"):
+        _ = s.seed
     with pytest.raises(AttributeError, match="no attribute 'fraction_trian'"):
         _ = s.fraction_trian
     # the parts were built from the same value
@@ -53,6 +64,12 @@ def test_settings_read_as_flowers_attributes_and_are_fixed_once_built() -> None:
     # a new value is a new settings object, as the tests' own loops do
     s.settings = dataclasses.replace(s.settings, fraction_evaluate=0.5)
     assert s.fraction_evaluate == 0.5
+    # the properties are Flower's FedAvg's keywords, each one of the settings
+    flowers = [p for p in inspect.signature(FedAvg).parameters]
+    mine = [n for n, v in vars(RoundEngine).items() if isinstance(v, property)]
+    assert mine == flowers and set(mine) <= set(RoundSettings.names())
+    for cls in FedsysStrategy.__mro__[:-1]:  # object has its own
+        assert "__getattr__" not in vars(cls) and "__setattr__" not in vars(cls), cls
 
 
 def test_fraction_zero_skips_training_and_samples_none() -> None:
@@ -62,16 +79,62 @@ def test_fraction_zero_skips_training_and_samples_none() -> None:
     assert not fixed.settings.skips_training and fixed.settings.min_train == 2
 
 
-def test_help_lists_every_keyword_with_its_default() -> None:
-    """``help(FedCDAStrategy)`` / ``inspect.signature`` show what the class takes, as a
-    Flower strategy's signature does: its own keywords, the settings, its options."""
-    params = inspect.signature(REGISTRY["fedcda"]).parameters
-    assert params["fraction_train"].default == 1.0 and params["memory"].default == 3
-    assert params["evaluate_metrics_aggr_fn"].default is None
-    assert list(params)[: len(RoundSettings.names())] == RoundSettings.names()
-    adam = inspect.signature(REGISTRY["fedadam"]).parameters
-    assert "eta_l" in adam and adam["bias_correction"].default == "auto"  # Flower's way (issue 77)
-    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
+STRATEGIES = sorted(n for n, c in REGISTRY.items() if issubclass(c, FedsysStrategy))
+
+
+def test_the_settings_keywords_are_the_settings() -> None:
+    """``**settings: Unpack[RoundSettingsKw]`` types what :class:`RoundSettings` declares:
+    the same names, in order, of the same types."""
+    from strategies.settings import RoundSettingsKw
+
+    kw = {n: getattr(t, "__forward_arg__", t) for n, t in RoundSettingsKw.__annotations__.items()}
+    assert kw == {f.name: f.type for f in dataclasses.fields(RoundSettings)}
+    assert not RoundSettingsKw.__required_keys__
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_the_signature_is_the_constructors_own_with_its_options_and_the_settings(name) -> None:
+    """``help(FedCDAStrategy)``, ``inspect.signature`` and mypy read one signature, the
+    constructor's as written (none is generated): the method's options as keywords, each
+    with the type and default its ``Options`` field declares (the config keys), then
+    ``**settings``."""
+    cls = REGISTRY[name]
+    assert not [c for c in cls.__mro__ if "__signature__" in vars(c)]
+    params = list(inspect.signature(cls).parameters.values())
+    *own, rest = params
+    assert (rest.name, rest.kind, rest.annotation) == (
+        "settings", inspect.Parameter.VAR_KEYWORD, "Unpack[RoundSettingsKw]")
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in own)
+    fields = {f.name: (f.type, f.default) for f in dataclasses.fields(cls.Options)}
+    mine = {p.name: (p.annotation, p.default) for p in own}
+    if name in ("fedadam", "fedyogi"):  # Flower's names; the config's 0 and auto: the default
+        from flwr.serverapp import strategy as flower
+
+        theirs = inspect.signature(getattr(flower, cls.__name__.removesuffix("Strategy")))
+        for kw, field in cls.CONFIG_NAMES.items():
+            assert mine[kw][0] == ("bool" if kw == "bias_correction" else fields[field][0])
+            assert fields[field][1] in (0.0, "auto", mine[kw][1]), kw
+            if kw in theirs.parameters:
+                assert theirs.parameters[kw].default == mine[kw][1], kw
+        assert set(mine) == {*cls.CONFIG_NAMES, "eta_l"}
+    elif name == "fedprox":  # Flower's proximal_mu; fedprox.mu is its trainer's key
+        assert fields == {} and mine == {"proximal_mu": ("float | None", None)}
+    else:
+        assert mine == fields
+
+
+def test_the_signatures_are_what_mypy_checks_a_call_against() -> None:
+    """``tests/unit/typed_strategies.py`` calls the constructors right and wrong; mypy checks
+    it (pyproject's ``files``), and its ``type: ignore`` comments on the wrong calls would be
+    unused, an error under ``strict``, if mypy did not see the keywords."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    files = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["mypy"]["files"]
+    assert "tests/unit/typed_strategies.py" in files
+    text = (root / "tests/unit/typed_strategies.py").read_text()
+    assert text.count("# type: ignore[call-arg]") >= 2 and "# type: ignore[arg-type]" in text
 
 
 @pytest.mark.parametrize(("kw", "why"), [

@@ -7,7 +7,7 @@ with no edit anywhere else."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import pytest
@@ -25,6 +25,7 @@ from strategies.fedavg import FedAvgStrategy
 from strategies.fedelmy import FedSeqStrategy
 from strategies.ima import IMA
 from strategies.robust import Robust
+from strategies.settings import RoundSettingsKw, checked_options
 from tests.conftest import ReplyGrid
 
 
@@ -43,6 +44,10 @@ class MineStrategy(FedsysStrategy):
     default_trainer = "sgd"
     Options = MineOptions
     traits = Traits(asks="sample", mean="round")
+
+    def __init__(self, *, keep: float = 0.25, **settings: Unpack[RoundSettingsKw]) -> None:
+        super().__init__(**settings)
+        self.options: MineOptions = checked_options(MineOptions(keep=keep), self.prefix())
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> Aggregate:
         assert self.params is not None
