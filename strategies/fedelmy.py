@@ -58,6 +58,7 @@ class FedElmyStrategy(ChainStrategy):
 
     name = "fedelmy"
     default_trainer = "fedelmy"
+    names_trainer = True  # the pool (FedSeq's best-validation epoch): no key of Flower's says it
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

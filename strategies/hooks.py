@@ -64,6 +64,11 @@ class MethodHooks(Strategy):
     default_trainer: ClassVar[str] = "sgd"
     #: The method's options (a frozen dataclass of :func:`fedsys.options.option` fields).
     Options: ClassVar[type] = NoOptions
+    #: Whether every train instruction names :attr:`default_trainer` (``trainer``): a method
+    #: whose local training is its own and has no key of Flower's (FedELMY's pool); one that
+    #: trains as Flower's clients do, or says so by Flower's key (FedProx's ``proximal-mu``),
+    #: sends what Flower's strategy sends.
+    names_trainer: ClassVar[bool] = False
     #: Config-key prefix of :attr:`Options` (empty: the strategy's ``name``).
     option_prefix: ClassVar[str] = ""
     #: Reply metrics the method cannot work without (besides ``weighted_by_key``): the
@@ -202,12 +207,16 @@ class MethodHooks(Strategy):
         return self.wrappers.client_lr(server_round, lr, self.settings.lr_decay)
 
     def round_config(self, server_round: int, config: ConfigRecord | Mapping[str, Any]) -> dict[str, Any]:
-        """The train settings of one round: the caller's keys, unchanged, plus
-        ``server-round`` and ``trainer`` (unless the caller gives one); a caller's
-        ``lr`` follows the learning-rate schedule (``lr_decay``, wrappers)."""
+        """The train settings of one round, as Flower's strategies send them: the caller's
+        keys, unchanged, plus ``server-round``, plus what the method and its wrappers need
+        (DP's clipping norm in client mode; ``trainer`` where :attr:`names_trainer` or the
+        ``trainer`` keyword asks, unless the caller gives one); a caller's ``lr`` follows
+        the learning-rate schedule (``lr_decay``, wrappers).  A fedsys run names its trainer
+        in the ``train_config`` it hands to ``start``."""
         out: dict[str, Any] = dict(config)
         out[proto.SERVER_ROUND] = server_round
-        out.setdefault(proto.TRAINER, self.trainer)
+        if self.names_trainer or self.settings.trainer != "auto":
+            out.setdefault(proto.TRAINER, self.trainer)
         out.update(self.wrappers.train_config(server_round))
         if proto.LR in out:
             out[proto.LR] = self.client_lr(server_round, float(out[proto.LR]))
