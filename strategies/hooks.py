@@ -16,11 +16,10 @@ A method overrides the hooks it needs; Flower's API over them is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from logging import INFO
-from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar
 
 from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
@@ -85,7 +84,7 @@ class MethodHooks(Strategy):
     options: Any
 
     def __init__(self, settings: RoundSettings, nodes: NodeDirectory, replies: ReplyPolicy) -> None:
-        #: The name a run gives this strategy (its results directory), used in the logs.
+        #: The name a run gives this strategy in the logs (``start``'s ``label``).
         self.run_label = ""
         self._told: set[str] = set()  # what tell_once has told
         self.settings = settings
@@ -101,8 +100,6 @@ class MethodHooks(Strategy):
         self.wrappers = WrapperChain()
         self.poll_interval = 0.1
         self.history: list[dict[str, Any]] = []
-        #: Called with the strategy and each round's record (``RoundHook``).
-        self.hooks: list[Callable[[Self, dict[str, Any]], None]] = []
         #: The exchange of training messages under way (Flower's ``configure_train``
         #: makes it, ``aggregate_train`` judges its replies: Flower calls them apart).
         self.outgoing = Exchange()
@@ -114,11 +111,6 @@ class MethodHooks(Strategy):
         self.usable_rounds = 0
         #: Training traffic so far; every round's record carries its totals.
         self.traffic = Traffic()
-        #: Optional per-round analysis (see ``estimators``): ``(round, updates, new
-        #: global model) -> metrics``, set by the runner.
-        self.estimator_fn: Callable[[int, list[ClientUpdate], Params], dict[str, float]] | None = None
-        #: The run's directory for this strategy's files (a disk cache), set by the runner.
-        self.workdir: Path | None = None
 
     # ------------------------------------------------------------------ identity
 
@@ -133,14 +125,16 @@ class MethodHooks(Strategy):
 
     @property
     def trainer(self) -> str:
-        """The client trainer each instruction names (the method's where ``trainer`` is ``auto``)."""
+        """The client trainer of the method (its :attr:`default_trainer` where ``trainer`` is
+        ``auto``): what a fedsys run names in its ``train_config``, and the instructions
+        where :meth:`round_config` says."""
         return self.default_trainer if self.settings.trainer == "auto" else self.settings.trainer
 
     @property
     def label(self) -> str:
-        """How the logs name the strategy: the run's label for it where a run gave one
-        (``fedavg-trainer-lss``, ``ima``: :attr:`run_label`), else its name with its
-        wrappers (``fedavg+ima``)."""
+        """How the logs name the strategy: the run's label for it where ``start`` was
+        given one (``fedavg-trainer-lss``, ``ima``: :attr:`run_label`), else its name with
+        its wrappers (``fedavg+ima``)."""
         return self.run_label or self.composition
 
     @property

@@ -15,7 +15,7 @@ is :class:`strategies.loop.RoundLoop`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from logging import ERROR, INFO, WARNING
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +33,7 @@ from fedsys.options import ConfigError
 from fedsys.params import Params, distance
 from strategies.exchange import Exchange
 from strategies.hooks import MethodHooks
-from strategies.loop import EvaluateFn, RoundLoop
+from strategies.loop import EstimatorFn, EvaluateFn, RoundHook, RoundLoop
 from strategies.model import Aggregate
 from strategies.nodes import EVAL_TAG
 from strategies.replies import RoundView, Verdict, why_refused
@@ -166,8 +166,6 @@ class RoundEngine(MethodHooks):
             own["global-step"] = distance(new, self.params)
             self.params = new
             own.update(self.wrappers.metrics())
-            if self.estimator_fn is not None:
-                own.update(self.estimator_fn(server_round, updates, new))
         metrics = client_metrics.train_metrics(updates, len(rejected), self.settings.train_loss_key)
         self.add_client_metrics(metrics, verdict, own=own)
         metrics.update(own)
@@ -272,6 +270,10 @@ class RoundEngine(MethodHooks):
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: EvaluateFn | None = None,
+        *,
+        on_round: Sequence[RoundHook] = (),
+        estimator_fn: EstimatorFn | None = None,
+        label: str = "",
     ) -> Result:
         """Run rounds ``self.round + 1 .. num_rounds`` (resumes after a checkpoint): the
         round loop, :class:`strategies.loop.RoundLoop`.
@@ -281,7 +283,11 @@ class RoundEngine(MethodHooks):
         bounds each round's wait for replies, ``train_config`` and ``evaluate_config``
         reach the clients with their keys unchanged (see :meth:`round_config`), and
         ``evaluate_fn(round, arrays)`` evaluates the global model centrally, also
-        before round 1.
+        before round 1.  fedsys's keywords, none needed from a Flower app (each
+        documented at :class:`~strategies.loop.RoundLoop`): ``on_round``, callbacks
+        given each round's record; ``estimator_fn``, a round's analysis for its record;
+        ``label``, how this run's log lines name the strategy.
         """
-        return RoundLoop(self, grid, timeout, train_config, evaluate_config,
-                         evaluate_fn).run(initial_arrays, num_rounds)
+        return RoundLoop(self, grid, timeout, train_config, evaluate_config, evaluate_fn,
+                         on_round=on_round, estimator_fn=estimator_fn,
+                         label=label).run(initial_arrays, num_rounds)

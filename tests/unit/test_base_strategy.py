@@ -351,6 +351,31 @@ def test_timeout_bounds_each_round_and_a_round_without_updates_is_logged(reply_g
     assert sum("no usable update" in r.getMessage() for r in caplog.records) == 2
 
 
+def test_the_runners_callbacks_and_estimator_are_starts_keywords(reply_grid):
+    """What a run hands the round loop stays the loop's: ``on_round`` gets every record,
+    ``estimator_fn`` a round that made a model (its updates and that model) and adds to its
+    record, and ``label`` names the strategy in the log; the strategy keeps none of them."""
+    calls: list[tuple[int, int, float]] = []
+
+    def estimator(rnd: int, updates: list[Any], new: dict[str, np.ndarray]) -> dict[str, float]:
+        calls.append((rnd, len(updates), float(new["w"][0, 0])))
+        return {"est-x": float(rnd)}
+
+    seen: list[dict[str, Any]] = []
+    s = FedAvgStrategy(fraction_train=0.5, fraction_evaluate=0.0)
+    s.start(reply_grid(NODES, plain_client([])), protocol.to_record(model(0.0)), num_rounds=2,
+            on_round=[lambda st, r: seen.append(r)], estimator_fn=estimator, label="mine")
+    assert [r["est-x"] for r in seen] == [1.0, 2.0] and seen == s.history
+    assert calls == [(1, 2, 1.0), (2, 2, 2.0)] and s.label == "mine"
+    assert not {"hooks", "estimator_fn", "workdir"} & set(vars(s))
+    silent = reply_grid(NODES, answer=lambda m: None)
+    silent.pull_messages = lambda ids: []  # nobody answers: no model made, no estimate
+    calls.clear()
+    t = FedAvgStrategy(clients_per_round=2, fraction_evaluate=0.0)
+    t.start(silent, protocol.to_record(model(0.0)), num_rounds=1, timeout=0.2, estimator_fn=estimator)
+    assert calls == [] and "est-x" not in t.history[0]
+
+
 def test_nodes_keyed_by_64_bit_node_ids_sample_and_select_exactly(reply_grid):
     """Real node ids are 64-bit (beyond numpy's int64 and float64's exact range)."""
     from strategies.fedcda import FedCDAStrategy

@@ -316,13 +316,19 @@ class Chain:
         return Message(content, reply_to=m)
 
 
-def _run(strategy: Any, grid: Any) -> Any:
+def _run(strategy: Any, grid: Any, stop_after: int = 0) -> Any:
+    """Run ``strategy``: its result and records (``stop_after``: interrupted after that round)."""
     strategy.poll_interval = 0.0
     strategy.settings = dataclasses.replace(strategy.settings, fraction_evaluate=0.0)
     records: list[dict[str, Any]] = []
-    strategy.hooks.append(lambda s, r: records.append(r))
+
+    def record(s: Any, r: dict[str, Any]) -> None:
+        records.append(r)
+        if r["round"] == stop_after:
+            raise KeyboardInterrupt
+
     res = strategy.start(grid, protocol.to_record(_model(0.0)), timeout=2.0,
-                         train_config=ConfigRecord({"lr": 0.1}))
+                         train_config=ConfigRecord({"lr": 0.1}), on_round=[record])
     return res, records
 
 
@@ -392,9 +398,8 @@ def test_a_chain_resumed_from_its_state_continues_at_the_next_hop(reply_grid):
                    reply_grid(NODES, answer=full_chain))
     first = FedElmyStrategy(order="permutation", seed=2, passes=2, num_partitions=4)
     first_chain = Chain()
-    first.hooks.append(lambda s, r: (_ for _ in ()).throw(KeyboardInterrupt) if r["round"] == 5 else None)
     with pytest.raises(KeyboardInterrupt):
-        _run(first, reply_grid(NODES, answer=first_chain))
+        _run(first, reply_grid(NODES, answer=first_chain), stop_after=5)
     state = first.state_dict()
     again = FedElmyStrategy(order="permutation", seed=2, passes=2, num_partitions=4)
     again.load_state_dict(state)
