@@ -26,20 +26,20 @@ skips is :mod:`strategies.chain`'s.
 
 from __future__ import annotations
 
-from logging import ERROR, WARNING
+from logging import WARNING
 from typing import Any
 
-from flwr.app import ConfigRecord, MessageType
+from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+import strategies.client_metrics as client_metrics
 from fedsys import protocol as proto
 from fedsys.fedelmy import GRAD_RATIO, POOL_HELD
 from fedsys.params import Params
 from fedsys.seeding import derive_seed
 from fedsys.validation import ClientUpdate
 from strategies.chain import ChainBrokenError, ChainOptions, ChainStrategy
-from strategies.exchange import Exchange
 from strategies.replies import Verdict
 
 INIT_TAG = 0x1417
@@ -98,39 +98,36 @@ class ParallelStrategy(FedElmyStrategy):
     """Base of the one-shot parallel baselines: a parallel round per pass."""
 
     def parallel(self, grid: Grid, rnd: int, cfg: dict[str, Any]) -> Verdict:
-        """Send the current model to every partition's node at once; the replies, judged."""
+        """Send the current model to every partition's node at once (each its own start
+        where ``init-seed`` asks); the replies, judged (:meth:`train_nodes`)."""
         assert self.params is not None
         nodes = {n: p for p in self.pids if (n := self.node_of(grid, p)) is not None}
         settings = self.round_config(rnd, cfg)
-        ex = Exchange(nodes, dict.fromkeys(nodes, self.params))
+        configs = {}
         for n, p in nodes.items():
-            s = dict(settings)
+            configs[n] = s = dict(settings)
             if proto.INIT_SEED in s:
                 s[proto.INIT_SEED] = derive_seed(int(s[proto.INIT_SEED]), p)
-            ex.outbox.append(self.instruction(n, MessageType.TRAIN, self.params, s))
-        return self.validate(self.exchange(grid, ex), ex)
+        return self.train_nodes(grid, nodes, self.params, configs)
 
     def combine(self, rnd: int, updates: list[ClientUpdate]) -> Params:
         """The server's mean of the replies (:meth:`average`: a robust wrapper's rule)."""
         raise NotImplementedError
 
     def parallel_step(self, grid: Grid, rnd: int, cfg: dict[str, Any], p: int) -> dict[str, Any]:
-        """One parallel round: every client, then :meth:`combine`."""
+        """One parallel round: every client, then :meth:`combine`; its record and log as a
+        round of Flower's API makes them (the engine's: a partition without a node counts as
+        rejected)."""
         verdict = self.parallel(grid, rnd, cfg)
         ok = verdict.updates
         record: dict[str, Any] = {"pass": p + 1, "hop": 0, "client": -1,
-                                  "clients-ok": len(ok),
-                                  "clients-rejected": len(self.pids) - len(ok)}
+                                  **client_metrics.train_metrics(ok, len(self.pids) - len(ok),
+                                                                 self.settings.train_loss_key)}
         if not ok:
-            log(ERROR, "[%s] round %d: no usable update; model unchanged", self.label, rnd)
+            self.log_unusable(rnd, verdict.refused)
             return record
         self.params = self.finish(rnd, {0: self.combine(rnd, ok)})[0]
         self.on_updates(rnd, ok)
-        n = sum(u.num_examples for u in ok)
-        key = self.settings.train_loss_key
-        if all(key in u.metrics for u in ok) and n > 0:
-            record[key] = sum(u.metrics[key] * u.num_examples for u in ok) / n
-        record[proto.TRAINED_EXAMPLES] = sum(u.metrics.get(proto.TRAINED_EXAMPLES, 0) for u in ok)
         self.add_client_metrics(record, verdict)
         record.update(self.privacy_metrics())
         return record

@@ -31,6 +31,7 @@ import strategies.replies as pipeline
 from fedsys import protocol as proto
 from fedsys.options import ConfigError
 from fedsys.params import Params, distance
+from fedsys.validation import Rejection
 from strategies.exchange import Exchange
 from strategies.hooks import MethodHooks
 from strategies.loop import EstimatorFn, EvaluateFn, RoundHook, RoundLoop
@@ -159,9 +160,7 @@ class RoundEngine(MethodHooks):
         own, new = dict(result.metrics), result.model
         if new is None:
             if not (self.settings.skips_training and not replies):
-                log(ERROR, "[%s] round %d: no usable update (%d replies refused or missing: "
-                    "%s); model unchanged", self.label, server_round, len(rejected),
-                    why_refused(rejected))
+                self.log_unusable(server_round, rejected)
         else:  # how far the broadcast model moved this round
             own["global-step"] = distance(new, self.params)
             self.params = new
@@ -170,6 +169,12 @@ class RoundEngine(MethodHooks):
         self.add_client_metrics(metrics, verdict, own=own)
         metrics.update(own)
         return (self.model_record() if new is not None else None), proto.metric_record(metrics)
+
+    def log_unusable(self, server_round: int, rejected: Sequence[Rejection]) -> None:
+        """The ERROR of a round (a parallel step) that made no model: how many replies were
+        refused or missing, and why (:func:`strategies.replies.why_refused`)."""
+        log(ERROR, "[%s] round %d: no usable update (%d replies refused or missing: %s); "
+            "model unchanged", self.label, server_round, len(rejected), why_refused(rejected))
 
     def add_client_metrics(self, record: dict[str, Any], verdict: Verdict,
                            own: Iterable[str] = ()) -> None:
@@ -257,8 +262,20 @@ class RoundEngine(MethodHooks):
         (logged).
         """
         cfg = self.round_config(server_round, train_config or {})
-        ex = Exchange({node_id: partition_id}, {node_id: params},
-                      [self.instruction(node_id, MessageType.TRAIN, params, cfg, models)])
+        return self.train_nodes(grid, {node_id: partition_id}, params, {node_id: cfg}, models)
+
+    def train_nodes(
+        self, grid: Grid, nodes: Mapping[int, int], params: Params,
+        configs: Mapping[int, Mapping[str, Any]], models: Mapping[str, Params] | None = None,
+    ) -> Verdict:
+        """Send ``params`` to every node of ``nodes`` (``{node_id: partition_id}``) with its
+        settings (``configs[node_id]``, a :meth:`round_config`), wait for the replies
+        (``round_timeout``), judge them (:meth:`validate`, logged): a chain's hop
+        (:meth:`train_hop`) and a plan's parallel step, outside Flower's configure/aggregate
+        pair, which samples."""
+        ex = Exchange(dict(nodes), dict.fromkeys(nodes, params),
+                      [self.instruction(n, MessageType.TRAIN, params, configs[n], models)
+                       for n in nodes])
         return self.validate(self.exchange(grid, ex), ex)
 
     def start(

@@ -429,6 +429,32 @@ def test_parallel_baselines(reply_grid):
     assert protocol.from_record(res.arrays)["w"][0, 0] == 101.0
 
 
+def test_a_parallel_step_and_a_hop_report_as_a_fedavg_round(reply_grid, caplog):
+    """The chain's steps reuse the engine's parts: a parallel step that made no model logs the
+    engine's line (counts and reasons); its loss mean, a hop's bookkeeping and, with
+    Flower's train_metrics_aggr_fn, a hop's client metrics are :mod:`strategies.client_metrics`'s."""
+    from strategies.client_metrics import train_metrics
+
+    chain = Chain(fail={p: 1 for p in range(4)})
+    s = ParallelFedElmyStrategy(warmup_epochs=0, num_partitions=4, passes=2)
+    with caplog.at_level(logging.ERROR):
+        _, recs = _run(s, reply_grid(NODES, answer=chain))
+    assert "round 1: no usable update (4 replies refused or missing: 4x " in caplog.text
+    assert recs[0]["clients-ok"] == 0 and recs[0]["clients-rejected"] == 4
+    ups = s.verdict.updates
+    assert len(ups) == 4 and {k: recs[1][k] for k in ("clients-ok", "train-loss")} == {
+        k: train_metrics(ups, 0, "train-loss")[k] for k in ("clients-ok", "train-loss")}
+
+    def aggr(contents: list[RecordDict], key: str) -> MetricRecord:
+        return MetricRecord({"mine": float(len(contents))})
+
+    hop = FedSeqStrategy(num_partitions=4, warmup_epochs=0, train_metrics_aggr_fn=aggr,
+                         train_loss_key="train-loss")
+    _, recs = _run(hop, reply_grid(NODES, answer=Chain()))
+    assert all(r["mine"] == 1.0 and r["train-loss"] == 0.1 and r["clients-ok"] == 1
+               for r in recs), recs
+
+
 def test_pool_held_is_a_ratio_above_one_with_s_one_throughout():
     """:func:`fedsys.fedelmy.pool_held`: the pull outweighs the loss's gradient while App.
     A's s stayed 1 for every pool model; at the bound, with any s above 1, or with no pool
