@@ -88,8 +88,8 @@ def time_case(model: str, p: int, b: int, repeats: int, tmp: Path) -> tuple[floa
     cfg = build({"strategy": "fedcda", "num-clients": n, "clients-per-round": p,
                  "fedcda.batches": b, "fedcda.memory": 3, "fedcda.warmup": 0,
                  "output-dir": str(tmp), "model": model})
-    cda = FedCDAStrategy.from_config(cfg)
-    cda.workdir = tmp / f"{model}-{p}-{b}"
+    cda = FedCDAStrategy.from_config(
+        cfg.replace(**{"fedcda.cache-dir": str(tmp / f"{model}-{p}-{b}" / "fedcda-cache")}))
     rnd = fill(cda, make, n, p, 3)
     avg = FedAvgStrategy.from_config(cfg)
     t_cda, t_avg, combos = [], [], 0
@@ -114,6 +114,7 @@ def memory_child(args: argparse.Namespace) -> None:
     make = UpdateMaker(base)
     cfg = build({"strategy": "fedcda", "num-clients": args.n, "clients-per-round": 20,
                  "fedcda.cache": "ram" if args.cache == "none" else args.cache,
+                 "fedcda.cache-dir": str(Path(args.tmp) / "cda" / "fedcda-cache"),
                  "fedcda.warmup": 0, "output-dir": args.tmp})
     if args.cache == "none":
         s: FedAvgStrategy | FedCDAStrategy = FedAvgStrategy.from_config(cfg)
@@ -122,7 +123,6 @@ def memory_child(args: argparse.Namespace) -> None:
         disk = 0
     else:
         s = FedCDAStrategy.from_config(cfg)
-        s.workdir = Path(args.tmp) / "cda"
         rnd = fill(s, make, args.n, 20, 3)
         for r in range(rnd + 1, rnd + 3):
             s.aggregate(r, [make(c) for c in range(20)])

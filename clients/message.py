@@ -23,12 +23,12 @@ own) on your model and data; :func:`local_evaluate` the evaluate handler's::
 
 The reply is in Flower's names, so Flower's own strategies (``flwr.serverapp.strategy``)
 and fedsys's read it alike.  The round's config (the strategy's ``train_config`` and what it
-adds: ``server-round``, and from fedsys's strategies ``trainer``) overrides the local
-settings by the keys of :mod:`fedsys.protocol` (``lr``, ``local-epochs``, ``batch-size``,
-...) and the trainer's options by their keys (``lss.affinity``).  Without a ``trainer``
-argument the strategy's choice is used: fedsys's FedProx and FedELMY chain send theirs,
-Flower's ``FedProx`` sends ``proximal-mu`` (the FedProx trainer, that mu), and otherwise
-plain SGD.  A trainer's state between rounds (FedELMY's, your own trainer's) is kept in
+adds: ``server-round``, and what the method needs) overrides the local settings by the keys
+of :mod:`fedsys.protocol` (``lr``, ``local-epochs``, ``batch-size``, ...) and the trainer's
+options by their keys (``lss.affinity``).  Without a ``trainer`` argument the strategy's
+choice is used: fedsys's FedELMY chain names its trainer (``trainer``), FedProx (Flower's
+and fedsys's) sends ``proximal-mu`` (the FedProx trainer, that mu), and otherwise plain
+SGD.  A trainer's state between rounds (FedELMY's, your own trainer's) is kept in
 ``context.state``, as in fedsys's own ClientApp (:mod:`fedsys.trainer_state`).
 For Flower's compat API (``NumPyClient``) see :mod:`clients.numpy_client`.
 """
@@ -70,7 +70,8 @@ def chosen_trainer(trainer: str | type[Trainer] | None, settings: Mapping[str, A
                    ) -> tuple[type[Trainer], dict[str, Any]]:
     """The trainer a round runs and the option keys the instruction implies.
 
-    ``trainer`` when given; else the instruction's ``trainer`` key (a fedsys strategy's);
+    ``trainer`` when given; else the instruction's ``trainer`` key (fedsys's FedELMY chain's,
+    a fedsys run's);
     else FedProx with ``fedprox.mu`` from Flower's ``proximal-mu`` when the instruction
     carries it (Flower's ``FedProx``); else plain SGD.
     """

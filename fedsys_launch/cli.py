@@ -57,7 +57,7 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
     from fedsys_launch import lifecycle
 
     for label, vcfg in cfg.variants():  # strategy-specific checks (search sizes, K >= 2, ...)
-        strategy = registry.make_strategy(vcfg)
+        strategy = registry.make_strategy(lifecycle.strategy_config(vcfg, cfg.run_dir / label))
         # a broken checkpoint, what it refers to (FedCDA's cached model files), the rounds
         # it logged, a branch's parent: found here, before any engine starts
         if note := lifecycle.check(vcfg, cfg.run_dir / label, strategy):

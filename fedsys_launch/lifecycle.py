@@ -103,6 +103,15 @@ def branch_point(cfg: RunConfig, strategy: FedsysStrategy) -> dict[str, Any]:
     return ckpt
 
 
+def strategy_config(cfg: RunConfig, out: Path) -> RunConfig:
+    """``cfg`` as its strategy is built from it in the results directory ``out``: FedCDA's
+    disk cache (``fedcda.cache: disk``, no ``fedcda.cache-dir``) in ``out/fedcda-cache``,
+    where a resume finds it (the strategy alone would take a temporary directory)."""
+    if cfg.get("fedcda.cache") != "disk" or cfg.get("fedcda.cache-dir"):
+        return cfg
+    return cfg.replace(**{"fedcda.cache-dir": str(out / "fedcda-cache")})
+
+
 def start_point(cfg: RunConfig, out: Path, strategy: FedsysStrategy) -> StartPoint:
     """Where ``strategy`` (built from ``cfg``, results in ``out``) starts: its own latest
     readable checkpoint under ``resume``, the parent's under ``branch-from``, or afresh.
@@ -126,8 +135,7 @@ def start_point(cfg: RunConfig, out: Path, strategy: FedsysStrategy) -> StartPoi
 
 
 def load(strategy: FedsysStrategy, point: StartPoint, out: Path) -> None:
-    """Restore ``strategy`` from ``point`` (its working directory ``out``: FedCDA's disk
-    cache is read from it).
+    """Restore ``strategy`` (its results directory ``out``) from ``point``.
 
     Raises
     ------
@@ -136,7 +144,6 @@ def load(strategy: FedsysStrategy, point: StartPoint, out: Path) -> None:
     """
     if point.ckpt is None:
         return
-    strategy.workdir = out
     try:
         strategy.load_state_dict(point.ckpt["strategy"])
     except (OSError, ValueError, KeyError) as exc:

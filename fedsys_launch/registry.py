@@ -117,8 +117,10 @@ def make_strategy(cfg: RunConfig) -> FedsysStrategy:
 
 def train_config(cfg: RunConfig, trainer: str) -> dict[str, Any]:
     """The train settings the fedsys app hands to :meth:`FedsysStrategy.start`: the
-    local-training keys and the options of ``trainer``, typed."""
+    client trainer (``trainer``, what fedsys's ClientApp runs), the local-training keys and
+    the options of ``trainer``, typed."""
     out: dict[str, Any] = {
+        proto.TRAINER: trainer,
         proto.LR: cfg.lr,
         proto.LOCAL_EPOCHS: cfg.local_epochs,
         proto.LOCAL_STEPS: cfg.local_steps,

@@ -229,11 +229,9 @@ def run_strategy(grid: Grid, cfg: RunConfig, name: str, position: str = "",
     """
     out = cfg.run_dir / name
     out.mkdir(parents=True, exist_ok=True)
-    strategy = make_strategy(cfg)
+    strategy = make_strategy(lifecycle.strategy_config(cfg, out))
     if known is not None:
         strategy.nodes.share(known)
-    strategy.workdir = out
-    strategy.run_label = name
     recorder = RoundRecorder(cfg, out, name, position, rounds_after)
     point = lifecycle.enter(cfg, out, strategy, name)
     if point.note:
@@ -242,18 +240,16 @@ def run_strategy(grid: Grid, cfg: RunConfig, name: str, position: str = "",
         recorder.done_at_start = strategy.round
         log(INFO, "[%s] %s after round %d from %s", name,
             "resuming" if point.kind == "resume" else "branched", strategy.round, point.path)
-    strategy.hooks.append(recorder)
     trackers = Tracking(cfg, out, name, strategy.round + 1 if point.kind != "fresh" else 0)
-    strategy.hooks.append(trackers)
-    if cfg.estimators:
-        strategy.estimator_fn = make_estimator_fn(cfg)
     initial = initial_params(cfg)
     if strategy.round < strategy.num_rounds:
         strategy.start(grid, proto.to_record(initial), cfg.num_server_rounds,
                        timeout=cfg.round_timeout,
                        train_config=ConfigRecord({**train_config(cfg, strategy.trainer),
                                                   proto.STATE_SCOPE: name}),
-                       evaluate_fn=make_evaluate_fn(cfg))
+                       evaluate_fn=make_evaluate_fn(cfg), on_round=[recorder, trackers],
+                       estimator_fn=make_estimator_fn(cfg) if cfg.estimators else None,
+                       label=name)
         if strategy.usable_rounds == 0:
             raise NoUsableUpdateError(
                 f"[{name}] no round produced a usable update: every reply was refused or "

@@ -43,7 +43,7 @@ from fedsys.options import ConfigError
 from fedsys.params import Params
 from strategies.exchange import TRAFFIC_KEYS
 from strategies.hooks import NoOptions
-from strategies.loop import EvaluateFn
+from strategies.loop import EvaluateFn, RoundHook
 from strategies.model import Aggregate
 from strategies.nodes import EVAL_TAG, SAMPLE_TAG, NodesUnavailableError
 from strategies.replies import why_refused
@@ -61,7 +61,6 @@ from strategies.wrapper import StrategyWrapper, Traits
 if TYPE_CHECKING:
     from fedsys.config import RunConfig
 
-RoundHook = Callable[["FedsysStrategy", dict[str, Any]], None]
 #: Builds a registered strategy by name from a run config (for composites like IMA).
 Builder = Callable[[str], "FedsysStrategy"]
 

@@ -21,6 +21,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+import strategies.client_metrics as client_metrics
 from fedsys import protocol as proto
 from fedsys.chain import ORDERS, chain_order, parse_order_list
 from fedsys.options import ConfigError, option
@@ -207,18 +208,19 @@ class ChainStrategy(FedsysStrategy):
         warm = not self.warmed and p == 0 and self.options.warmup_epochs > 0
         verdict, tries, why = self.run_hop(grid, rnd, pid, self.hop_config(rnd, train_config, warm))
         record: dict[str, Any] = {"pass": p + 1, "hop": h + 1, "client": pid, "hop-tries": tries}
+        key = self.settings.train_loss_key
         if verdict is None:
             self.skip(rnd, f"client {pid}", why)
-            record.update({"clients-ok": 0, "clients-rejected": 1, "hop-skipped": 1,
+            record.update({**client_metrics.train_metrics([], 1, key), "hop-skipped": 1,
                            **self.privacy_metrics()})
             return record
         (upd,) = verdict.updates
         self.warmed = self.warmed or warm
         self.params = self.aggregated(rnd, [upd]).model
         self.on_updates(rnd, [upd])
-        record.update({"clients-ok": 1, "clients-rejected": 0, "hop-skipped": 0})
-        if self.settings.train_metrics_aggr_fn is None:  # the hop's one reply: its metrics as they are
-            record.update({k: v for k, v in upd.metrics.items() if k != proto.PARTITION_ID})
+        record.update({**client_metrics.train_metrics([upd], 0, key), "hop-skipped": 0})
+        if self.settings.train_metrics_aggr_fn is None:  # the one reply's numbers, exact
+            record.update(client_metrics.reply_metrics(upd))
         else:
             self.add_client_metrics(record, verdict)
         record.update(self.privacy_metrics())

@@ -37,6 +37,13 @@ def train_metrics(updates: list[ClientUpdate], rejected: int, train_loss_key: st
     return out
 
 
+def reply_metrics(update: ClientUpdate) -> dict[str, float]:
+    """What a step of one reply (a chain's hop) reports of it by default: its metrics as
+    they are, its ``partition-id`` aside (the mean of one value, which :func:`client_means`
+    would move by a rounding)."""
+    return {k: v for k, v in update.metrics.items() if k != proto.PARTITION_ID}
+
+
 def weighted_means(rows: Sequence[Mapping[str, float]], weights: Sequence[float], skip: Iterable[str]
                    ) -> dict[str, float]:
     """Flower's default aggregation of client metrics (its ``aggregate_metricrecords``):
@@ -128,4 +135,4 @@ def evaluate_metrics(replies: list[Message], aggr_fn: MetricsAggrFn | None, weig
 
 
 __all__ = ["MetricsAggrFn", "add_client_metrics", "client_means", "client_metrics", "evaluate_mean",
-           "evaluate_metrics", "train_metrics", "weighted_means"]
+           "evaluate_metrics", "reply_metrics", "train_metrics", "weighted_means"]

@@ -204,8 +204,6 @@ class DP(StrategyWrapper):
             elif type(w).screen is not StrategyWrapper.screen:
                 out.append(f"{w.name} after dp: it screens the clients' updates, which DP's "
                            f"clipping alone must decide")
-        if strategy.estimator_fn is not None:
-            out.append(_ESTIMATORS)
         return out
 
     def train_config(self, server_round: int) -> dict[str, Any]:

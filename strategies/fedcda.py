@@ -196,15 +196,13 @@ class FedCDAStrategy(FedsysStrategy):
     # ------------------------------------------------------------------ set-up
 
     def _cache_directory(self, saved: str | None = None) -> Path | None:
-        """Where the disk cache lives: ``fedcda.cache-dir``, else the run's work directory,
-        else the directory a checkpoint names, else a temporary one removed with the
-        strategy; ``None`` for the RAM cache."""
+        """Where the disk cache lives: ``fedcda.cache-dir`` (``fedsys run`` gives its own
+        under the strategy's results directory), else the directory a checkpoint names, else
+        a temporary one removed with the strategy; ``None`` for the RAM cache."""
         if self.options.cache != "disk":
             return None
         if self.options.cache_dir:
             return Path(self.options.cache_dir).expanduser()
-        if self.workdir is not None:
-            return self.workdir / "fedcda-cache"
         if saved:
             return Path(saved)
         directory = Path(tempfile.mkdtemp(prefix="fedsys-fedcda-cache-"))
@@ -403,7 +401,8 @@ class FedCDAStrategy(FedsysStrategy):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output (a disk cache is reopened under the work directory)."""
+        """Restore :meth:`state_dict` output (a disk cache is reopened in ``fedcda.cache-dir``,
+        else where the checkpoint says it was)."""
         super().load_state_dict(state)
         s = state["fedcda"]
         self.layout = (s["layout"] if s["layout"] is None or isinstance(s["layout"], Layout)

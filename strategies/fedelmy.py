@@ -26,13 +26,14 @@ skips is :mod:`strategies.chain`'s.
 
 from __future__ import annotations
 
-from logging import ERROR, WARNING
+from logging import WARNING
 from typing import Any
 
-from flwr.app import ConfigRecord, MessageType
+from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+import strategies.client_metrics as client_metrics
 from fedsys import protocol as proto
 from fedsys.fedelmy import GRAD_RATIO, POOL_HELD
 from fedsys.params import Params
@@ -40,7 +41,6 @@ from fedsys.seeding import derive_seed
 from fedsys.validation import ClientUpdate
 from strategies.base import Aggregate, Traits
 from strategies.chain import ChainBrokenError, ChainOptions, ChainStrategy
-from strategies.exchange import Exchange
 from strategies.replies import Verdict
 
 INIT_TAG = 0x1417
@@ -61,6 +61,7 @@ class FedElmyStrategy(ChainStrategy):
     default_trainer = "fedelmy"
     #: Whether the run has said that a client's pool learnt little (:meth:`on_updates`, once).
     held_warned = False
+    names_trainer = True  # the pool (FedSeq's best-validation epoch): no key of Flower's says it
 
     def on_updates(self, rnd: int, updates: list[ClientUpdate]) -> None:
         """One WARNING in the server's log, the first time in a run that a reply says its
@@ -99,17 +100,17 @@ class ParallelStrategy(FedElmyStrategy):
     traits = Traits(asks="all", mean="all")
 
     def parallel(self, grid: Grid, rnd: int, cfg: dict[str, Any]) -> Verdict:
-        """Send the current model to every partition's node at once; the replies, judged."""
+        """Send the current model to every partition's node at once (each its own start
+        where ``init-seed`` asks); the replies, judged (:meth:`train_nodes`)."""
         assert self.params is not None
         nodes = {n: p for p in self.pids if (n := self.node_of(grid, p)) is not None}
         settings = self.round_config(rnd, cfg)
-        ex = Exchange(nodes, dict.fromkeys(nodes, self.params))
+        configs = {}
         for n, p in nodes.items():
-            s = dict(settings)
+            configs[n] = s = dict(settings)
             if proto.INIT_SEED in s:
                 s[proto.INIT_SEED] = derive_seed(int(s[proto.INIT_SEED]), p)
-            ex.outbox.append(self.instruction(n, MessageType.TRAIN, self.params, s))
-        return self.validate(self.exchange(grid, ex), ex)
+        return self.train_nodes(grid, nodes, self.params, configs)
 
     def combine(self, rnd: int, updates: list[ClientUpdate]) -> Params:
         """The server's mean of the replies (:meth:`average`: a robust wrapper's rule)."""
@@ -120,22 +121,19 @@ class ParallelStrategy(FedElmyStrategy):
         return Aggregate(self.combine(server_round, updates))
 
     def parallel_step(self, grid: Grid, rnd: int, cfg: dict[str, Any], p: int) -> dict[str, Any]:
-        """One parallel round: every client, then :meth:`combine`."""
+        """One parallel round: every client, then :meth:`combine`; its record and log as a
+        round of Flower's API makes them (the engine's: a partition without a node counts as
+        rejected)."""
         verdict = self.parallel(grid, rnd, cfg)
         ok = verdict.updates
         record: dict[str, Any] = {"pass": p + 1, "hop": 0, "client": -1,
-                                  "clients-ok": len(ok),
-                                  "clients-rejected": len(self.pids) - len(ok)}
+                                  **client_metrics.train_metrics(ok, len(self.pids) - len(ok),
+                                                                 self.settings.train_loss_key)}
         if not ok:
-            log(ERROR, "[%s] round %d: no usable update; model unchanged", self.label, rnd)
+            self.log_unusable(rnd, verdict.refused)
             return record
         self.params = self.aggregated(rnd, ok).model
         self.on_updates(rnd, ok)
-        n = sum(u.num_examples for u in ok)
-        key = self.settings.train_loss_key
-        if all(key in u.metrics for u in ok) and n > 0:
-            record[key] = sum(u.metrics[key] * u.num_examples for u in ok) / n
-        record[proto.TRAINED_EXAMPLES] = sum(u.metrics.get(proto.TRAINED_EXAMPLES, 0) for u in ok)
         self.add_client_metrics(record, verdict)
         record.update(self.privacy_metrics())
         return record

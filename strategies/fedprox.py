@@ -34,9 +34,10 @@ class FedProxStrategy(FedAvgStrategy):
     Clients minimise :math:`h_k(w; w^t) = F_k(w) + \frac{\mu}{2}\lVert w - w^t\rVert^2`
     (Eq. 2).  Built like Flower's ``FedProx``: ``proximal_mu`` sets :math:`\mu`, and every
     train instruction carries it as Flower's does, under ``proximal-mu`` (what a client
-    written from Flower's FedProx documentation reads), and under ``fedprox.mu`` for
-    fedsys's ``fedprox`` trainer (:mod:`clients.fedprox`).  A caller's ``train_config``
-    may give ``fedprox.mu`` instead (fedsys's way); both, disagreeing, is an error.
+    written from Flower's FedProx documentation reads, and fedsys's ``fedprox`` trainer,
+    :func:`clients.message.chosen_trainer`).  A caller's ``train_config`` may give
+    ``fedprox.mu`` instead (fedsys's way, a fedsys run's; it reaches the clients as the
+    caller's keys do); both, disagreeing, is an error.
     Neither: :data:`DEFAULT_MU`, Flower's 0.0.  Server aggregation is FedAvg's weighted mean.
 
     Parameters
@@ -66,7 +67,7 @@ class FedProxStrategy(FedAvgStrategy):
 
     def round_config(self, server_round: int, config: ConfigRecord | Mapping[str, Any]
                      ) -> dict[str, Any]:
-        """The base's settings plus mu under Flower's key and fedsys's."""
+        """The base's settings plus mu under Flower's key."""
         out = super().round_config(server_round, config)
         given = out.get(FEDPROX_MU)
         if given is not None and self.proximal_mu is not None and float(given) != self.proximal_mu:
@@ -75,7 +76,6 @@ class FedProxStrategy(FedAvgStrategy):
         mu = self.proximal_mu if self.proximal_mu is not None else (
             float(given) if given is not None else DEFAULT_MU)
         out[PROXIMAL_MU] = mu
-        out[FEDPROX_MU] = mu
         return out
 
     def summary(self) -> None:

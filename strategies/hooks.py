@@ -16,11 +16,10 @@ A method overrides the hooks it needs; Flower's API over them is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from logging import INFO
-from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar
 
 from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
@@ -64,6 +63,11 @@ class MethodHooks(Strategy):
     default_trainer: ClassVar[str] = "sgd"
     #: The method's options (a frozen dataclass of :func:`fedsys.options.option` fields).
     Options: ClassVar[type] = NoOptions
+    #: Whether every train instruction names :attr:`default_trainer` (``trainer``): a method
+    #: whose local training is its own and has no key of Flower's (FedELMY's pool); one that
+    #: trains as Flower's clients do, or says so by Flower's key (FedProx's ``proximal-mu``),
+    #: sends what Flower's strategy sends.
+    names_trainer: ClassVar[bool] = False
     #: Config-key prefix of :attr:`Options` (empty: the strategy's ``name``).
     option_prefix: ClassVar[str] = ""
     #: Reply metrics the method cannot work without (besides ``weighted_by_key``): the
@@ -83,7 +87,7 @@ class MethodHooks(Strategy):
     options: Any
 
     def __init__(self, settings: RoundSettings, nodes: NodeDirectory, replies: ReplyPolicy) -> None:
-        #: The name a run gives this strategy (its results directory), used in the logs.
+        #: The name a run gives this strategy in the logs (``start``'s ``label``).
         self.run_label = ""
         self._told: set[str] = set()  # what tell_once has told
         self.settings = settings
@@ -99,8 +103,6 @@ class MethodHooks(Strategy):
         self.wrappers = WrapperChain()
         self.poll_interval = 0.1
         self.history: list[dict[str, Any]] = []
-        #: Called with the strategy and each round's record (``RoundHook``).
-        self.hooks: list[Callable[[Self, dict[str, Any]], None]] = []
         #: The exchange of training messages under way (Flower's ``configure_train``
         #: makes it, ``aggregate_train`` judges its replies: Flower calls them apart).
         self.outgoing = Exchange()
@@ -112,11 +114,6 @@ class MethodHooks(Strategy):
         self.usable_rounds = 0
         #: Training traffic so far; every round's record carries its totals.
         self.traffic = Traffic()
-        #: Optional per-round analysis (see ``estimators``): ``(round, updates, new
-        #: global model) -> metrics``, set by the runner.
-        self.estimator_fn: Callable[[int, list[ClientUpdate], Params], dict[str, float]] | None = None
-        #: The run's directory for this strategy's files (a disk cache), set by the runner.
-        self.workdir: Path | None = None
 
     # ------------------------------------------------------------------ identity
 
@@ -131,14 +128,16 @@ class MethodHooks(Strategy):
 
     @property
     def trainer(self) -> str:
-        """The client trainer each instruction names (the method's where ``trainer`` is ``auto``)."""
+        """The client trainer of the method (its :attr:`default_trainer` where ``trainer`` is
+        ``auto``): what a fedsys run names in its ``train_config``, and the instructions
+        where :meth:`round_config` says."""
         return self.default_trainer if self.settings.trainer == "auto" else self.settings.trainer
 
     @property
     def label(self) -> str:
-        """How the logs name the strategy: the run's label for it where a run gave one
-        (``fedavg-trainer-lss``, ``ima``: :attr:`run_label`), else its name with its
-        wrappers (``fedavg+ima``)."""
+        """How the logs name the strategy: the run's label for it where ``start`` was
+        given one (``fedavg-trainer-lss``, ``ima``: :attr:`run_label`), else its name with
+        its wrappers (``fedavg+ima``)."""
         return self.run_label or self.composition
 
     @property
@@ -204,12 +203,16 @@ class MethodHooks(Strategy):
         return self.wrappers.client_lr(server_round, lr, self.settings.lr_decay)
 
     def round_config(self, server_round: int, config: ConfigRecord | Mapping[str, Any]) -> dict[str, Any]:
-        """The train settings of one round: the caller's keys, unchanged, plus
-        ``server-round`` and ``trainer`` (unless the caller gives one); a caller's
-        ``lr`` follows the learning-rate schedule (``lr_decay``, wrappers)."""
+        """The train settings of one round, as Flower's strategies send them: the caller's
+        keys, unchanged, plus ``server-round``, plus what the method and its wrappers need
+        (DP's clipping norm in client mode; ``trainer`` where :attr:`names_trainer` or the
+        ``trainer`` keyword asks, unless the caller gives one); a caller's ``lr`` follows
+        the learning-rate schedule (``lr_decay``, wrappers).  A fedsys run names its trainer
+        in the ``train_config`` it hands to ``start``."""
         out: dict[str, Any] = dict(config)
         out[proto.SERVER_ROUND] = server_round
-        out.setdefault(proto.TRAINER, self.trainer)
+        if self.names_trainer or self.settings.trainer != "auto":
+            out.setdefault(proto.TRAINER, self.trainer)
         out.update(self.wrappers.train_config(server_round))
         if proto.LR in out:
             out[proto.LR] = self.client_lr(server_round, float(out[proto.LR]))

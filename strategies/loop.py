@@ -4,16 +4,18 @@ strategy that offers the calls in :class:`Looped` (every fedsys strategy,
 
 One :class:`RoundLoop` runs the rounds ``strategy.round + 1 .. num_rounds`` (a resumed
 strategy goes on after its checkpoint's round): each a training round (the strategy's
-``run_round``: Flower's configure, send, aggregate; a chain's hop), then, where the strategy
-says so, federated and central evaluation, then the round's record (its metrics, the
-traffic totals, the round time) to the strategy's history and its hooks.  What travels
-between the steps of a round is the one record; the loop keeps nothing of a round after it.
+``run_round``: Flower's configure, send, aggregate; a chain's hop), then the caller's
+analysis of it (``estimator_fn``), then, where the strategy says so, federated and central
+evaluation, then the round's record (its metrics, the traffic totals, the round time) to the
+strategy's history and the caller's ``on_round`` callbacks.  What travels between the steps
+of a round is the one record; the loop keeps nothing of a round after it.  What the caller
+hands in (the callbacks, the estimator) is the loop's, not the strategy's.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from logging import ERROR
 from typing import Any, Protocol
 
@@ -24,12 +26,20 @@ from flwr.supercore import log
 
 from fedsys import protocol as proto
 from fedsys import transport
+from fedsys.options import ConfigError
 from fedsys.params import Params
+from fedsys.validation import ClientUpdate
 from strategies.exchange import Traffic
-from strategies.replies import Verdict, why_refused
+from strategies.replies import ReplyPolicy, Verdict, why_refused
 
 #: Flower's ``evaluate_fn``: ``(round, arrays) -> metrics`` of the global model, centrally.
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+#: Called with the strategy and each round's record, once the round is done (``start``'s
+#: ``on_round``: fedsys's run writes its metrics and checkpoints there).
+RoundHook = Callable[[Any, dict[str, Any]], None]
+#: A round's analysis: ``(round, accepted updates, new global model) -> metrics`` for the
+#: round's record (``start``'s ``estimator_fn``; fedsys's ``estimators: true``).
+EstimatorFn = Callable[[int, list[ClientUpdate], Params], dict[str, float]]
 
 
 class Looped(Protocol):
@@ -44,7 +54,8 @@ class Looped(Protocol):
     verdict: Verdict
     usable_rounds: int
     history: list[dict[str, Any]]
-    hooks: list[Callable[[Any, dict[str, Any]], None]]
+    replies: ReplyPolicy
+    run_label: str
 
     @property
     def label(self) -> str: ...
@@ -74,23 +85,42 @@ class RoundLoop:
         Reach the clients with their keys unchanged (the strategy's ``round_config``).
     evaluate_fn : EvaluateFn, optional
         Evaluates the global model centrally, also before round 1 (not after a resume).
+    on_round : sequence of RoundHook
+        Called in order with the strategy and each round's record (round 0's too, with
+        ``evaluate_fn``), after the round.
+    estimator_fn : EstimatorFn, optional
+        Analyses each round that made a new model from updates: its metrics join the
+        round's record.  Refused over a private strategy (a DP wrapper): it reads the raw
+        client models.
+    label : str
+        How the strategy's log lines name it for this run (empty: its method and wrappers).
     """
 
     def __init__(self, strategy: Looped, grid: Grid, timeout: float,
                  train_config: ConfigRecord | None, evaluate_config: ConfigRecord | None,
-                 evaluate_fn: EvaluateFn | None) -> None:
+                 evaluate_fn: EvaluateFn | None, *, on_round: Sequence[RoundHook] = (),
+                 estimator_fn: EstimatorFn | None = None, label: str = "") -> None:
         self.strategy = strategy
         self.grid = grid
         self.timeout = float(timeout)
         self.train_config = train_config if train_config is not None else ConfigRecord()
         self.evaluate_config = evaluate_config if evaluate_config is not None else ConfigRecord()
         self.evaluate_fn = evaluate_fn
+        self.on_round = list(on_round)
+        self.estimator_fn = estimator_fn
+        self.label = label
         self.result = Result()
 
     def run(self, initial_arrays: ArrayRecord, num_rounds: int) -> Result:
         """The rounds up to ``num_rounds`` (which sets the schedule: ``prepare``)."""
         s = self.strategy
+        if self.label:
+            s.run_label = self.label
         s.prepare(num_rounds)
+        if self.estimator_fn is not None and s.replies.private:
+            raise ConfigError(f"[{s.label}] estimator_fn reads the raw client models every "
+                              "round, outside the differential privacy of the strategy's "
+                              "releases (its DP wrapper): start it without one")
         s.round_timeout = self.timeout
         if s.params is None:
             s.params = proto.from_record(initial_arrays)
@@ -109,8 +139,12 @@ class RoundLoop:
 
     def train(self, rnd: int) -> dict[str, Any]:
         """Round ``rnd``: training, its evaluation, the round's record."""
-        s, t0 = self.strategy, time.monotonic()
-        train = {**s.run_round(self.grid, rnd, self.train_config), **s.traffic.totals()}
+        s, t0, before = self.strategy, time.monotonic(), self.strategy.params
+        train = s.run_round(self.grid, rnd, self.train_config)
+        if self.estimator_fn is not None and s.params is not before and s.verdict.updates:
+            assert s.params is not None
+            train.update(self.estimator_fn(rnd, s.verdict.updates, s.params))
+        train.update(s.traffic.totals())
         if train.get("clients-ok", 0) > 0:
             s.usable_rounds += 1
         record: dict[str, Any] = {"round": rnd, **train}
@@ -153,10 +187,10 @@ class RoundLoop:
                            "round-time": 0.0})
 
     def emit(self, record: dict[str, Any]) -> None:
-        """The round's record to the strategy's history and hooks."""
+        """The round's record to the strategy's history and the ``on_round`` callbacks."""
         self.strategy.history.append(record)
-        for hook in self.strategy.hooks:
+        for hook in self.on_round:
             hook(self.strategy, record)
 
 
-__all__ = ["EvaluateFn", "Looped", "RoundLoop"]
+__all__ = ["EstimatorFn", "EvaluateFn", "Looped", "RoundHook", "RoundLoop"]

@@ -15,7 +15,7 @@ is :class:`strategies.loop.RoundLoop`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from logging import ERROR, INFO, WARNING
 from typing import TYPE_CHECKING, Any
 
@@ -31,10 +31,10 @@ import strategies.replies as pipeline
 from fedsys import protocol as proto
 from fedsys.options import ConfigError
 from fedsys.params import Params, distance
-from fedsys.validation import ClientUpdate
+from fedsys.validation import ClientUpdate, Rejection
 from strategies.exchange import Exchange
 from strategies.hooks import MethodHooks
-from strategies.loop import EvaluateFn, RoundLoop
+from strategies.loop import EstimatorFn, EvaluateFn, RoundHook, RoundLoop
 from strategies.model import Aggregate
 from strategies.nodes import EVAL_TAG
 from strategies.replies import RoundView, Verdict, why_refused
@@ -199,15 +199,11 @@ class RoundEngine(MethodHooks):
         own, new = dict(result.metrics), result.model
         if new is None:
             if not (self.settings.skips_training and not replies):
-                log(ERROR, "[%s] round %d: no usable update (%d replies refused or missing: "
-                    "%s); model unchanged", self.label, server_round, len(rejected),
-                    why_refused(rejected))
+                self.log_unusable(server_round, rejected)
         else:  # how far the broadcast model moved this round
             own["global-step"] = distance(new, self.params)
             self.params = new
             own.update(self.wrappers.metrics())
-            if self.estimator_fn is not None:
-                own.update(self.estimator_fn(server_round, updates, new))
         metrics = client_metrics.train_metrics(updates, len(rejected), self.settings.train_loss_key)
         self.add_client_metrics(metrics, verdict, own=own)
         metrics.update(own)
@@ -237,6 +233,12 @@ class RoundEngine(MethodHooks):
                 f"did not act: take the mean through self.average, or declare "
                 f"traits = Traits(mean='none')")
         return result
+
+    def log_unusable(self, server_round: int, rejected: Sequence[Rejection]) -> None:
+        """The ERROR of a round (a parallel step) that made no model: how many replies were
+        refused or missing, and why (:func:`strategies.replies.why_refused`)."""
+        log(ERROR, "[%s] round %d: no usable update (%d replies refused or missing: %s); "
+            "model unchanged", self.label, server_round, len(rejected), why_refused(rejected))
 
     def add_client_metrics(self, record: dict[str, Any], verdict: Verdict,
                            own: Iterable[str] = ()) -> None:
@@ -324,8 +326,20 @@ class RoundEngine(MethodHooks):
         (logged).
         """
         cfg = self.round_config(server_round, train_config or {})
-        ex = Exchange({node_id: partition_id}, {node_id: params},
-                      [self.instruction(node_id, MessageType.TRAIN, params, cfg, models)])
+        return self.train_nodes(grid, {node_id: partition_id}, params, {node_id: cfg}, models)
+
+    def train_nodes(
+        self, grid: Grid, nodes: Mapping[int, int], params: Params,
+        configs: Mapping[int, Mapping[str, Any]], models: Mapping[str, Params] | None = None,
+    ) -> Verdict:
+        """Send ``params`` to every node of ``nodes`` (``{node_id: partition_id}``) with its
+        settings (``configs[node_id]``, a :meth:`round_config`), wait for the replies
+        (``round_timeout``), judge them (:meth:`validate`, logged): a chain's hop
+        (:meth:`train_hop`) and a plan's parallel step, outside Flower's configure/aggregate
+        pair, which samples."""
+        ex = Exchange(dict(nodes), dict.fromkeys(nodes, params),
+                      [self.instruction(n, MessageType.TRAIN, params, configs[n], models)
+                       for n in nodes])
         return self.validate(self.exchange(grid, ex), ex)
 
     def start(
@@ -337,6 +351,10 @@ class RoundEngine(MethodHooks):
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: EvaluateFn | None = None,
+        *,
+        on_round: Sequence[RoundHook] = (),
+        estimator_fn: EstimatorFn | None = None,
+        label: str = "",
     ) -> Result:
         """Run rounds ``self.round + 1 .. num_rounds`` (resumes after a checkpoint): the
         round loop, :class:`strategies.loop.RoundLoop`.
@@ -346,7 +364,11 @@ class RoundEngine(MethodHooks):
         bounds each round's wait for replies, ``train_config`` and ``evaluate_config``
         reach the clients with their keys unchanged (see :meth:`round_config`), and
         ``evaluate_fn(round, arrays)`` evaluates the global model centrally, also
-        before round 1.
+        before round 1.  fedsys's keywords, none needed from a Flower app (each
+        documented at :class:`~strategies.loop.RoundLoop`): ``on_round``, callbacks
+        given each round's record; ``estimator_fn``, a round's analysis for its record;
+        ``label``, how this run's log lines name the strategy.
         """
-        return RoundLoop(self, grid, timeout, train_config, evaluate_config,
-                         evaluate_fn).run(initial_arrays, num_rounds)
+        return RoundLoop(self, grid, timeout, train_config, evaluate_config, evaluate_fn,
+                         on_round=on_round, estimator_fn=estimator_fn,
+                         label=label).run(initial_arrays, num_rounds)

@@ -53,7 +53,9 @@ class RoundSettings:
         Per-round decay of the caller's ``lr`` key: ``lr * lr_decay**(round - 1)``.
     trainer : str, default "auto"
         The fedsys client trainer named in each train instruction (``trainer`` key,
-        unless the caller's ``train_config`` names one); ``auto`` takes the method's.
+        unless the caller's ``train_config`` names one); ``auto``: the method's, named
+        only where its local training is its own (FedELMY's chain), as Flower's
+        strategies name none.
     num_partitions : int, optional
         The partitions the nodes should hold; a node declaring another count is
         logged (the federation and the config disagree).

@@ -229,10 +229,15 @@ class StrategyWrapper(Strategy):
               timeout: float = 3600, train_config: ConfigRecord | None = None,
               evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-              ) -> Result:
-        """The strategy's ``start``, every wrapper acting in each round."""
+              *, on_round: Sequence[Callable[[Any, dict[str, Any]], None]] = (),
+              estimator_fn: Callable[[int, list[ClientUpdate], Params], dict[str, float]] | None = None,
+              label: str = "") -> Result:
+        """The strategy's ``start`` (fedsys's keywords as
+        :meth:`strategies.rounds.RoundEngine.start`'s), every wrapper acting in each round."""
         return cast(Any, self.engine).start(grid, initial_arrays, num_rounds, timeout,
-                                            train_config, evaluate_config, evaluate_fn)
+                                            train_config, evaluate_config, evaluate_fn,
+                                            on_round=on_round, estimator_fn=estimator_fn,
+                                            label=label)
 
     def summary(self) -> None:
         """The strategy's settings, then each wrapper's (:meth:`own_summary`)."""

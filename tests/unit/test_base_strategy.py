@@ -44,7 +44,12 @@ def cfg(**kw: object):
 
 
 def configured(strategy: FedsysStrategy, grid: Any, rnd: int = 1) -> list[Message]:
-    msgs = list(strategy.configure_train(rnd, protocol.to_record(model(1.0)), ConfigRecord(), grid))
+    return configured_with(strategy, grid, ConfigRecord(), rnd)
+
+
+def configured_with(strategy: FedsysStrategy, grid: Any, config: ConfigRecord, rnd: int = 1
+                    ) -> list[Message]:
+    msgs = list(strategy.configure_train(rnd, protocol.to_record(model(1.0)), config, grid))
     grid.push_messages(msgs)  # gives each instruction its message id, as the runtime does
     grid.outbox.clear()
     return msgs
@@ -66,8 +71,20 @@ def test_each_node_gets_a_fresh_recorddict_and_the_round_config(reply_grid):
     assert len({id(m.content["config"]) for m in msgs}) == 3
     for m in msgs:
         c = m.content["config"]
-        assert c["server-round"] == 1 and c["trainer"] == "sgd" and "lr" not in c
+        assert c["server-round"] == 1 and "lr" not in c
+        assert "trainer" not in c  # a fedsys run names it in its train_config (below)
         assert m.metadata.message_type == MessageType.TRAIN
+
+
+@pytest.mark.parametrize(("kw", "want"), [({"strategy": "fedavg"}, "sgd"), ({"strategy": "fedprox"}, "fedprox"),
+                                          ({"strategy": "fedavg", "trainer": "lss"}, "lss")])
+def test_a_fedsys_run_names_its_trainer_in_the_train_config(reply_grid, kw, want):
+    from fedsys_launch.registry import make_strategy, train_config
+
+    conf = cfg(**kw)
+    s = make_strategy(conf)
+    msgs = configured_with(s, reply_grid(NODES), ConfigRecord(train_config(conf, s.trainer)))
+    assert {m.content["config"]["trainer"] for m in msgs} == {want}
 
 
 def test_the_callers_train_config_reaches_the_clients_unchanged_and_typed(reply_grid):
@@ -331,6 +348,31 @@ def test_timeout_bounds_each_round_and_a_round_without_updates_is_logged(reply_g
     assert sorted(res.train_metrics_clientapp) == [1, 2] and s.usable_rounds == 0
     assert all(h["clients-rejected"] == 2 for h in s.history)
     assert sum("no usable update" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_the_runners_callbacks_and_estimator_are_starts_keywords(reply_grid):
+    """What a run hands the round loop stays the loop's: ``on_round`` gets every record,
+    ``estimator_fn`` a round that made a model (its updates and that model) and adds to its
+    record, and ``label`` names the strategy in the log; the strategy keeps none of them."""
+    calls: list[tuple[int, int, float]] = []
+
+    def estimator(rnd: int, updates: list[Any], new: dict[str, np.ndarray]) -> dict[str, float]:
+        calls.append((rnd, len(updates), float(new["w"][0, 0])))
+        return {"est-x": float(rnd)}
+
+    seen: list[dict[str, Any]] = []
+    s = FedAvgStrategy(fraction_train=0.5, fraction_evaluate=0.0)
+    s.start(reply_grid(NODES, plain_client([])), protocol.to_record(model(0.0)), num_rounds=2,
+            on_round=[lambda st, r: seen.append(r)], estimator_fn=estimator, label="mine")
+    assert [r["est-x"] for r in seen] == [1.0, 2.0] and seen == s.history
+    assert calls == [(1, 2, 1.0), (2, 2, 2.0)] and s.label == "mine"
+    assert not {"hooks", "estimator_fn", "workdir"} & set(vars(s))
+    silent = reply_grid(NODES, answer=lambda m: None)
+    silent.pull_messages = lambda ids: []  # nobody answers: no model made, no estimate
+    calls.clear()
+    t = FedAvgStrategy(clients_per_round=2, fraction_evaluate=0.0)
+    t.start(silent, protocol.to_record(model(0.0)), num_rounds=1, timeout=0.2, estimator_fn=estimator)
+    assert calls == [] and "est-x" not in t.history[0]
 
 
 def test_nodes_keyed_by_64_bit_node_ids_sample_and_select_exactly(reply_grid):
@@ -750,10 +792,11 @@ def test_what_a_configure_train_override_returns_is_what_is_sent(reply_grid, cap
 
 def test_fedprox_sends_mu_as_flowers_fedprox_does_and_fedadam_takes_flowers_names(reply_grid):
     """A client written from Flower's FedProx documentation reads
-    ``msg.content["config"]["proximal-mu"]``: fedsys's FedProx sends it (and ``fedprox.mu``
-    for its own trainer), from Flower's keyword ``proximal_mu``, else from the caller's
-    ``fedprox.mu``, else Flower's FedProx default (0.0; a fedsys run config always gives
-    its ``fedprox.mu``, default 0.01); FedAdam/FedYogi take Flower's names."""
+    ``msg.content["config"]["proximal-mu"]``: fedsys's FedProx sends it (only it: a
+    caller's ``fedprox.mu`` reaches the clients as the caller's keys do), from Flower's
+    keyword ``proximal_mu``, else from the caller's ``fedprox.mu``, else Flower's FedProx
+    default (0.0; a fedsys run config always gives its ``fedprox.mu``, default 0.01);
+    FedAdam/FedYogi take Flower's names."""
     import inspect
 
     from flwr.serverapp.strategy import FedProx
@@ -768,12 +811,12 @@ def test_fedprox_sends_mu_as_flowers_fedprox_does_and_fedadam_takes_flowers_name
         sent: list[Message] = []
         s.start(reply_grid(NODES, plain_client(sent)), protocol.to_record(model(0.0)),
                 num_rounds=1, train_config=ConfigRecord(given))
-        return {(float(m.content["config"]["proximal-mu"]), float(m.content["config"]["fedprox.mu"]))
-                for m in sent}
+        return {(float(m.content["config"]["proximal-mu"]),
+                 float(m.content["config"].get("fedprox.mu", -1.0))) for m in sent}
 
     kw: dict[str, Any] = {"fraction_train": 0.5, "fraction_evaluate": 0.0}
-    assert mus(FedProxStrategy(proximal_mu=0.1, **kw), {}) == {(0.1, 0.1)}
-    assert mus(FedProxStrategy(**kw), {}) == {(DEFAULT_MU, DEFAULT_MU)}
+    assert mus(FedProxStrategy(proximal_mu=0.1, **kw), {}) == {(0.1, -1.0)}
+    assert mus(FedProxStrategy(**kw), {}) == {(DEFAULT_MU, -1.0)}
     assert mus(FedProxStrategy(**kw), {"fedprox.mu": 0.3}) == {(0.3, 0.3)}
     assert mus(FedProxStrategy(proximal_mu=0.3, **kw), {"fedprox.mu": 0.3}) == {(0.3, 0.3)}
     with pytest.raises(ConfigError, match=r"proximal_mu=0\.1 and the train config's fedprox\.mu=0\.3"):

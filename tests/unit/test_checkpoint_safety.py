@@ -196,11 +196,14 @@ def updates(rnd: int) -> list[ClientUpdate]:
 def test_a_real_checkpoint_reads_back_bit_for_bit_and_resumes_exactly(tmp_path, cache):
     cfg = build({**SETS, "strategy": "fedcda", "num-clients": 5, "fedcda.warmup": 2,
                  "fedcda.cache": cache, "output-dir": str(tmp_path)})
-    full = FedCDAStrategy.from_config(cfg)
-    full.workdir = tmp_path / "full"
-    part = FedCDAStrategy.from_config(cfg)
-    part.workdir = tmp_path / "part"
-    path = part.workdir / "checkpoint.pt"
+    def in_dir(name: str) -> FedCDAStrategy:  # a disk cache of its own, as fedsys run gives
+        return FedCDAStrategy.from_config(
+            cfg.replace(**{"fedcda.cache-dir": str(tmp_path / name / "fedcda-cache")}))
+
+    full = in_dir("full")
+    part = in_dir("part")
+    path = tmp_path / "part" / "checkpoint.pt"
+    path.parent.mkdir(exist_ok=True)
     np.random.seed(3)  # noqa: NPY002 -- the global state a checkpoint keeps
     for rnd in range(1, 9):
         full.aggregate(rnd, updates(rnd))
@@ -224,8 +227,7 @@ def test_a_real_checkpoint_reads_back_bit_for_bit_and_resumes_exactly(tmp_path, 
     checkpoint.set_rng_state(payload["rng"])
     assert np.array_equal(first, np.random.random(4))  # noqa: NPY002
     # killed after round 5; resumed from the file, it ends where the full run ends
-    resumed = FedCDAStrategy.from_config(cfg)
-    resumed.workdir = part.workdir
+    resumed = in_dir("part")
     resumed.load_state_dict(got["strategy"])
     assert resumed.layout == full.layout
     for rnd in range(5, 9):

@@ -486,9 +486,9 @@ def test_a_plugin_wrapper_that_screens_or_replaces_the_mean_is_refused_with_dp()
 def test_estimators_are_refused_with_dp() -> None:
     assert "estimators: true: the estimators release" in _refusal(estimators=True)
     s = DP(FedAvgStrategy())
-    s.estimator_fn = lambda r, u, g: {}
-    with pytest.raises(ConfigError, match="estimators"):
-        s.prepare(10)
+    with pytest.raises(ConfigError, match="estimator_fn reads the raw client models"):
+        s.start(ReplyGrid({}), protocol.to_record(model(0.0)), num_rounds=10,
+                estimator_fn=lambda r, u, g: {})
 
 
 def test_a_refused_composition_is_one_line_and_exit_code_2_from_the_cli(capsys) -> None:
@@ -698,9 +698,9 @@ def _chain(nodes: dict[int, int], fail: dict[int, int], extra: dict[str, float] 
                        node_wait_timeout=0.2, fraction_evaluate=0.0, **kw), noise_multiplier=1.0)
     s.poll_interval = 0.0
     records: list[dict[str, Any]] = []
-    s.hooks.append(lambda _, r: records.append(r))
     hops = _Hops(nodes, fail, extra)
-    s.start(ReplyGrid(nodes, answer=hops), protocol.to_record(model(0.0)), timeout=2.0)
+    s.start(ReplyGrid(nodes, answer=hops), protocol.to_record(model(0.0)), timeout=2.0,
+            on_round=[lambda _, r: records.append(r)])
     return s, records, hops
 
 

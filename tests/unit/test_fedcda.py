@@ -471,12 +471,14 @@ def update_stream(rounds: int, clients: list[int], seed: int) -> list[list[Clien
 def test_state_dict_resume_is_identical(tmp_path, cache: str) -> None:
     c = cfg(**{"fedcda.cache": cache, "fedcda.warmup": 2, "output-dir": str(tmp_path)})
     stream = update_stream(8, [0, 1, 2, 3, 4, 5], seed=3)
-    full = FedCDAStrategy.from_config(c)
-    full.workdir = tmp_path / "full"
+    def in_dir(name: str) -> FedCDAStrategy:  # a disk cache of its own, as fedsys run gives
+        return FedCDAStrategy.from_config(
+            c.replace(**{"fedcda.cache-dir": str(tmp_path / name / "fedcda-cache")}))
+
+    full = in_dir("full")
     for r, ups in enumerate(stream, 1):
         full.aggregate(r, ups)
-    part = FedCDAStrategy.from_config(c)
-    part.workdir = tmp_path / "part"
+    part = in_dir("part")
     for r, ups in enumerate(stream[:6], 1):
         part.aggregate(r, ups)
         part.round = r
@@ -484,8 +486,7 @@ def test_state_dict_resume_is_identical(tmp_path, cache: str) -> None:
             state = part.state_dict()
             part.checkpoint_written()
     # killed after round 6; a fresh strategy resumes from the round-4 checkpoint
-    part = FedCDAStrategy.from_config(c)
-    part.workdir = tmp_path / "part"
+    part = in_dir("part")
     part.load_state_dict(state)
     for r, ups in enumerate(stream[4:], 5):
         part.aggregate(r, ups)

@@ -316,13 +316,19 @@ class Chain:
         return Message(content, reply_to=m)
 
 
-def _run(strategy: Any, grid: Any) -> Any:
+def _run(strategy: Any, grid: Any, stop_after: int = 0) -> Any:
+    """Run ``strategy``: its result and records (``stop_after``: interrupted after that round)."""
     strategy.poll_interval = 0.0
     strategy.settings = dataclasses.replace(strategy.settings, fraction_evaluate=0.0)
     records: list[dict[str, Any]] = []
-    strategy.hooks.append(lambda s, r: records.append(r))
+
+    def record(s: Any, r: dict[str, Any]) -> None:
+        records.append(r)
+        if r["round"] == stop_after:
+            raise KeyboardInterrupt
+
     res = strategy.start(grid, protocol.to_record(_model(0.0)), timeout=2.0,
-                         train_config=ConfigRecord({"lr": 0.1}))
+                         train_config=ConfigRecord({"lr": 0.1}), on_round=[record])
     return res, records
 
 
@@ -392,9 +398,8 @@ def test_a_chain_resumed_from_its_state_continues_at_the_next_hop(reply_grid):
                    reply_grid(NODES, answer=full_chain))
     first = FedElmyStrategy(order="permutation", seed=2, passes=2, num_partitions=4)
     first_chain = Chain()
-    first.hooks.append(lambda s, r: (_ for _ in ()).throw(KeyboardInterrupt) if r["round"] == 5 else None)
     with pytest.raises(KeyboardInterrupt):
-        _run(first, reply_grid(NODES, answer=first_chain))
+        _run(first, reply_grid(NODES, answer=first_chain), stop_after=5)
     state = first.state_dict()
     again = FedElmyStrategy(order="permutation", seed=2, passes=2, num_partitions=4)
     again.load_state_dict(state)
@@ -422,6 +427,32 @@ def test_parallel_baselines(reply_grid):
     assert len(chain.visits) == 4 and len(seeds) == 4  # each client its own start (Alg. 3)
     assert all(c["warmup-epochs"] == 1 for _, c in chain.visits)
     assert protocol.from_record(res.arrays)["w"][0, 0] == 101.0
+
+
+def test_a_parallel_step_and_a_hop_report_as_a_fedavg_round(reply_grid, caplog):
+    """The chain's steps reuse the engine's parts: a parallel step that made no model logs the
+    engine's line (counts and reasons); its loss mean, a hop's bookkeeping and, with
+    Flower's train_metrics_aggr_fn, a hop's client metrics are :mod:`strategies.client_metrics`'s."""
+    from strategies.client_metrics import train_metrics
+
+    chain = Chain(fail={p: 1 for p in range(4)})
+    s = ParallelFedElmyStrategy(warmup_epochs=0, num_partitions=4, passes=2)
+    with caplog.at_level(logging.ERROR):
+        _, recs = _run(s, reply_grid(NODES, answer=chain))
+    assert "round 1: no usable update (4 replies refused or missing: 4x " in caplog.text
+    assert recs[0]["clients-ok"] == 0 and recs[0]["clients-rejected"] == 4
+    ups = s.verdict.updates
+    assert len(ups) == 4 and {k: recs[1][k] for k in ("clients-ok", "train-loss")} == {
+        k: train_metrics(ups, 0, "train-loss")[k] for k in ("clients-ok", "train-loss")}
+
+    def aggr(contents: list[RecordDict], key: str) -> MetricRecord:
+        return MetricRecord({"mine": float(len(contents))})
+
+    hop = FedSeqStrategy(num_partitions=4, warmup_epochs=0, train_metrics_aggr_fn=aggr,
+                         train_loss_key="train-loss")
+    _, recs = _run(hop, reply_grid(NODES, answer=Chain()))
+    assert all(r["mine"] == 1.0 and r["train-loss"] == 0.1 and r["clients-ok"] == 1
+               for r in recs), recs
 
 
 def test_pool_held_is_a_ratio_above_one_with_s_one_throughout():

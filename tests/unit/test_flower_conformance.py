@@ -569,22 +569,22 @@ def test_difference_node_sampling(reply_grid: Any) -> None:
     assert len(theirs) > 1 and len(mine) == 1 and len(next(iter(mine))) == 4
 
 
-def test_difference_instruction_keys(reply_grid: Any) -> None:
-    """A train instruction's config: Flower's keys with Flower's values (``server-round``;
-    FedProx's ``proximal-mu``), plus the keys fedsys's own ClientApp reads: ``trainer``, and
-    FedProx's ``fedprox.mu`` (the same mu).  A client of Flower's ignores them."""
+def test_a_train_instruction_holds_flowers_keys_only(reply_grid: Any) -> None:
+    """A train instruction's config from a strategy built the Flower way: exactly the keys and
+    values of Flower's (``server-round``; FedProx's ``proximal-mu``), nothing fedsys's own
+    ClientApp alone reads (its ``trainer``: a fedsys run puts that in its ``train_config``)."""
     from flwr.serverapp.strategy import FedProx
 
     from strategies.fedprox import FedProxStrategy
 
     arrays = ArrayRecord({k: protocol.Array(v) for k, v in _model(1.0).items()})
-    for ours, flowers, extra in ((FedAvgStrategy, FedAvg, {"trainer"}),
-                                 (FedProxStrategy, FedProx, {"trainer", "fedprox.mu"})):
-        configs = [dict(next(iter(s().configure_train(3, arrays, ConfigRecord(), reply_grid(NODES))))
-                        .content["config"]) for s in (ours, flowers)]
-        mine, theirs = configs
-        assert {k: mine[k] for k in theirs} == theirs
-        assert set(mine) - set(theirs) == extra
+    given = ConfigRecord({"lr": 0.1, "local-epochs": 2})
+    for ours, flowers in ((FedAvgStrategy, FedAvg), (FedProxStrategy, FedProx),
+                          (lambda: FedProxStrategy(proximal_mu=0.5),
+                           lambda: FedProx(proximal_mu=0.5))):
+        mine, theirs = [dict(next(iter(s().configure_train(3, arrays, given, reply_grid(NODES))))
+                             .content["config"]) for s in (ours, flowers)]
+        assert mine == theirs
 
 
 def test_difference_transport_retry(reply_grid: Any) -> None:

@@ -50,10 +50,10 @@ def _run(strategy: Any, grid: Any) -> list[dict[str, Any]]:
     strategy.poll_interval = 0.0
     strategy.settings = dataclasses.replace(strategy.settings, fraction_evaluate=0.0)
     records: list[dict[str, Any]] = []
-    strategy.hooks.append(lambda s, r: records.append(r))
     model = {"w": np.zeros((2, 3), np.float32)}
     strategy.start(grid, protocol.to_record(model), num_rounds=ROUNDS, timeout=2.0,
-                   train_config=ConfigRecord({"lr": 0.1}))
+                   train_config=ConfigRecord({"lr": 0.1}),
+                   on_round=[lambda s, r: records.append(r)])
     return records
 
 

@@ -110,9 +110,8 @@ def run(strategy: Any, nodes: dict[int, int], rounds: int = 4,
     """``strategy.start`` (the wrapper's) over ``nodes``; the rounds' records."""
     strategy.poll_interval = 0.0
     records: list[dict[str, Any]] = []
-    strategy.hooks.append(lambda _, r: records.append(r))
     strategy.start(ReplyGrid(nodes, answer=answer(nodes, fail)), protocol.to_record(model(0.0)),
-                   num_rounds=rounds, timeout=2.0)
+                   num_rounds=rounds, timeout=2.0, on_round=[lambda _, r: records.append(r)])
     return records
 
 
