@@ -232,7 +232,8 @@ class MethodHooks(Strategy):
         a wrapper's start round).  :meth:`start` calls it with its ``num_rounds``."""
         self.num_rounds = int(num_rounds)
         self.on_start(self.num_rounds)
-        inert = [*self.inert_options(self.num_rounds), *self.wrappers.on_start(self.num_rounds)]
+        wrapped = self.wrappers.on_start(self.num_rounds)
+        inert = [*self.inert_options(self.num_rounds), *wrapped]
         if inert:
             raise ConfigError(f"[{self.label}] " + "; ".join(inert))
 

@@ -10,10 +10,10 @@ adopts as its :attr:`~strategies.rounds.RoundEngine.foreign_model` line says.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord
@@ -53,10 +53,12 @@ class GlobalModel:
         return given
 
 
-class Aggregate(NamedTuple):
+@dataclass(frozen=True, eq=False)
+class Aggregate:
     """What a method's ``aggregate`` returns, as Flower's ``aggregate_train`` does: the
     new global model (``None``: unchanged) and the method's own numbers of the round
-    (reported in the round's record).
+    (reported in the round's record); ``model, metrics = aggregate`` unpacks as Flower's
+    pair does.
 
     The engine passes it through the strategy's wrappers
     (:meth:`strategies.wrapper.WrapperChain.release`): ``model``, or the models
@@ -67,6 +69,10 @@ class Aggregate(NamedTuple):
     """
 
     model: Params | None
-    metrics: Mapping[str, float] = MappingProxyType({})
+    metrics: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     wrapped: Mapping[int, Params] | None = None
     then: Callable[[int, dict[int, Params], bool], Params] | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        """The model and the metrics (``model, metrics = aggregate``)."""
+        return iter((self.model, self.metrics))

@@ -21,7 +21,7 @@ This module imports no strategy: a wrapper sees the strategy it wraps as :class:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Protocol, cast
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -133,7 +133,10 @@ class StrategyWrapper(Strategy):
     in place of the method's mean; :meth:`screen` on the validated updates;
     :meth:`train_config` and :meth:`schedule_lr` on the instructions; :meth:`on_start`
     and :meth:`inert_options` once the run's length is known; its own state
-    (:meth:`own_state`) in the strategy's checkpoint.
+    (:meth:`own_state`) in the strategy's checkpoint.  A subclass parses its options, calls
+    ``super().__init__(strategy)`` and sets its own state in its ``__init__``, under names
+    the strategy's state does not use (a name the strategy has and the wrapper has not set
+    is written to the strategy).
 
     Parameters
     ----------
@@ -368,9 +371,9 @@ class WrapperChain:
         given = dict(result.wrapped) if result.wrapped is not None else {0: result.model}
         done = self.finish(server_round, given)
         if result.then is None:
-            return result._replace(model=done[0])
+            return replace(result, model=done[0])
         changed = any(done[i] is not m for i, m in given.items())
-        return result._replace(model=result.then(server_round, done, changed))
+        return replace(result, model=result.then(server_round, done, changed))
 
     def average(self, server_round: int, models: Sequence[Params] | Callable[[], Sequence[Params]],
                 weights: Sequence[float] | None = None,
