@@ -70,7 +70,7 @@ WORKLOADS: dict[str, list[Workload]] = {
                  ("one-step, 10 clients", None, ONE_STEP)],
              "make-run": [("make-run FedAvg", "configs/default.yaml", MAKE_RUN),
                           ("make-run FedSeq hop", "configs/default.yaml", MAKE_RUN_SEQ)]}
-#: the ClientApp's steps timed in the actors, by the name of the function in fedsys_launch.client_app
+#: the ClientApp's steps timed in the actors, by the name of the function in fedsys_launch.apps.client_app
 STEPS = {"_setup": "config + samples", "_load": "model + weights", "run_trainer": "training",
          "_weights": "reply weights", "train_reply": "reply weights"}
 PARTS = ["push", "to the runtime", "queue", "Ray in", "config + samples", "model + weights",
@@ -85,13 +85,13 @@ def _client_app(trace_dir: str, cfg: Any) -> Any:
     from flwr.clientapp import ClientApp
 
     from fedsys import confine
-    from fedsys_launch.client_app import Admission
+    from fedsys_launch.apps.client_app import Admission
 
     app = ClientApp()
     admission = Admission(confine.own_run_policy(cfg))
 
     def timed(msg: Any, context: Any, kind: str) -> Any:
-        import fedsys_launch.client_app as ca
+        import fedsys_launch.apps.client_app as ca
         from fedsys import protocol
 
         if not getattr(ca, "_bench_probes", False):
@@ -197,8 +197,8 @@ def child(spec: dict[str, Any], out: Path) -> None:
     sys.path.insert(0, os.getcwd())
     from fedsys import metrics
     from fedsys.config import load_yaml
-    from fedsys_launch.registry import build
-    from fedsys_launch.simulation import simulate
+    from fedsys_launch.config_schema import build
+    from fedsys_launch.engines.simulation import simulate
 
     layers = [load_yaml(ROOT / spec["config"])] if spec["config"] else []
     cfg = build(*layers, {**spec["settings"], "name": "bench", "output-dir": str(out / "runs"),

@@ -15,8 +15,8 @@ timeouts; a :data:`SECURITY` patch that does not match stops the component inste
 Not patches, because they use Flower's public API only: :func:`fedsys.transport.
 send_and_receive` (a round's messages over ``Grid.push_messages``/``pull_messages``, which
 reads one name of Flower's, the class name ``InMemoryGrid``, to poll its own process
-faster) and the in-process engine's ``Grid`` (:mod:`fedsys_launch.inprocess`).  Not Flower's: the
-shim that keeps a Ray node joining on 127.0.0.1 (``fedsys_launch.raycluster._JOIN_ON_LOOPBACK``,
+faster) and the in-process engine's ``Grid`` (:mod:`fedsys_launch.engines.inprocess`).  Not Flower's: the
+shim that keeps a Ray node joining on 127.0.0.1 (``fedsys_launch.engines.shared_ray_cluster._JOIN_ON_LOOPBACK``,
 for the tests of a two-node cluster on one machine).
 
 ``make test-flwr-next`` runs the unit tests and one simulation against the newest Flower
@@ -107,7 +107,7 @@ PATCHES: dict[str, Patch] = {p.name: p for p in (
           "user reads in /proc/PID/cmdline, and its Runtime calls carry the token alone",
           "the token travels to the app process in memory (fork server or spawn pipe), its "
           "title shows --token ***, and the process signs each Runtime call with a key only "
-          "its SuperExec could derive from the token (fedsys_launch/runtime_auth.py)",
+          "its SuperExec could derive from the token (fedsys_launch/deploy/runtime_auth.py)",
           "a site's local user cannot take the site's tasks (issue 75; security: a target "
           "that does not fit stops the SuperExec)"),
     Patch("signed-task-calls", "flwr.supercore.dependencies.runtime.authenticate_task",
@@ -420,7 +420,7 @@ def prompt_dispatch(environ: Mapping[str, str] = os.environ) -> Iterator[bool]:
 
 #: Seconds the Ray backend's ``terminate`` waits for the ClientApp calls in flight to return
 #: before it shuts Ray down; after that it leaves Ray as it is (the process is ending: the
-#: command exits at most 10 s later, ``fedsys_launch.cli.exit_now_if_threads_linger``).
+#: command exits at most 10 s later, ``fedsys_launch.commands.cli.exit_now_if_threads_linger``).
 SHUTDOWN_GRACE_S = 5.0
 #: The parameters of Flower's ``RayBackend`` methods that :func:`orderly_shutdown` wraps.
 BACKEND_PARAMETERS = {"process_message": ("self", "message", "context"), "terminate": ("self",)}
@@ -604,7 +604,7 @@ def private_task_tokens(start: Callable[[], Callable[..., Any]],
                         secret: Callable[[bytes], None],
                         environ: Mapping[str, str] = os.environ) -> bool:
     """Route Flower's ``SubprocessExecutor`` through the ``Popen`` that ``start()`` returns
-    (:class:`fedsys_launch.superexec.AppStarter`'s: the token in memory, the title without
+    (:class:`fedsys_launch.deploy.superexec.AppStarter`'s: the token in memory, the title without
     it) and hand ``secret`` the SuperExec secret Flower's ``flower-superexec`` loads (the
     task keys are made from it); whether it went in."""
     if not _usable("private-task-tokens", check_private_tokens(), environ):
@@ -633,10 +633,10 @@ def private_task_tokens(start: Callable[[], Callable[..., Any]],
 
 def sign_task_calls(keys: Mapping[str, bytes]) -> None:
     """In an app process: sign every Runtime call made with a token of ``keys`` with that
-    token's key (:func:`fedsys_launch.runtime_auth.sign_task_call`), beside the token."""
+    token's key (:func:`fedsys_launch.deploy.runtime_auth.sign_task_call`), beside the token."""
     from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor
 
-    from fedsys_launch.runtime_auth import sign_task_call
+    from fedsys_launch.deploy.runtime_auth import sign_task_call
 
     intercept = RuntimeTokenHttpInterceptor.intercept
 
@@ -678,7 +678,7 @@ def signed_task_calls(environ: Mapping[str, str] = os.environ) -> bool:
     from flwr.supercore.error import ApiErrorCode, FlowerError
     from flwr.supercore.protobuf.translation import get_protobuf_request
 
-    from fedsys_launch.runtime_auth import NonceStore, check_task_call, task_key
+    from fedsys_launch.deploy.runtime_auth import NonceStore, check_task_call, task_key
 
     authenticate = runtime.authenticate_task  # type: ignore[attr-defined]
     nonces = NonceStore()
@@ -736,12 +736,12 @@ def check_task_lease() -> str | None:
 
 def answer_dropped(state: Any, lease_s: float, now: Callable[[], float]) -> list[str]:
     """Give Flower's error reply to each message of ``state`` (a SuperNode's) that waits
-    for a reply its task will not send (:func:`fedsys_launch.runtime_auth.unanswered`);
+    for a reply its task will not send (:func:`fedsys_launch.deploy.runtime_auth.unanswered`);
     the reasons, logged."""
     from flwr.common.constant import Status, SubStatus
     from flwr.supernode.nodestate.in_memory_nodestate import CLIENT_APP_CRASHED_ERROR
 
-    from fedsys_launch.runtime_auth import unanswered
+    from fedsys_launch.deploy.runtime_auth import unanswered
 
     said = []
     for entry in _awaiting_reply(state):
@@ -872,14 +872,14 @@ def check_fleet_ownership() -> str | None:
 
 def fleet_ownership(environ: Mapping[str, str] = os.environ) -> bool:
     """Make the SuperLink's Fleet API serve a node only what was handed to it
-    (:class:`fedsys_launch.runtime_auth.Ownership`); whether it went in."""
+    (:class:`fedsys_launch.deploy.runtime_auth.Ownership`); whether it went in."""
     if not _usable("fleet-ownership", check_fleet_ownership(), environ):
         return False
     from fastapi import HTTPException
     from flwr.common.constant import Status
     from flwr.superlink.servicer.fleet import fleet_handlers as fh
 
-    from fedsys_launch.runtime_auth import Ownership, reply_refusal
+    from fedsys_launch.deploy.runtime_auth import Ownership, reply_refusal
 
     own = Ownership()
     pull_messages, push_messages = fh.pull_messages, fh.push_messages
@@ -982,7 +982,7 @@ def sign_node_requests(environ: Mapping[str, str] = os.environ) -> bool:
     from flwr.supercore.primitives.asymmetric import sign_message
     from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
 
-    from fedsys_launch.runtime_auth import NODE_BODY, NODE_NONCE, canonical, digest
+    from fedsys_launch.deploy.runtime_auth import NODE_BODY, NODE_NONCE, canonical, digest
 
     def intercept(self: Any, context: Any, call_next: Callable[[Any], Any]) -> Any:
         ts, nonce = now().isoformat(), secrets.token_hex(16)
@@ -1019,7 +1019,7 @@ def bound_node_signatures(environ: Mapping[str, str] = os.environ) -> bool:
     from flwr.supercore.primitives.asymmetric import bytes_to_public_key, verify_signature
     from flwr.superlink.routers.fleet import node_auth
 
-    from fedsys_launch.runtime_auth import (
+    from fedsys_launch.deploy.runtime_auth import (
         MAX_SKEW_S,
         NODE_BODY,
         NODE_NONCE,

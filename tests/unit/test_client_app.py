@@ -12,8 +12,8 @@ from clients import TRAINERS
 from fedsys import protocol as proto
 from fedsys import task
 from fedsys.params import Params, from_torch
-from fedsys_launch import client_app
-from fedsys_launch.registry import build
+from fedsys_launch.apps import client_app
+from fedsys_launch.config_schema import build
 
 CFG = build({"dataset": "synthetic", "model": "mlp", "num-clients": 3, "clients-per-round": 3,
              "partition": "iid", "local-steps": 3, "batch-size": 16, "lr": 0.05,

@@ -9,7 +9,7 @@ replies as :mod:`fedsys.protocol` says.
 Before it reads data or imports a plugin it admits the run config (:class:`Admission`)
 under a policy (:mod:`fedsys.confine`): :data:`app`, the one Flower loads, under the site
 operator's (``FEDSYS_ROOTS``, ``FEDSYS_PLUGINS``, the node config's ``data-dir`` allowed);
-the app :func:`fedsys_launch.simulation.simulate` builds (:func:`make_app`) under the policy
+the app :func:`fedsys_launch.engines.simulation.simulate` builds (:func:`make_app`) under the policy
 of the run's own config (:func:`fedsys.confine.own_run_policy`).
 """
 
@@ -36,10 +36,10 @@ from fedsys.models import build_model
 from fedsys.options import parse_group
 from fedsys.seeding import derive_seed
 from fedsys.task import client_data, dataset, evaluate, pick_device
-from fedsys_launch.registry import from_run_config
+from fedsys_launch.config_schema import from_run_config
 
 if TYPE_CHECKING:
-    from fedsys_launch.ray_workers import RayWorkers
+    from fedsys_launch.engines.ray_training_workers import RayWorkers
 
 @functools.lru_cache(maxsize=4)
 def _config(items: tuple[tuple[str, Any], ...]) -> RunConfig:
@@ -299,7 +299,7 @@ def train(msg: Message, context: Context, admission: Admission | None = None) ->
 
 class BatchTraining:
     """The train handler of the fedsys ClientApp (:func:`train`) for many nodes at once,
-    in three parts, for the in-process engine (:class:`fedsys_launch.inprocess.InProcessGrid`):
+    in three parts, for the in-process engine (:class:`fedsys_launch.engines.inprocess.InProcessGrid`):
     :meth:`prepare` reads each node's instruction (:func:`train_call`), :meth:`train`
     trains the round's jobs, those that agree together (:func:`clients.batched.train_together`,
     the rest one at a time), :meth:`reply` makes each node's reply (:func:`train_reply`).
@@ -351,7 +351,7 @@ class BatchTraining:
               ) -> Sequence[tuple[TrainResult | Exception, dict[str, torch.Tensor]]]:
         """Train a group of prepared calls of one :meth:`key` together, spread over the
         devices (:func:`clients.batched.train_on_devices`) or the Ray workers
-        (:class:`fedsys_launch.ray_workers.RayWorkers`)."""
+        (:class:`fedsys_launch.engines.ray_training_workers.RayWorkers`)."""
         from clients.batched import devices_for, train_on_devices
 
         self.decoded.clear()
@@ -432,11 +432,11 @@ class FedsysClientApp(ClientApp):
 
 def make_app(policy: confine.Policy | None = None) -> FedsysClientApp:
     """A fedsys ClientApp admitting the run config under ``policy`` (default: the site
-    operator's, from the environment).  :func:`fedsys_launch.simulation.simulate` builds one
+    operator's, from the environment).  :func:`fedsys_launch.engines.simulation.simulate` builds one
     in process under the policy of the run's own config, an object no run config can name
     (Flower's simulation engine hands it to its Ray actors pickled)."""
     return FedsysClientApp(Admission(policy))
 
 
-#: The ClientApp Flower loads (``fedsys_launch.client_app:app``): the operator's policy.
+#: The ClientApp Flower loads (``fedsys_launch.apps.client_app:app``): the operator's policy.
 app = make_app()

@@ -23,8 +23,8 @@ before the fork: each app process picks its GPU (``CUDA_VISIBLE_DEVICES``) as be
 process as Flower does.  Then it runs Flower's own ``flower-superexec`` with the same
 arguments.
 
-Used by ``fedsys deploy`` (:mod:`fedsys_launch.deploy`) and the images' SuperExecs as
-``python -m fedsys_launch.superexec``.
+Used by ``fedsys deploy`` (:mod:`fedsys_launch.deploy.local_deployment`) and the images' SuperExecs as
+``python -m fedsys_launch.deploy.superexec``.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class AppStarter:
 
     ``auth_secret`` is Flower's auth-scope secret of the SuperExec secret, once Flower's
     SuperExec has loaded it (:func:`fedsys_launch.flower_patches.private_task_tokens`):
-    each app process then gets its task's key (:func:`fedsys_launch.runtime_auth.task_key`).
+    each app process then gets its task's key (:func:`fedsys_launch.deploy.runtime_auth.task_key`).
     """
 
     DEVNULL = subprocess.DEVNULL
@@ -148,7 +148,7 @@ class AppStarter:
 
     def Popen(self, args: Sequence[str], stdout: object = None,  # noqa: N802 (subprocess's name)
               stderr: object = None) -> multiprocessing.process.BaseProcess:
-        from fedsys_launch.runtime_auth import task_key
+        from fedsys_launch.deploy.runtime_auth import task_key
 
         multiprocessing.active_children()  # reaps the app processes that have ended
         command = [str(a) for a in args]
@@ -200,7 +200,7 @@ def main() -> None:
     """Start the fork server, then hand over to Flower's ``flower-superexec``."""
     from flwr.supercore.cli import flower_superexec
 
-    from fedsys_launch.console import hand_over
+    from fedsys_launch.process.console import hand_over
 
     apply()
     hand_over("flower-superexec", flower_superexec)
