@@ -45,9 +45,9 @@ VARIANTS = {
 PARTS = [
     ("strategies.rounds", "RoundEngine", "configure_train"),
     ("fedsys_launch.engines.inprocess", "InProcessGrid", "deliver_batched"),
-    ("fedsys_launch.apps.client_app", "BatchTraining", "prepare"),
-    ("fedsys_launch.apps.client_app", "BatchTraining", "train"),
-    ("fedsys_launch.apps.client_app", "BatchTraining", "reply"),
+    ("fedsys_launch.engines.batch_training", "BatchTraining", "prepare"),
+    ("fedsys_launch.engines.batch_training", "BatchTraining", "train"),
+    ("fedsys_launch.engines.batch_training", "BatchTraining", "reply"),
     ("fedsys_launch.engines.inprocess", None, "copy_message"),
     ("strategies.rounds", "RoundEngine", "validate"),
     ("strategies.fedavg", "FedAvgStrategy", "aggregate"),

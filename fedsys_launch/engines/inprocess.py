@@ -84,7 +84,7 @@ ClientAppFn = Callable[[Message, Context], Message]
 
 class Batcher(Protocol):
     """A ClientApp's train handler in parts, so that a round's train instructions are
-    trained together (:class:`fedsys_launch.apps.client_app.BatchTraining` for the fedsys ClientApp)."""
+    trained together (:class:`fedsys_launch.engines.batch_training.BatchTraining` for the fedsys ClientApp)."""
 
     def prepare(self, msg: Message, context: Context) -> Any:
         """``msg`` read on its node, or None: the ClientApp handles it itself."""
@@ -453,7 +453,8 @@ def simulate_inprocess(cfg: RunConfig, verbose: bool = False,
 
     from fedsys import confine
     from fedsys_launch.apps import server_app as server_module
-    from fedsys_launch.apps.client_app import BatchTraining, FedsysClientApp, make_app
+    from fedsys_launch.apps.client_app import FedsysClientApp, make_app
+    from fedsys_launch.engines.batch_training import BatchTraining
 
     if verbose:
         update_console_handler(level=DEBUG, timestamps=True, colored=True)
