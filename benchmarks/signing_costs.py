@@ -9,7 +9,7 @@ timings of ``--number`` calls:
 - *sign + check*: what ``private-task-tokens``/``signed-task-calls`` (or
   ``bound-node-signatures``) add at the two ends: the deterministic serialisation the
   signature covers, its SHA-256, the HMAC, and the check with its nonce
-  (:mod:`fedsys_launch.deploy.runtime_auth`).
+  (:mod:`fedsys_launch.runtime_auth`).
 
 The ratio is the added cost per unit of encoding cost.  Every signed call is also checked
 accepted (and its replay refused), so a figure never comes from a check that did not run.
@@ -27,7 +27,7 @@ import timeit
 
 from flwr.proto.message_pb2 import PushObjectRequest
 
-from fedsys_launch.deploy.runtime_auth import NonceStore, check_task_call, sign_task_call, task_key
+from fedsys_launch.runtime_auth import NonceStore, check_task_call, sign_task_call, task_key
 
 SIZES = {"poll (0 B)": 0, "record (100 KiB)": 100 << 10, "chunk (5 MiB)": 5 << 20}
 

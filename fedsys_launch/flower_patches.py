@@ -107,7 +107,7 @@ PATCHES: dict[str, Patch] = {p.name: p for p in (
           "user reads in /proc/PID/cmdline, and its Runtime calls carry the token alone",
           "the token travels to the app process in memory (fork server or spawn pipe), its "
           "title shows --token ***, and the process signs each Runtime call with a key only "
-          "its SuperExec could derive from the token (fedsys_launch/deploy/runtime_auth.py)",
+          "its SuperExec could derive from the token (fedsys_launch/runtime_auth.py)",
           "a site's local user cannot take the site's tasks (issue 75; security: a target "
           "that does not fit stops the SuperExec)"),
     Patch("signed-task-calls", "flwr.supercore.dependencies.runtime.authenticate_task",
@@ -633,10 +633,10 @@ def private_task_tokens(start: Callable[[], Callable[..., Any]],
 
 def sign_task_calls(keys: Mapping[str, bytes]) -> None:
     """In an app process: sign every Runtime call made with a token of ``keys`` with that
-    token's key (:func:`fedsys_launch.deploy.runtime_auth.sign_task_call`), beside the token."""
+    token's key (:func:`fedsys_launch.runtime_auth.sign_task_call`), beside the token."""
     from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor
 
-    from fedsys_launch.deploy.runtime_auth import sign_task_call
+    from fedsys_launch.runtime_auth import sign_task_call
 
     intercept = RuntimeTokenHttpInterceptor.intercept
 
@@ -678,7 +678,7 @@ def signed_task_calls(environ: Mapping[str, str] = os.environ) -> bool:
     from flwr.supercore.error import ApiErrorCode, FlowerError
     from flwr.supercore.protobuf.translation import get_protobuf_request
 
-    from fedsys_launch.deploy.runtime_auth import NonceStore, check_task_call, task_key
+    from fedsys_launch.runtime_auth import NonceStore, check_task_call, task_key
 
     authenticate = runtime.authenticate_task  # type: ignore[attr-defined]
     nonces = NonceStore()
@@ -736,12 +736,12 @@ def check_task_lease() -> str | None:
 
 def answer_dropped(state: Any, lease_s: float, now: Callable[[], float]) -> list[str]:
     """Give Flower's error reply to each message of ``state`` (a SuperNode's) that waits
-    for a reply its task will not send (:func:`fedsys_launch.deploy.runtime_auth.unanswered`);
+    for a reply its task will not send (:func:`fedsys_launch.runtime_auth.unanswered`);
     the reasons, logged."""
     from flwr.common.constant import Status, SubStatus
     from flwr.supernode.nodestate.in_memory_nodestate import CLIENT_APP_CRASHED_ERROR
 
-    from fedsys_launch.deploy.runtime_auth import unanswered
+    from fedsys_launch.runtime_auth import unanswered
 
     said = []
     for entry in _awaiting_reply(state):
@@ -872,14 +872,14 @@ def check_fleet_ownership() -> str | None:
 
 def fleet_ownership(environ: Mapping[str, str] = os.environ) -> bool:
     """Make the SuperLink's Fleet API serve a node only what was handed to it
-    (:class:`fedsys_launch.deploy.runtime_auth.Ownership`); whether it went in."""
+    (:class:`fedsys_launch.runtime_auth.Ownership`); whether it went in."""
     if not _usable("fleet-ownership", check_fleet_ownership(), environ):
         return False
     from fastapi import HTTPException
     from flwr.common.constant import Status
     from flwr.superlink.servicer.fleet import fleet_handlers as fh
 
-    from fedsys_launch.deploy.runtime_auth import Ownership, reply_refusal
+    from fedsys_launch.runtime_auth import Ownership, reply_refusal
 
     own = Ownership()
     pull_messages, push_messages = fh.pull_messages, fh.push_messages
@@ -982,7 +982,7 @@ def sign_node_requests(environ: Mapping[str, str] = os.environ) -> bool:
     from flwr.supercore.primitives.asymmetric import sign_message
     from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
 
-    from fedsys_launch.deploy.runtime_auth import NODE_BODY, NODE_NONCE, canonical, digest
+    from fedsys_launch.runtime_auth import NODE_BODY, NODE_NONCE, canonical, digest
 
     def intercept(self: Any, context: Any, call_next: Callable[[Any], Any]) -> Any:
         ts, nonce = now().isoformat(), secrets.token_hex(16)
@@ -1019,7 +1019,7 @@ def bound_node_signatures(environ: Mapping[str, str] = os.environ) -> bool:
     from flwr.supercore.primitives.asymmetric import bytes_to_public_key, verify_signature
     from flwr.superlink.routers.fleet import node_auth
 
-    from fedsys_launch.deploy.runtime_auth import (
+    from fedsys_launch.runtime_auth import (
         MAX_SKEW_S,
         NODE_BODY,
         NODE_NONCE,

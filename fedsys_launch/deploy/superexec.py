@@ -131,7 +131,7 @@ class AppStarter:
 
     ``auth_secret`` is Flower's auth-scope secret of the SuperExec secret, once Flower's
     SuperExec has loaded it (:func:`fedsys_launch.flower_patches.private_task_tokens`):
-    each app process then gets its task's key (:func:`fedsys_launch.deploy.runtime_auth.task_key`).
+    each app process then gets its task's key (:func:`fedsys_launch.runtime_auth.task_key`).
     """
 
     DEVNULL = subprocess.DEVNULL
@@ -148,7 +148,7 @@ class AppStarter:
 
     def Popen(self, args: Sequence[str], stdout: object = None,  # noqa: N802 (subprocess's name)
               stderr: object = None) -> multiprocessing.process.BaseProcess:
-        from fedsys_launch.deploy.runtime_auth import task_key
+        from fedsys_launch.runtime_auth import task_key
 
         multiprocessing.active_children()  # reaps the app processes that have ended
         command = [str(a) for a in args]

@@ -59,8 +59,8 @@ from fedsys_launch.deploy.local_deployment import (
     node_exec_name,
     node_name,
 )
-from fedsys_launch.deploy.runtime_auth import sign_task_call, task_key
 from fedsys_launch.process.supervision import alive
+from fedsys_launch.runtime_auth import sign_task_call, task_key
 
 if TYPE_CHECKING:
     from conftest import FedsysCLI

@@ -1,4 +1,4 @@
-"""fedsys_launch/deploy/runtime_auth.py: the arithmetic of the security patches (task keys, signed
+"""fedsys_launch/runtime_auth.py: the arithmetic of the security patches (task keys, signed
 Runtime calls, the nonce store, the SuperLink's ownership index, a SuperNode's reasons to
 stop waiting for a reply).  Golden values were computed with ``openssl dgst -hmac`` and
 ``sha256sum``, not with the code under test.  That the patches use these on Flower's own
@@ -11,7 +11,7 @@ import hmac
 
 import pytest
 
-from fedsys_launch.deploy import runtime_auth as ra
+from fedsys_launch import runtime_auth as ra
 
 SECRET = b"auth-secret"
 TOKEN = "t0k3n"

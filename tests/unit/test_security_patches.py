@@ -56,7 +56,7 @@ from flwr.supernode.nodestate.in_memory_nodestate import InMemoryNodeState
 from starlette.datastructures import Headers
 
 from fedsys_launch import flower_patches
-from fedsys_launch.deploy import runtime_auth as ra
+from fedsys_launch import runtime_auth as ra
 
 
 @pytest.fixture(autouse=True)

@@ -51,6 +51,23 @@ def test_the_core_imports_nothing_above_it_and_the_sides_not_the_launchers():
         assert not bad, f"{mod} imports {bad} (layer {top} may not)"
 
 
+#: fedsys_launch's rooms, each importing only itself, the rooms after it and the shared
+#: modules at the package's top (config_schema, flower_patches with runtime_auth, recording)
+ROOMS = ("commands", "engines", "deploy", "apps", "process")
+
+
+def test_the_launchers_rooms_import_downward():
+    for mod, deps in _graph().items():
+        parts = mod.split(".")
+        if parts[0] != "fedsys_launch" or len(parts) < 3:
+            continue
+        below = ROOMS[ROOMS.index(parts[1]):]
+        bad = sorted(d for d in deps if d.startswith("fedsys_launch.")
+                     and d.count(".") >= 1 and d.split(".")[1] in ROOMS
+                     and d.split(".")[1] not in below)
+        assert not bad, f"{mod} imports {bad} (room {parts[1]} may import only {below})"
+
+
 def _private_writes(path: Path) -> set[str]:
     """The private attributes (``self._x = ...``, ``self._x += ...``) a file assigns."""
     out: set[str] = set()

@@ -21,7 +21,7 @@ from flwr.supercore.superexec.executor.types import ExecutionSpec
 
 from fedsys_launch import flower_patches
 from fedsys_launch.deploy import superexec
-from fedsys_launch.deploy.runtime_auth import task_key
+from fedsys_launch.runtime_auth import task_key
 
 FLOWER_SUPEREXEC = importlib.import_module("flwr.supercore.cli.flower_superexec")
 
