@@ -69,7 +69,7 @@ from fedsys_launch.engines.actor_isolation import (
     copy_message,
     copy_records,
 )
-from fedsys_launch.flower_patches import task_identity
+from fedsys_launch.flower_patches import set_message_id, task_identity
 
 #: Seeds the node ids (Flower's simulation draws them from ``os.urandom``): the same ids in
 #: every run.  fedsys keys its nodes by partition-id, so no number depends on them.
@@ -269,7 +269,7 @@ class InProcessGrid(Grid):
         ids: list[str] = []
         accepted: list[Message] = []
         for msg in messages:
-            msg.metadata.__dict__["_message_id"] = str(uuid4())
+            set_message_id(msg, str(uuid4()))
             meta = msg.metadata
             if not (meta.reply_to_message_id == "" and meta.ttl > 0 and meta.delivered_at == ""):
                 raise ValueError(f"Invalid message: {msg}")
@@ -351,7 +351,7 @@ class InProcessGrid(Grid):
         pickling gives it, unless ``own``: a reply that nothing else holds (the error
         replies made here, a :class:`Batcher`'s)."""
         if isinstance(reply, Message):
-            reply.metadata.__dict__["_message_id"] = str(uuid4())
+            set_message_id(reply, str(uuid4()))
         if why := reply_refusal(reply, instruction):
             log(ERROR, "Reply of node %s not stored: %s", instruction.metadata.dst_node_id, why)
             return
