@@ -19,7 +19,12 @@ SuperExec).  Everything lives in one deployment directory::
     logs/<component>.log   each component's output
     superlink.db           SuperLink state (runs, registered nodes)
 
-Used by ``fedsys deploy`` (:mod:`fedsys_launch.commands.deploy_cli`) and the deployment tests.
+This module holds the topology, each component's command line and its start and stop;
+the processes are followed through ``/proc`` (:mod:`fedsys_launch.process.supervision`),
+the ``flwr`` CLI is :class:`fedsys_launch.deploy.flwr_cli.FlwrCli` (a deployment's
+:attr:`LocalDeployment.flwr_cli`) and the app it submits is staged by
+:mod:`fedsys_launch.deploy.fab_staging`.  Used by ``fedsys deploy``
+(:mod:`fedsys_launch.commands.deploy_cli`) and the deployment tests.
 """
 
 from __future__ import annotations

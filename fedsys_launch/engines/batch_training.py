@@ -24,11 +24,12 @@ if TYPE_CHECKING:
 
 def _received(call: TrainCall, net: torch.nn.Module,
               decoded: dict[int, tuple[Any, torch.Tensor]] | None = None) -> dict[str, torch.Tensor]:
-    """The weights ``call``'s instruction carries, as :func:`~fedsys_launch.apps.node_model.load_model` would load them into
-    ``net`` (every key, each shape, the model's dtypes; where they do not match, the error
-    :func:`~fedsys_launch.apps.node_model.load_model` raises).  ``decoded`` keeps each array's tensor by its bytes object, so
-    that the instructions of a round that share the server's record decode it once (the
-    tensors are read, never written)."""
+    """The weights ``call``'s instruction carries, as
+    :func:`~fedsys_launch.apps.node_model.load_model` would load them into ``net`` (every
+    key, each shape, the model's dtypes; where they do not match, the error it raises).
+    ``decoded`` keeps each array's tensor by its bytes object, so that the instructions of a
+    round that share the server's record decode it once (the tensors are read, never
+    written)."""
     decoded = {} if decoded is None else decoded
     got = {}
     for k, arr in proto.model_record(call.msg.content).items():
