@@ -31,7 +31,7 @@ FLWR_OLDEST  := 1.41.0
 # IMPORT_AHEAD compiles the heavy modules once before the test workers start, which would
 # otherwise compile them side by side (docs/development.md "Why things are as they are").
 unexport PYTHONDONTWRITEBYTECODE
-IMPORT_AHEAD := -c 'import fedsys_launch.cli, fedsys_launch.client_app, fedsys_launch.server_app, fedsys_launch.simulation, ray, flwr.simulation'
+IMPORT_AHEAD := -c 'import fedsys_launch.commands.cli, fedsys_launch.apps.client_app, fedsys_launch.apps.server_app, fedsys_launch.engines.simulation, ray, flwr.simulation'
 UV_REQ := uv>=0.13.5,<0.14
 UV_REQ_OLDEST := uv>=0.12.20,<0.13
 PIP_CONSTRAINTS = $(shell $(PYTHON) -m pip config list 2>/dev/null \

@@ -70,9 +70,11 @@ WORKLOADS: dict[str, list[Workload]] = {
                  ("one-step, 10 clients", None, ONE_STEP)],
              "make-run": [("make-run FedAvg", "configs/default.yaml", MAKE_RUN),
                           ("make-run FedSeq hop", "configs/default.yaml", MAKE_RUN_SEQ)]}
-#: the ClientApp's steps timed in the actors, by the name of the function in fedsys_launch.client_app
-STEPS = {"_setup": "config + samples", "_load": "model + weights", "run_trainer": "training",
-         "_weights": "reply weights", "train_reply": "reply weights"}
+#: the ClientApp's steps timed in the actors, by the name of the function in
+#: fedsys_launch.apps.client_app (train_reply: fedsys.protocol's; load_model and
+#: weights_record: fedsys_launch.apps.node_model's)
+STEPS = {"_setup": "config + samples", "load_model": "model + weights", "run_trainer": "training",
+         "weights_record": "reply weights", "train_reply": "reply weights"}
 PARTS = ["push", "to the runtime", "queue", "Ray in", "config + samples", "model + weights",
          "training", "reply weights", "ClientApp rest", "Ray out", "store", "to the server"]
 
@@ -85,19 +87,21 @@ def _client_app(trace_dir: str, cfg: Any) -> Any:
     from flwr.clientapp import ClientApp
 
     from fedsys import confine
-    from fedsys_launch.client_app import Admission
+    from fedsys_launch.apps.admission import Admission
 
     app = ClientApp()
     admission = Admission(confine.own_run_policy(cfg))
 
     def timed(msg: Any, context: Any, kind: str) -> Any:
-        import fedsys_launch.client_app as ca
+        import fedsys_launch.apps.client_app as ca
         from fedsys import protocol
+        from fedsys_launch.apps import node_model
 
         if not getattr(ca, "_bench_probes", False):
             ca._bench_probes = True  # type: ignore[attr-defined]
             ca._bench_times = {}  # type: ignore[attr-defined]
-            for mod, name in [(ca, n) for n in STEPS if n != "train_reply"] + [(protocol, "train_reply")]:
+            home = {"train_reply": protocol, "load_model": node_model, "weights_record": node_model}
+            for mod, name in [(home.get(n, ca), n) for n in STEPS]:
                 fn = getattr(mod, name, None)
                 if fn is None:
                     continue
@@ -197,8 +201,8 @@ def child(spec: dict[str, Any], out: Path) -> None:
     sys.path.insert(0, os.getcwd())
     from fedsys import metrics
     from fedsys.config import load_yaml
-    from fedsys_launch.registry import build
-    from fedsys_launch.simulation import simulate
+    from fedsys_launch.config_schema import build
+    from fedsys_launch.engines.simulation import simulate
 
     layers = [load_yaml(ROOT / spec["config"])] if spec["config"] else []
     cfg = build(*layers, {**spec["settings"], "name": "bench", "output-dir": str(out / "runs"),

@@ -9,14 +9,14 @@ clients of 600 samples, all 100 a round.  One run each, one after the other, eac
 - ``inprocess``, one client at a time (``batch-clients=false``);
 - ``inprocess``, batched (the round's clients trained together, ``clients/batched.py``);
 - ``inprocess``, batched, under glibc's default heap (``GLIBC_TUNABLES=""``: the command
-  then leaves the heap alone, ``fedsys_launch/heap.py``): what keeping freed memory gives;
+  then leaves the heap alone, ``fedsys_launch/process/heap.py``): what keeping freed memory gives;
 - with ``--ray-nodes K``, also ``inprocess`` batched on a Ray cluster of K nodes on
   127.0.0.1 (``ray start --head`` and K-1 ``ray start --address``, one CPU each; config key
-  ``ray-address``, ``fedsys_launch/ray_workers.py``): what sending the shares to workers costs;
+  ``ray-address``, ``fedsys_launch/engines/ray_training_workers.py``): what sending the shares to workers costs;
 - the floor: a plain PyTorch loop in this process, one thread, training the same clients
   on the same data one after another (``torch.optim.SGD``, the weighted mean after), with
   no evaluation, no messages, no checkpoints; its heap set as the ``fedsys`` command sets
-  its own (``fedsys_launch.heap.keep_freed_memory``), so that the floor and the engines
+  its own (``fedsys_launch.process.heap.keep_freed_memory``), so that the floor and the engines
   allocate alike;
 - the floor of a round with real messages: the same loop, the broadcast model written to
   an ``ArrayRecord`` and read back once for all the round's clients, and each client's
@@ -124,7 +124,7 @@ def floor(sets: list[str], rounds: int, messages: bool = False, evaluate: bool =
     from fedsys.models import build_model
     from fedsys.params import from_torch, to_torch
     from fedsys.task import client_data, dataset, pick_device, score, test_sets
-    from fedsys_launch.registry import load
+    from fedsys_launch.config_schema import load
 
     torch.set_num_threads(1)
     cfg = load(CONFIG, sets)
@@ -198,7 +198,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.repeat < 1:
         ap.error(f"--repeat {args.repeat}: give 1 or more passes")
-    from fedsys_launch.heap import keep_freed_memory
+    from fedsys_launch.process.heap import keep_freed_memory
 
     keep_freed_memory(os.environ)  # the floor's heap as the command sets its own
     sets = [*(CNN if args.cnn else []), f"num-server-rounds={args.rounds}",
@@ -207,7 +207,7 @@ def main() -> None:
         variants = {k: v for k, v in VARIANTS.items()
                     if not args.only or k in args.only.split(",")}
         if args.ray_nodes > 0:
-            from fedsys_launch.raycluster import ray_cluster, ray_node
+            from fedsys_launch.engines.shared_ray_cluster import ray_cluster, ray_node
 
             root = Path(tempfile.mkdtemp(prefix="fedsys-xr-"))  # short: Ray's socket paths
             stack.callback(shutil.rmtree, root, ignore_errors=True)

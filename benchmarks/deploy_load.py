@@ -46,15 +46,15 @@ sys.path.insert(0, str(ROOT))
 from fedsys import metrics  # noqa: E402
 from fedsys.options import ConfigError  # noqa: E402
 from fedsys_launch import recording  # noqa: E402
-from fedsys_launch.deploy import (  # noqa: E402
+from fedsys_launch.config_schema import build  # noqa: E402
+from fedsys_launch.deploy.local_deployment import (  # noqa: E402
     SERVER_EXEC,
     SUPERLINK,
     LocalDeployment,
-    descendants,
     node_exec_name,
     node_name,
 )
-from fedsys_launch.registry import build  # noqa: E402
+from fedsys_launch.process.supervision import descendants  # noqa: E402
 
 
 def pss_mib(pids: list[int]) -> float:
@@ -123,7 +123,7 @@ def load_case(tmp: Path, n: int, rounds: int, nice: int, per_round: int = 0,
     k = cfg.clients_per_round
     try:
         t0 = time.monotonic()
-        out = dep.flwr_run(ROOT, cfg.to_dict(), timeout=3000)
+        out = dep.flwr_cli.run(ROOT, cfg.to_dict(), timeout=3000)
         run_s = time.monotonic() - t0
     finally:
         sampler.stop.set()
@@ -180,7 +180,7 @@ def faults(tmp: Path, nice: int, n: int = 10, rounds: int = 7) -> list[str]:
     try:
         # (a) a SuperNode killed after round 2, restarted 5 s later
         cfg = config(tmp, "node-restart", n, rounds)
-        proc = dep.submit(ROOT, cfg.to_dict(), tmp / "node-restart.log")
+        proc = dep.flwr_cli.submit(ROOT, cfg.to_dict(), tmp / "node-restart.log")
         wait_round(cfg, 2, proc)
         victim = n // 2
         dep.kill(node_exec_name(victim))
@@ -201,9 +201,9 @@ def faults(tmp: Path, nice: int, n: int = 10, rounds: int = 7) -> list[str]:
                         if held else "**does not hold**"))
         # (b) the SuperLink killed after round 3's checkpoint, restarted, the run resumed
         ref = config(tmp, "reference", n, rounds)
-        dep.flwr_run(ROOT, ref.to_dict(), timeout=1800)
+        dep.flwr_cli.run(ROOT, ref.to_dict(), timeout=1800)
         cut = config(tmp, "superlink-restart", n, rounds)
-        proc = dep.submit(ROOT, cut.to_dict(), tmp / "superlink-restart.log")
+        proc = dep.flwr_cli.submit(ROOT, cut.to_dict(), tmp / "superlink-restart.log")
         wait_round(cut, 3, proc)
         dep.kill(SERVER_EXEC)
         dep.kill(SUPERLINK)
@@ -213,7 +213,7 @@ def faults(tmp: Path, nice: int, n: int = 10, rounds: int = 7) -> list[str]:
         dep.start(SUPERLINK)
         dep.start(SERVER_EXEC)
         dep.wait_online(n, 300)
-        dep.flwr_run(ROOT, {**cut.to_dict(), "resume": True}, timeout=1800)
+        dep.flwr_cli.run(ROOT, {**cut.to_dict(), "resume": True}, timeout=1800)
         a = torch.load(ref.run_dir / "fedavg" / "model.pt", weights_only=True)
         b = torch.load(cut.run_dir / "fedavg" / "model.pt", weights_only=True)
         same = all(torch.equal(a[k], b[k]) for k in a)

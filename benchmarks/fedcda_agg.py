@@ -40,7 +40,7 @@ from fedsys.models import build_model  # noqa: E402
 from fedsys.params import Params, from_torch  # noqa: E402
 from fedsys.validation import ClientUpdate  # noqa: E402
 from fedsys_launch import recording  # noqa: E402
-from fedsys_launch.registry import build  # noqa: E402
+from fedsys_launch.config_schema import build  # noqa: E402
 from strategies.fedavg import FedAvgStrategy  # noqa: E402
 from strategies.fedcda import FedCDAStrategy  # noqa: E402
 

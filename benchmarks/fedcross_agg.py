@@ -46,7 +46,7 @@ from fedsys.models import build_model  # noqa: E402
 from fedsys.params import Params, from_torch, num_bytes  # noqa: E402
 from fedsys.validation import ClientUpdate  # noqa: E402
 from fedsys_launch import recording  # noqa: E402
-from fedsys_launch.registry import build  # noqa: E402
+from fedsys_launch.config_schema import build  # noqa: E402
 from strategies.fedavg import FedAvgStrategy  # noqa: E402
 from strategies.fedcross import FedCrossStrategy  # noqa: E402
 

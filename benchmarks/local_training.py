@@ -83,7 +83,7 @@ def one(method: str, case: str, model_name: str, pool: int) -> dict[str, float]:
     from fedsys.options import parse_group
     from fedsys.params import from_torch, num_bytes
     from fedsys.task import client_data, dataset
-    from fedsys_launch.registry import load
+    from fedsys_launch.config_schema import load
 
     torch.set_num_threads(1)
     cfg = load(ROOT / "configs" / PRESET[method])

@@ -40,7 +40,7 @@ from fedsys.params import from_torch, mean, to_torch  # noqa: E402
 from fedsys.seeding import derive_seed  # noqa: E402
 from fedsys.task import dataset, evaluate, model, partitions  # noqa: E402
 from fedsys_launch import recording  # noqa: E402
-from fedsys_launch.registry import build  # noqa: E402
+from fedsys_launch.config_schema import build  # noqa: E402
 
 
 def plain(cfg: RunConfig) -> list[float]:
@@ -73,7 +73,7 @@ def plain(cfg: RunConfig) -> list[float]:
 
 def flower(cfg: RunConfig) -> tuple[list[float], float]:
     """Per-round times (from the run's metrics) and total wall time, Flower simulation."""
-    from fedsys_launch.simulation import simulate
+    from fedsys_launch.engines.simulation import simulate
 
     t0 = time.perf_counter()
     simulate(cfg)

@@ -6,7 +6,7 @@ load falls on all of them:
 
 * ``own``: the run starts its private Ray cluster and stops it, as a user's run does;
 * ``joined``: ``RAY_ADDRESS`` names a cluster with every core, started once beforehand
-  (:func:`fedsys_launch.raycluster.ray_cluster`);
+  (:func:`fedsys_launch.engines.shared_ray_cluster.ray_cluster`);
 * ``joined-1cpu``: the same with a one-CPU cluster, as the test suite's runs do: Flower
   starts one ClientApp actor per CPU of the cluster, so these runs start one.
 
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fedsys_launch import recording  # noqa: E402
-from fedsys_launch.raycluster import ray_cluster  # noqa: E402
+from fedsys_launch.engines.shared_ray_cluster import ray_cluster  # noqa: E402
 
 RUN = ["--set=dataset=synthetic", "--set=model=mlp", "--set=partition=iid",
        "--set=num-clients=3", "--set=clients-per-round=3", "--set=num-server-rounds=2",

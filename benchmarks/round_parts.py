@@ -2,11 +2,11 @@
 
 ``configs/cross-device.yaml`` (1,000 Fashion-MNIST clients of 60 samples, 100 a round, the
 MLP) on the in-process engine, batched, each variant a fresh process started as the
-``fedsys`` command starts (``fedsys_launch.cli.command``), one after the other.  A wrapper
+``fedsys`` command starts (``fedsys_launch.commands.cli.command``), one after the other.  A wrapper
 times each part of the round (the wrappers add their own small cost to every call); the
 table gives milliseconds a round over rounds 2.. and the run's median ``round-time``:
 
-- ``kept``: the heap as the command sets it (``fedsys_launch/heap.py``);
+- ``kept``: the heap as the command sets it (``fedsys_launch/process/heap.py``);
 - ``default``: glibc's defaults (``GLIBC_TUNABLES=`` set, so the command leaves the heap alone);
 - ``trim-only`` / ``mmap-only``: one of the two thresholds, set by the environment.
 
@@ -44,11 +44,11 @@ VARIANTS = {
 #: the parts timed: (module, owner or None, attribute)
 PARTS = [
     ("strategies.rounds", "RoundEngine", "configure_train"),
-    ("fedsys_launch.inprocess", "InProcessGrid", "deliver_batched"),
-    ("fedsys_launch.client_app", "BatchTraining", "prepare"),
-    ("fedsys_launch.client_app", "BatchTraining", "train"),
-    ("fedsys_launch.client_app", "BatchTraining", "reply"),
-    ("fedsys_launch.inprocess", None, "copy_message"),
+    ("fedsys_launch.engines.inprocess", "InProcessGrid", "deliver_batched"),
+    ("fedsys_launch.engines.batch_training", "BatchTraining", "prepare"),
+    ("fedsys_launch.engines.batch_training", "BatchTraining", "train"),
+    ("fedsys_launch.engines.batch_training", "BatchTraining", "reply"),
+    ("fedsys_launch.engines.inprocess", None, "copy_message"),
     ("strategies.rounds", "RoundEngine", "validate"),
     ("strategies.fedavg", "FedAvgStrategy", "aggregate"),
 ]
@@ -78,7 +78,7 @@ def child(rounds: int, out: str, sets: list[str]) -> None:
         owner = getattr(m, cls) if cls else m
         static = cls is not None and isinstance(vars(owner).get(attr), staticmethod)
         wrap(owner, attr, f"{cls + '.' if cls else ''}{attr}", static)
-    from fedsys_launch import server_app
+    from fedsys_launch.apps import server_app
 
     record = server_app.RoundRecorder.__call__
 
@@ -88,7 +88,7 @@ def child(rounds: int, out: str, sets: list[str]) -> None:
             spent.clear()
 
     server_app.RoundRecorder.__call__ = recorded  # type: ignore[method-assign,assignment]
-    from fedsys_launch.cli import command
+    from fedsys_launch.commands.cli import command
 
     # as the command: the process's heap and OpenMP waiting set, then sys.argv's command
     sys.argv = ["fedsys", "run", str(ROOT / "configs" / "cross-device.yaml"),

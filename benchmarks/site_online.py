@@ -41,8 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedsys_launch.deploy import CONNECTION, _bin  # noqa: E402
-from fedsys_launch.simulation import FLWR_ENV  # noqa: E402
+from fedsys_launch.deploy.flwr_cli import CONNECTION, console_script  # noqa: E402
+from fedsys_launch.process.flower_env import FLWR_ENV  # noqa: E402
 from tests.integration.netns import Netns, unavailable  # noqa: E402
 
 ENV = {**os.environ, **FLWR_ENV}
@@ -114,7 +114,7 @@ def once(holder: Path, do_install: bool, session: list[str] | None = None
                   env={**ENV, "PYTHON": sys.executable})
 
         def flwr_nodes() -> dict[str, str] | None:
-            p = net.run("srv", [_bin("flwr"), "supernode", "list", CONNECTION, "--format",
+            p = net.run("srv", [console_script("flwr"), "supernode", "list", CONNECTION, "--format",
                                 "json"], env={**ENV, "FLWR_HOME": str(kit / "cli")})
             try:
                 return {n["owner-name"] + n["node-id"]: n["status"]

@@ -1,4 +1,4 @@
-"""App processes forked warm (``fedsys_launch.superexec``) against started cold (Flower's own
+"""App processes forked warm (``fedsys_launch.deploy.superexec``) against started cold (Flower's own
 ``flower-superexec``: a fresh interpreter per message), on a real local deployment.
 
 Each arm brings up ``fedsys deploy``'s topology (SuperLink, server SuperExec, N
@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from fedsys_launch import superexec  # noqa: E402
-from fedsys_launch.deploy import LocalDeployment, node_name  # noqa: E402
+from fedsys_launch.deploy import superexec  # noqa: E402
+from fedsys_launch.deploy.local_deployment import LocalDeployment, node_name  # noqa: E402
 
 STRATEGIES = ("fedavg", "fedcross")
 
@@ -60,7 +60,7 @@ def arm(tmp: Path, warm: bool, nodes: int, rounds: int, tag: str) -> dict[str, f
                "local-steps": 5}
         time.sleep(5.0)  # the fork servers' imports are part of start-up, not of the run
         c0, t0 = machine_cpu_s(), time.monotonic()
-        dep.flwr_run(ROOT, cfg, timeout=1800)
+        dep.flwr_cli.run(ROOT, cfg, timeout=1800)
         cpu, wall = machine_cpu_s() - c0, time.monotonic() - t0
         apps = 1 + sum(dep.log_file(node_name(i)).read_text(errors="replace")
                        .count("Receiving:") for i in range(nodes))
@@ -129,7 +129,7 @@ def main() -> None:
             f"{args.rounds} rounds, synthetic data, the MLP: {apps:.0f} app processes a run "
             "(one per message a SuperNode received, and the ServerApp).  Cold: Flower's "
             "`flower-superexec` starts a fresh interpreter for each; warm: "
-            "`fedsys_launch.superexec` forks it from a fork server that imported torch and NumPy "
+            "`fedsys_launch.deploy.superexec` forks it from a fork server that imported torch and NumPy "
             f"once (`FEDSYS_APP_PRELOAD`).  {args.pairs} pairs, arms alternating.\n\n"
             f"{table}\n\n{verdict}\n")
         text = doc.read_text()

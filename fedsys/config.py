@@ -15,7 +15,7 @@ Keys are Flower-style kebab case; nested YAML tables become dotted keys
 :class:`ConfigError` naming the key and what is allowed.
 
 Which method keys exist is a :class:`Schema`, assembled above this module from the
-strategy and trainer registries (``fedsys_launch.registry``); this module imports neither,
+strategy and trainer registries (``fedsys_launch.config_schema``); this module imports neither,
 nor torch.
 """
 
@@ -261,7 +261,7 @@ class CoreOptions:
 class Schema:
     """Every known key: the core keys plus each registered method's declared options.
 
-    Built by :meth:`assemble` from the registries (``fedsys_launch.registry.SCHEMA``).
+    Built by :meth:`assemble` from the registries (``fedsys_launch.config_schema.SCHEMA``).
     """
 
     strategies: tuple[str, ...]
@@ -319,7 +319,7 @@ class Schema:
 
 
 #: The core keys alone (no strategy or trainer registered): for code that needs
-#: no method keys.  Real runs use ``fedsys_launch.registry.SCHEMA``.
+#: no method keys.  Real runs use ``fedsys_launch.config_schema.SCHEMA``.
 CORE_SCHEMA = Schema.assemble((), (), ())
 
 

@@ -42,7 +42,7 @@ variant's overrides may hold ``/``) must lie under ``FEDSYS_ROOTS``.  A site's o
 ClientApp adds it to the directories it may read (:meth:`Policy.reading`).
 
 fedsys's own simulation (``fedsys run`` / ``resume`` / ``seeds``,
-``fedsys_launch.simulation.simulate``) admits the config as well, under the policy of the
+``fedsys_launch.engines.simulation.simulate``) admits the config as well, under the policy of the
 user who writes it and runs the processes: :func:`own_run_policy`, which allows what that
 config names.  It hands Flower app objects built with that policy in process, which no
 run config can name.  Every other way of running the apps (``flwr run`` against any

@@ -75,7 +75,7 @@ class Dataset:
 class Normaliser:
     """A dataset's per-channel normalisation as a value of its own (what
     :meth:`Dataset.normalise` does, without the dataset: sent to a Ray worker,
-    ``fedsys_launch.ray_workers``)."""
+    ``fedsys_launch.engines.ray_training_workers``)."""
 
     mean: tuple[float, ...]
     std: tuple[float, ...]

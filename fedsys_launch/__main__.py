@@ -2,6 +2,6 @@
 
 import sys
 
-from fedsys_launch.cli import command
+from fedsys_launch.commands.cli import command
 
 sys.exit(command())

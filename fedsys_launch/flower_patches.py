@@ -15,8 +15,8 @@ timeouts; a :data:`SECURITY` patch that does not match stops the component inste
 Not patches, because they use Flower's public API only: :func:`fedsys.transport.
 send_and_receive` (a round's messages over ``Grid.push_messages``/``pull_messages``, which
 reads one name of Flower's, the class name ``InMemoryGrid``, to poll its own process
-faster) and the in-process engine's ``Grid`` (:mod:`fedsys_launch.inprocess`).  Not Flower's: the
-shim that keeps a Ray node joining on 127.0.0.1 (``fedsys_launch.raycluster._JOIN_ON_LOOPBACK``,
+faster) and the in-process engine's ``Grid`` (:mod:`fedsys_launch.engines.inprocess`).  Not Flower's: the
+shim that keeps a Ray node joining on 127.0.0.1 (``fedsys_launch.engines.shared_ray_cluster._JOIN_ON_LOOPBACK``,
 for the tests of a two-node cluster on one machine).
 
 ``make test-flwr-next`` runs the unit tests and one simulation against the newest Flower
@@ -35,7 +35,10 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flwr.app import Message
 
 ENV = "FEDSYS_FLOWER_PATCHES"
 _LOG = logging.getLogger("flwr")  # Flower's logger: the WARNING appears where Flower's lines do
@@ -86,10 +89,13 @@ PATCHES: dict[str, Patch] = {p.name: p for p in (
           "the simulation runtime looks for the ServerApp's new messages every 0.1 s",
           "the same loop also wakes the moment a message is stored",
           "about 50 ms a simulated round (benchmarks/client_overhead.py)"),
-    Patch("task-identity", "flwr.supercore.task_identity.TaskIdentity", "1.41, 1.42",
+    Patch("task-identity", "flwr.supercore.task_identity.TaskIdentity, "
+          "flwr.app.metadata.Metadata.message_id", "1.41, 1.42",
           "a Message is made only inside a task of a run, whose identity Flower's runtime "
-          "sets for its app processes",
-          "the in-process engine sets it for the ServerApp and each ClientApp call it makes",
+          "sets for its app processes, and gets its id only where Flower's LinkState "
+          "stores it",
+          "the in-process engine sets it for the ServerApp and each ClientApp call it makes, "
+          "and gives each message it keeps its id (set_message_id)",
           "the in-process engine itself (docs/performance.md, 'The in-process engine'); "
           "without it, engine 'inprocess' runs as engine 'flower'"),
     Patch("orderly-shutdown", "flwr.server.superlink.fleet.vce.backend.raybackend.RayBackend",
@@ -420,7 +426,7 @@ def prompt_dispatch(environ: Mapping[str, str] = os.environ) -> Iterator[bool]:
 
 #: Seconds the Ray backend's ``terminate`` waits for the ClientApp calls in flight to return
 #: before it shuts Ray down; after that it leaves Ray as it is (the process is ending: the
-#: command exits at most 10 s later, ``fedsys_launch.cli.exit_now_if_threads_linger``).
+#: command exits at most 10 s later, ``fedsys_launch.commands.cli.exit_now_if_threads_linger``).
 SHUTDOWN_GRACE_S = 5.0
 #: The parameters of Flower's ``RayBackend`` methods that :func:`orderly_shutdown` wraps.
 BACKEND_PARAMETERS = {"process_message": ("self", "message", "context"), "terminate": ("self",)}
@@ -532,6 +538,7 @@ def orderly_shutdown(environ: Mapping[str, str] = os.environ) -> Iterator[bool]:
 # ------------------------------------------------------------------ task-identity
 
 _IDENTITY = ("_task_id", "_run_id", "_node_id")
+_MESSAGE_ID = "_message_id"  # where Metadata keeps message_id
 
 
 def check_task_identity() -> str | None:
@@ -544,7 +551,26 @@ def check_task_identity() -> str | None:
     missing = [n for n in ("task_id", "run_id", "node_id")
                if getattr(getattr(meta, n, None), "fset", None) is None
                or f"_{n}" not in vars(TaskIdentity)]
-    return f"TaskIdentity has no settable {', '.join(missing)}" if missing else None
+    if missing:
+        return f"TaskIdentity has no settable {', '.join(missing)}"
+    return check_message_ids()
+
+
+def check_message_ids() -> str | None:
+    """Why :func:`set_message_id` cannot be used, or None: Flower's ``Metadata`` keeps its
+    ``message_id`` (a property without a setter) in ``__dict__["_message_id"]``."""
+    try:
+        from flwr.app import Metadata
+    except ImportError as exc:
+        return f"no flwr.app.Metadata ({exc})"
+    prop = vars(Metadata).get("message_id")
+    if not isinstance(prop, property) or prop.fget is None:
+        return "Metadata.message_id is not a property"
+    try:
+        source = inspect.getsource(prop.fget)
+    except (OSError, TypeError):
+        return "Metadata.message_id's source cannot be read"
+    return None if _MESSAGE_ID in source else f"Metadata.message_id does not read {_MESSAGE_ID}"
 
 
 def task_identity_usable(environ: Mapping[str, str] = os.environ) -> bool:
@@ -566,6 +592,13 @@ def task_identity(task_id: int, run_id: int, node_id: int) -> Iterator[None]:
     finally:
         for n, v in zip(_IDENTITY, saved, strict=True):
             setattr(TaskIdentity, n, v)
+
+
+def set_message_id(message: Message, message_id: str) -> None:
+    """Give ``message`` the id ``message_id``, as Flower's LinkState does when it stores a
+    message (``Metadata.message_id`` has no setter): the in-process engine keeps the
+    messages itself (used where :func:`task_identity_usable`, which checks this too)."""
+    message.metadata.__dict__[_MESSAGE_ID] = message_id
 
 
 # ------------------------------------------------------------------ private-task-tokens
@@ -604,7 +637,7 @@ def private_task_tokens(start: Callable[[], Callable[..., Any]],
                         secret: Callable[[bytes], None],
                         environ: Mapping[str, str] = os.environ) -> bool:
     """Route Flower's ``SubprocessExecutor`` through the ``Popen`` that ``start()`` returns
-    (:class:`fedsys_launch.superexec.AppStarter`'s: the token in memory, the title without
+    (:class:`fedsys_launch.deploy.superexec.AppStarter`'s: the token in memory, the title without
     it) and hand ``secret`` the SuperExec secret Flower's ``flower-superexec`` loads (the
     task keys are made from it); whether it went in."""
     if not _usable("private-task-tokens", check_private_tokens(), environ):
@@ -1123,6 +1156,7 @@ __all__ = [
     "check_dispatch",
     "check_executor",
     "check_fleet_ownership",
+    "check_message_ids",
     "check_node_signatures",
     "check_orderly_shutdown",
     "check_private_tokens",
@@ -1138,6 +1172,7 @@ __all__ = [
     "orderly_shutdown",
     "private_task_tokens",
     "prompt_dispatch",
+    "set_message_id",
     "sign_node_requests",
     "sign_task_calls",
     "signed_task_calls",

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from fedsys.seeding import derive_seed  # noqa: E402
 from fedsys.task import partitions  # noqa: E402
-from fedsys_launch import registry  # noqa: E402
+from fedsys_launch import config_schema  # noqa: E402
 from strategies.nodes import SAMPLE_TAG  # noqa: E402
 
 
@@ -46,7 +46,7 @@ def binds(claims: list[int], share: float, ratio: float) -> tuple[bool, bool]:
 
 def count(preset: str, sets: list[str], share: float, ratio: float) -> tuple[int, int, int]:
     """(rounds, rounds the share cap binds, rounds the ratio binds) of one run."""
-    cfg = registry.load(ROOT / preset, [s for s in sets if not s.startswith("strategy=")])
+    cfg = config_schema.load(ROOT / preset, [s for s in sets if not s.startswith("strategy=")])
     sizes = [len(p) for p in partitions(cfg)]
     n = len(sizes)
     k = min(cfg.clients_per_round or n, n)

@@ -36,7 +36,7 @@ BUDGET=${BUDGET:-570}       # seconds for the whole script: under the device too
 mkdir -p "$OUT" "$WORK"
 if [[ -f .gpu/setup.sh ]]; then source .gpu/setup.sh; fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the checkout, for the scripts' imports
-export FEDSYS=${FEDSYS:-python3 -m fedsys_launch.cli}
+export FEDSYS=${FEDSYS:-python3 -m fedsys_launch.commands.cli}
 start=$SECONDS
 say() { echo "[$((SECONDS - start)) s] $*" | tee -a "$OUT/summary.md"; }
 # the GPU's utilisation while a step runs (nvidia-smi once a second into $WORK/gpu-NAME.csv):

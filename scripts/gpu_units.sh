@@ -11,7 +11,7 @@
 # kill) keeps its folder under $OUT/.tmp: run the script again and it goes on from its last
 # checkpoint (`fedsys resume`; `--set checkpoint-every=k` in EXTRA bounds the rounds lost).
 # On an offline GPU box, first `source .gpu/setup.sh` (../shared/gpu/README.md); FEDSYS then defaults to
-# `python3 -m fedsys_launch.cli`.
+# `python3 -m fedsys_launch.commands.cli`.
 # DEVICE (cuda), GPUS (1: a client's share of the GPU as Ray counts it; 1 starts one ClientApp
 # actor per run, so that 10 runs at once hold 10 actors, not 100) and EXTRA (more --set flags) change
 # the runs; a smoke test on the CPU: DEVICE=cpu GPUS=0 EXTRA="--set samples-per-client=100".
@@ -20,7 +20,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 method=${1:?usage: gpu_units.sh METHOD SETTING...}; shift
-FEDSYS=${FEDSYS:-python3 -m fedsys_launch.cli}
+FEDSYS=${FEDSYS:-python3 -m fedsys_launch.commands.cli}
 OUT=${OUT_RUNS:-runs/$method}
 DEVICE=${DEVICE:-cuda} GPUS=${GPUS:-1} EXTRA=${EXTRA:-}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} FEDSYS OUT method DEVICE GPUS EXTRA
@@ -28,12 +28,12 @@ units=$(STRATEGIES=${STRATEGIES:-} python3 - "$method" "${SEEDS:-0 1 2}" "$@" <<
 import os
 import sys
 from pathlib import Path
-from fedsys_launch import registry
+from fedsys_launch import config_schema
 from fedsys.config import parse_strategy
 method, seeds, settings = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
 keep = os.environ["STRATEGIES"].split()
 for s in settings:
-    cfg = registry.load(Path(f"configs/{method}-{s}.yaml"))
+    cfg = config_schema.load(Path(f"configs/{method}-{s}.yaml"))
     for seed in seeds:
         for v in parse_strategy(cfg.strategy, cfg.schema):
             if keep and v.label not in keep:

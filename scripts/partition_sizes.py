@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from fedsys.partition import size_spread  # noqa: E402
 from fedsys.task import partitions  # noqa: E402
-from fedsys_launch import registry  # noqa: E402
+from fedsys_launch import config_schema  # noqa: E402
 
 #: (preset, the Dirichlet alphas of its rows)
 PRESETS = [("configs/fedcda-fmnist.yaml", (0.1, 0.3, 0.5)),
@@ -41,7 +41,7 @@ def main() -> None:
             for kind in KINDS:
                 spreads = []
                 for seed in (0, 1, 2):
-                    cfg = registry.load(ROOT / preset, [f"partition={kind}",
+                    cfg = config_schema.load(ROOT / preset, [f"partition={kind}",
                                                         f"dirichlet-alpha={alpha}",
                                                         f"seed={seed}"])
                     spreads.append(size_spread(partitions(cfg)))

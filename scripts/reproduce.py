@@ -163,11 +163,11 @@ def pending(exp: Experiment, seed: int | None) -> list[list[str]]:
         return [exp.command(run, seed) for run in exp.runs]
     sys.path.insert(0, str(ROOT))
     from fedsys.config import parse_strategy
-    from fedsys_launch import registry
+    from fedsys_launch import config_schema
 
     out = []
     for run in exp.runs:
-        cfg = registry.load(Path(run.preset), [*run.sets])
+        cfg = config_schema.load(Path(run.preset), [*run.sets])
         out += [exp.command(replace(run, sets=(*run.sets, f"strategy={v.spec}")), seed)
                 for v in parse_strategy(cfg.strategy, cfg.schema)
                 if not record(exp, run, seed, v.label).exists()]
@@ -177,17 +177,17 @@ def pending(exp: Experiment, seed: int | None) -> list[list[str]]:
 def strategies_of(exp: Experiment) -> int:
     """How many strategy records one seed of ``exp`` archives (its presets' strategies)."""
     sys.path.insert(0, str(ROOT))
-    from fedsys_launch import registry
+    from fedsys_launch import config_schema
 
-    return sum(len(registry.load(Path(r.preset), [*r.sets]).variants()) for r in exp.runs)
+    return sum(len(config_schema.load(Path(r.preset), [*r.sets]).variants()) for r in exp.runs)
 
 
 def strategy_dirs(exp: Experiment, run: Run, seed: int | None) -> dict[str, tuple[Path, int]]:
     """Each strategy of ``run``'s directory for ``seed`` under ``runs/`` and its rounds, by label."""
     sys.path.insert(0, str(ROOT))
-    from fedsys_launch import registry
+    from fedsys_launch import config_schema
 
-    cfg = registry.load(Path(run.preset), [a for a in exp.command(run, seed)[3::2] if "=" in a])
+    cfg = config_schema.load(Path(run.preset), [a for a in exp.command(run, seed)[3::2] if "=" in a])
     base = cfg.run_dir / ("" if seed is None else f"seed-{seed}")
     return {label: (base / label, v.num_server_rounds) for label, v in cfg.variants()}
 

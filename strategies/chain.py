@@ -106,7 +106,7 @@ class ChainStrategy(FedsysStrategy):
                 raise ConfigError("chain.order 'list' names partition-ids, which the chain "
                                   "must know before its first hop: pass query_partitions=True "
                                   "(the nodes' ClientApp must answer fedsys's query, as "
-                                  "fedsys_launch.client_app does)")
+                                  "fedsys_launch.apps.client_app does)")
         self.pids: list[int] = []
         self.orders: list[list[int]] = []
         self.warmed = False

@@ -251,7 +251,7 @@ class MethodHooks(Strategy):
     def branch_late_keys(self, rnd: int) -> frozenset[str]:
         """Config keys that have not acted by the end of round ``rnd``: a run branched
         from a checkpoint of that round may set them otherwise than its parent did
-        (``branch-from``, :func:`fedsys_launch.lifecycle.branch_point`).  The strategy's own
+        (``branch-from``, :func:`fedsys_launch.apps.strategy_start.branch_point`).  The strategy's own
         (none by default) and its wrappers'."""
         return self.wrappers.branch_late_keys(rnd)
 

@@ -94,7 +94,7 @@ class RoundSettings:
         partition is the ``partition-id`` its first train reply reports, if any.
         Sampling by partition-id from round 1, the same for a seed whatever node ids
         Flower assigned, needs it on; fedsys's own ServerApp turns it on (its ClientApp
-        answers queries, :mod:`fedsys_launch.client_app`).
+        answers queries, :mod:`fedsys_launch.apps.client_app`).
     train_loss_key : str, default "train_loss"
         The train-reply metric holding the client's training loss (the name Flower's
         app template reports and Flower's ``QFedAvg`` reads; fedsys's own ClientApp

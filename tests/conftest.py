@@ -51,7 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 class SharedRay:
-    """The test process's Ray cluster (``fedsys_launch.raycluster.ray_cluster``), started again
+    """The test process's Ray cluster (``fedsys_launch.engines.shared_ray_cluster.ray_cluster``), started again
     when it no longer answers.
 
     In one CI run a worker's cluster stopped answering part-way (``Connection refused``)
@@ -68,7 +68,7 @@ class SharedRay:
         self.previous_test = "(none)"
 
     def start(self) -> None:
-        from fedsys_launch.raycluster import ray_cluster
+        from fedsys_launch.engines.shared_ray_cluster import ray_cluster
 
         self.root = Path(tempfile.mkdtemp(prefix="fedsys-ray-"))  # short: Ray's socket paths
         self.stack.callback(shutil.rmtree, self.root, ignore_errors=True)
@@ -80,7 +80,7 @@ class SharedRay:
         os.environ["RAY_ADDRESS"] = self.address
 
     def ensure(self, test: str) -> None:
-        from fedsys_launch.simulation import ray_address_problem
+        from fedsys_launch.engines.simulation import ray_address_problem
 
         if not self.address:  # the first slow test of this process
             self.start()
@@ -226,8 +226,8 @@ class FlwrLocal:
     """
 
     def __init__(self, home: Path) -> None:
-        from fedsys_launch.deploy import free_port
-        from fedsys_launch.simulation import FLWR_ENV
+        from fedsys_launch.process.flower_env import FLWR_ENV
+        from fedsys_launch.process.supervision import free_port
 
         self.home = home
         self.home.mkdir()
@@ -257,7 +257,7 @@ class FlwrLocal:
 
     def stop(self) -> list[int]:
         """SIGTERM every process started under this home; return their PIDs."""
-        from fedsys_launch.deploy import descendants
+        from fedsys_launch.process.supervision import descendants
 
         daemons = [d for p in _procs_mentioning(str(self.home)) for d in descendants(p)]
         for pid in daemons:
@@ -299,8 +299,8 @@ class FedsysCLI:
 
     def run(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         """Run ``fedsys ARGS`` to the end, with Flower's environment as fedsys sets it
-        (``fedsys_launch.simulation.FLWR_ENV``); its exit status and output, not checked."""
-        from fedsys_launch.simulation import FLWR_ENV
+        (``fedsys_launch.process.flower_env.FLWR_ENV``); its exit status and output, not checked."""
+        from fedsys_launch.process.flower_env import FLWR_ENV
 
         return subprocess.run([sys.executable, "-m", "fedsys_launch", *args], cwd=self.cwd,
                               env={**self.env, **FLWR_ENV}, capture_output=True, text=True,
@@ -351,7 +351,7 @@ def module_fedsys_cli(tmp_path_factory: pytest.TempPathFactory) -> FedsysCLI:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item,
                               call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
-    """A failed test that used a deployment (a ``dep`` fixture, ``fedsys_launch.deploy.
+    """A failed test that used a deployment (a ``dep`` fixture, ``fedsys_launch.deploy.local_deployment.
     LocalDeployment``) reports the end of every component's log beside its traceback:
     a deployment's temporary directory is gone by the time CI shows the failure."""
     outcome = yield

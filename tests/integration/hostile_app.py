@@ -1,6 +1,6 @@
 """A ClientApp with one hostile node, for ``test_fuzz.py``.
 
-Every node runs fedsys's own client (``fedsys_launch.client_app``); the node holding partition
+Every node runs fedsys's own client (``fedsys_launch.apps.client_app``); the node holding partition
 :data:`HOSTILE` then replaces its honest train reply with one malformed kind after
 another (:data:`KINDS`, cycling, counted in the node's own ``context.state``), so every
 strategy meets every kind whatever its sampling.  ``dead_app`` is the reference: the same
@@ -14,7 +14,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedsys_launch import client_app as fedsys_client
+from fedsys_launch.apps import client_app as fedsys_client
 
 HOSTILE = 0
 

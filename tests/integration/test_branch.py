@@ -15,9 +15,9 @@ import torch
 
 from fedsys import checkpoint, metrics
 from fedsys.config import ConfigError
-from fedsys_launch.lifecycle import branch_point, kept_checkpoint
-from fedsys_launch.registry import build, make_strategy
-from fedsys_launch.simulation import simulate
+from fedsys_launch.apps.strategy_start import branch_point, kept_checkpoint
+from fedsys_launch.config_schema import build, make_strategy
+from fedsys_launch.engines.simulation import simulate
 
 pytestmark = pytest.mark.slow
 

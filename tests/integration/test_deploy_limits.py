@@ -38,8 +38,9 @@ from typing import TYPE_CHECKING
 import pytest
 import yaml
 
-from fedsys_launch.deploy import STATE_FILE, SUPERLINK, LocalDeployment, _alive
-from fedsys_launch.proxy import MiB
+from fedsys_launch.deploy.local_deployment import STATE_FILE, SUPERLINK, LocalDeployment
+from fedsys_launch.deploy.proxy import MiB
+from fedsys_launch.process.supervision import alive
 
 if TYPE_CHECKING:
     from conftest import FedsysCLI
@@ -79,7 +80,7 @@ def limited_dep(tmp_path_factory: pytest.TempPathFactory, runs: Path,
             pids = sorted(set(pids) | set(LocalDeployment.load(root).all_pids()))
         down = module_fedsys_cli.run("deploy", "down", "--dir", str(root))
     assert down.returncode == 0, down.stdout + down.stderr
-    assert not [p for p in pids if _alive(p)], "processes left running after down"
+    assert not [p for p in pids if alive(p)], "processes left running after down"
 
 
 def _status_kb(pid: int, field: str) -> int:

@@ -52,14 +52,14 @@ from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supernode.fleet_http_client import FleetHttpClient
 from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
 
-from fedsys_launch.deploy import (
-    CONNECTION,
+from fedsys_launch.deploy.flwr_cli import CONNECTION
+from fedsys_launch.deploy.local_deployment import (
     STATE_FILE,
     LocalDeployment,
-    _alive,
     node_exec_name,
     node_name,
 )
+from fedsys_launch.process.supervision import alive
 from fedsys_launch.runtime_auth import sign_task_call, task_key
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def redteam_dep(tmp_path_factory: pytest.TempPathFactory,
             pids = sorted(set(pids) | set(LocalDeployment.load(root).all_pids()))
         down = module_fedsys_cli.run("deploy", "down", "--dir", str(root))
     assert down.returncode == 0, down.stdout + down.stderr
-    assert not [p for p in pids if _alive(p)], "processes left running after down"
+    assert not [p for p in pids if alive(p)], "processes left running after down"
 
 
 def _runtime(dep: LocalDeployment, i: int, *interceptors: Any) -> RuntimeHttpClient:
@@ -162,7 +162,7 @@ def _until(get: Callable[[], Any], timeout: float, what: str) -> Any:
 def _submit(dep: LocalDeployment, cfg: dict[str, object], log: Path
             ) -> Callable[[float], str]:
     """Submit ``cfg`` in the background; a function that waits for it and returns its log."""
-    proc = dep.submit(ROOT, cfg, log)
+    proc = dep.flwr_cli.submit(ROOT, cfg, log)
 
     def wait(timeout: float) -> str:
         proc.wait(timeout=timeout)
@@ -202,7 +202,7 @@ def test_a_token_alone_takes_nothing_and_a_dropped_task_is_given_back(
     node_log = dep.log_file(node_name(0)).read_text()
     assert "its task ended without a reply: error reply sent" in node_log, node_log[-2000:]
     # the node serves the next run: both sites' replies accepted
-    log = dep.flwr_run(ROOT, run_config(dep.root.parent / "runs", "after"), timeout=400)
+    log = dep.flwr_cli.run(ROOT, run_config(dep.root.parent / "runs", "after"), timeout=400)
     assert _ok_clients(log) == [("2", "0")], log[-3000:]
 
 
@@ -316,7 +316,7 @@ def test_a_registered_site_reaches_only_what_was_handed_to_it(
         assert _status(functools.partial(other.PushMessages, push)) == 403
     assert _status(lambda: owner.PullObject(PullObjectRequest(node=Node(node_id=n0), run_id=run,
                                                               object_id=own))) == 200
-    dep.flwr("stop", str(run), CONNECTION)
+    dep.flwr_cli.call("stop", str(run), CONNECTION)
     wait(300)
 
 

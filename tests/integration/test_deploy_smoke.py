@@ -11,7 +11,7 @@ running; a SuperLink nobody listens on fails `deploy run` without a resume hint.
 Runs (`fedsys deploy run`, Fashion-MNIST, the results table, `status` after them) are
 proven over TLS with node authentication in tests/integration/test_deploy_tls.py, on one
 deployment that the same `fedsys deploy up` / `down` start and stop; the two modes differ
-only in the flags `fedsys_launch.deploy.LocalDeployment.command` gives each process
+only in the flags `fedsys_launch.deploy.local_deployment.LocalDeployment.command` gives each process
 (tests/unit/test_deploy_cli.py).  The template shares this module's deployment (each
 deployment costs about 40 s of CPU to start and stop, docs/performance.md).
 """
@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 import pytest
 import yaml
 
-from fedsys_launch.deploy import STATE_FILE, LocalDeployment, _alive, free_port
+from fedsys_launch.deploy.local_deployment import STATE_FILE, LocalDeployment
+from fedsys_launch.process.supervision import alive, free_port
 from tests.integration.test_flower_template import APP, check
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ def plain(tmp_path_factory: pytest.TempPathFactory,
             pids = sorted(set(pids) | set(LocalDeployment.load(root).all_pids()))
         down = module_fedsys_cli.run("deploy", "down", "--dir", str(root))
     assert down.returncode == 0 and "nothing of" in down.stdout, down.stdout + down.stderr
-    assert not [p for p in pids if _alive(p)], "processes left running after down"
+    assert not [p for p in pids if alive(p)], "processes left running after down"
     shutil.rmtree(holder, ignore_errors=True)
 
 
@@ -124,7 +125,7 @@ def test_flowers_template_in_a_deployment(plain: LocalDeployment) -> None:
     """Flower's app template under IMA over FedCDA, 2 rounds on the 2 SuperNodes: every
     reply used, federated accuracy rising, no ERROR, no traceback, no refused reply."""
     # small: in a deployment every message starts a ClientApp process (torch, the data)
-    out = plain.flwr_run(APP, {"strategy": "fedcda+ima", "num-server-rounds": 2}, timeout=400)
+    out = plain.flwr_cli.run(APP, {"strategy": "fedcda+ima", "num-server-rounds": 2}, timeout=400)
     check(out, "fedcda+ima", nodes=NODES, rounds_run=2)
 
 

@@ -55,22 +55,17 @@ from fedsys import checkpoint, metrics
 from fedsys.chain import chain_order
 from fedsys.params import from_torch
 from fedsys.task import model
-from fedsys_launch.deploy import (
-    CONNECTION,
+from fedsys_launch.config_schema import build
+from fedsys_launch.deploy.flwr_cli import CONNECTION, console_script, started_run
+from fedsys_launch.deploy.local_deployment import (
     SERVER_EXEC,
     STATE_FILE,
     SUPERLINK,
     LocalDeployment,
-    _alive,
-    _bin,
-    _signal_all,
-    descendants,
-    free_port,
     node_exec_name,
     node_name,
-    started_run,
 )
-from fedsys_launch.registry import build
+from fedsys_launch.process.supervision import alive, descendants, free_port, signal_all
 
 if TYPE_CHECKING:
     from conftest import FedsysCLI
@@ -129,7 +124,7 @@ def tls_dep(tmp_path_factory: pytest.TempPathFactory,
             pids = sorted(set(pids) | set(LocalDeployment.load(root).all_pids()))
         down = module_fedsys_cli.run("deploy", "down", "--dir", str(root))
     assert down.returncode == 0 and "nothing of" in down.stdout, down.stdout + down.stderr
-    assert not [p for p in pids if _alive(p)], "processes left running after down"
+    assert not [p for p in pids if alive(p)], "processes left running after down"
     shutil.rmtree(holder, ignore_errors=True)
 
 
@@ -173,7 +168,7 @@ def reference(dep: LocalDeployment, tmp_path_factory: pytest.TempPathFactory,
     cfg = run_config(out, "reference", dataset="fashion-mnist", **{
         "local-steps": 30, "test-subset": 2000})
     q0 = _queries(dep)
-    first = dep.submit(ROOT, cfg, out / "first.log")
+    first = dep.flwr_cli.submit(ROOT, cfg, out / "first.log")
     ckpt = out / "reference" / RESUME_STRATEGY / "checkpoint.pt"
     try:
         _wait_for(ckpt.exists, 900, f"the round-1 checkpoint of {RESUME_STRATEGY}", first)
@@ -182,13 +177,13 @@ def reference(dep: LocalDeployment, tmp_path_factory: pytest.TempPathFactory,
                       if b"flwr-serverapp" in Path(f"/proc/{p}/cmdline").read_bytes()]
         dep.kill(SERVER_EXEC)
     finally:
-        _signal_all(descendants(first.pid), signal.SIGKILL)
+        signal_all(descendants(first.pid), signal.SIGKILL)
         first.wait()
     killed_at = checkpoint.load(ckpt)["round"]
     q1 = _queries(dep)
     run_id = started_run((out / "first.log").read_text())
     assert run_id is not None
-    stop = dep.flwr("stop", str(run_id), CONNECTION)  # the dead run: nodes stop working on it
+    stop = dep.flwr_cli.call("stop", str(run_id), CONNECTION)  # the dead run: nodes stop working on it
     dep.start(SERVER_EXEC)
     yaml_file = out / "reference.yaml"
     yaml_file.write_text(yaml.safe_dump(cfg))
@@ -217,7 +212,7 @@ def simulated(reference: Reference, tmp_path_factory: pytest.TempPathFactory) ->
 
 def test_deployment_uses_tls_and_registered_nodes(dep: LocalDeployment) -> None:
     assert "Uvicorn running on https://" in dep.log_file("superlink").read_text()
-    nodes = dep.nodes()
+    nodes = dep.flwr_cli.nodes()
     assert len(nodes) == NODES and all(n["status"] == "online" for n in nodes)
     registered = dep.root / "keys"
     assert sorted(p.name for p in registered.glob("*.pub")) == [
@@ -273,7 +268,7 @@ def _start_node(dep: LocalDeployment, home: Path, key: Path | None, tls_args: li
                 ) -> subprocess.Popen[bytes]:
     home.mkdir(parents=True, exist_ok=True)
     auth = ["--auth-supernode-private-key", str(key)] if key else []
-    args = [_bin("flower-supernode"), *tls_args, *auth, "--superlink", dep.address,
+    args = [console_script("flower-supernode"), *tls_args, *auth, "--superlink", dep.address,
             "--isolation", "process", "--port", str(free_port()), "--max-retries", "2",
             "--node-config", f"partition-id=0 num-partitions={NODES}"]
     with (home / "node.log").open("wb") as log:
@@ -285,14 +280,14 @@ def _wait_exit(p: subprocess.Popen[bytes], timeout: float = 90.0) -> int | None:
     try:
         return p.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _signal_all(descendants(p.pid), signal.SIGKILL)
+        signal_all(descendants(p.pid), signal.SIGKILL)
         p.wait()
         return None
 
 
 def test_unregistered_key_and_missing_ca_are_refused(dep: LocalDeployment,
                                                      tmp_path: Path) -> None:
-    before = {n["node-id"] for n in dep.nodes()}
+    before = {n["node-id"] for n in dep.flwr_cli.nodes()}
     key = tmp_path / "intruder"
     subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f", str(key)],
                    check=True)
@@ -317,10 +312,10 @@ def test_unregistered_key_and_missing_ca_are_refused(dep: LocalDeployment,
     home.mkdir()
     (home / "config.toml").write_text(
         f'[superlink]\ndefault = "x"\n\n[superlink.x]\naddress = "{dep.control_address}"\n')
-    cli = subprocess.run([_bin("flwr"), "ls", "x"], cwd=home, capture_output=True, text=True,
+    cli = subprocess.run([console_script("flwr"), "ls", "x"], cwd=home, capture_output=True, text=True,
                          env={**dep.env, "FLWR_HOME": str(home)}, timeout=120, check=False)
     assert cli.returncode != 0 or "CERTIFICATE_VERIFY_FAILED" in cli.stdout + cli.stderr
-    assert {n["node-id"] for n in dep.nodes()} == before
+    assert {n["node-id"] for n in dep.flwr_cli.nodes()} == before
 
 
 def _flwr_as(home: Path, dep: LocalDeployment, address: str, *args: str,
@@ -330,7 +325,7 @@ def _flwr_as(home: Path, dep: LocalDeployment, address: str, *args: str,
     link = f'root-certificates = "{ca}"' if ca else "insecure = true"
     (home / "config.toml").write_text(
         f'[superlink]\ndefault = "x"\n\n[superlink.x]\naddress = "{address}"\n{link}\n')
-    return subprocess.run([_bin("flwr"), *args], cwd=home, capture_output=True, text=True,
+    return subprocess.run([console_script("flwr"), *args], cwd=home, capture_output=True, text=True,
                           env={**dep.env, "FLWR_HOME": str(home)}, timeout=120, check=False)
 
 
@@ -340,7 +335,7 @@ def test_anyone_on_the_network_reaches_the_fleet_api_only(dep: LocalDeployment,
     holds (the sites' address and ``ca.crt``) the Control API cannot be reached, so no
     key can be registered and no app run; nothing but ``POST /v1/fleet/...`` reaches
     the SuperLink (each of these succeeded on the SuperLink's own port before the proxy)."""
-    nodes, runs = {n["node-id"] for n in dep.nodes()}, {r["run-id"] for r in dep.runs()}
+    nodes, runs = {n["node-id"] for n in dep.flwr_cli.nodes()}, {r["run-id"] for r in dep.flwr_cli.runs()}
     key = tmp_path / "rogue"
     subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f", str(key)],
                    check=True)
@@ -359,8 +354,8 @@ def test_anyone_on_the_network_reaches_the_fleet_api_only(dep: LocalDeployment,
     # the rogue key's SuperNode stays refused: it could not be registered
     p = _start_node(dep, tmp_path / "rogue-node", key, ["--root-certificates", str(dep.ca_cert)])
     assert _wait_exit(p) not in (0, None)
-    assert {n["node-id"] for n in dep.nodes()} == nodes
-    assert {r["run-id"] for r in dep.runs()} == runs
+    assert {n["node-id"] for n in dep.flwr_cli.nodes()} == nodes
+    assert {r["run-id"] for r in dep.flwr_cli.runs()} == runs
     # by hand, certificate checks off: every other path, however spelt, is nginx's 404.
     # A new connection for each request: after an upstream's answer nginx may close a
     # kept-alive connection that the client would otherwise send its next request on
@@ -437,7 +432,7 @@ class _Payload:
 def _refused_run(dep: LocalDeployment, cfg: dict[str, object]) -> str:
     """Submit ``cfg``; it must fail, nothing of it trained; its log."""
     with pytest.raises(RuntimeError, match="finished:failed") as failed:
-        dep.flwr_run(ROOT, cfg, timeout=300)
+        dep.flwr_cli.run(ROOT, cfg, timeout=300)
     return str(failed.value)
 
 
@@ -472,7 +467,7 @@ def test_serverapp_killed_and_restarted_resumes_to_the_same_weights(
     model equals the uninterrupted run's (simulation, which FedAvg shows equal to the
     deployment) bit for bit."""
     assert reference.serverapps, "no flwr-serverapp process under the server SuperExec"
-    assert not [p for p in reference.serverapps if _alive(p)]
+    assert not [p for p in reference.serverapps if alive(p)]
     assert reference.killed_at == 1
     assert reference.stop.startswith("exit 0"), reference.stop
     assert f"[{RESUME_STRATEGY}] resuming after round 1" in reference.log, reference.log[-3000:]
@@ -540,7 +535,7 @@ def _kill_site_while_it_trains(dep: LocalDeployment, proc: subprocess.Popen[str]
         assert proc.wait(timeout=600) == 0, run_log.read_text()[-3000:]
     finally:
         if proc.poll() is None:
-            _signal_all(descendants(proc.pid), signal.SIGKILL)
+            signal_all(descendants(proc.pid), signal.SIGKILL)
             proc.wait()
     return run_log.read_text()
 
@@ -555,7 +550,7 @@ def test_fedelmy_chain_runs_over_tls_in_the_recorded_order(dep: LocalDeployment,
     """A one-shot FedELMY chain over the three SuperNodes (TLS, node authentication):
     the server relays the model hop by hop in the seeded order and records it."""
     _heal(dep)
-    log = dep.flwr_run(ROOT, _chain_config(tmp_path, "chain", **{"chain.order": "permutation"}),
+    log = dep.flwr_cli.run(ROOT, _chain_config(tmp_path, "chain", **{"chain.order": "permutation"}),
                        timeout=900)
     recs = metrics.read_jsonl(tmp_path / "chain" / "fedelmy" / "metrics.jsonl")
     assert [r["round"] for r in recs] == [0, 1, 2, 3], log[-3000:]
@@ -573,7 +568,7 @@ def test_fedelmy_chain_goes_on_when_a_site_dies_mid_hop(dep: LocalDeployment,
     """SuperNode 1 is shut down while it trains its hop: the hop is tried again, then
     skipped, and the chain goes on to client 2 from client 0's model."""
     _heal(dep)
-    proc = dep.submit(ROOT, _chain_config(tmp_path, "chain-kill"), tmp_path / "flwr.log")
+    proc = dep.flwr_cli.submit(ROOT, _chain_config(tmp_path, "chain-kill"), tmp_path / "flwr.log")
     out = _kill_site_while_it_trains(dep, proc, tmp_path / "flwr.log", signal.SIGTERM)
     recs = metrics.read_jsonl(tmp_path / "chain-kill" / "fedelmy" / "metrics.jsonl")[1:]
     assert [(r["client"], r["hop-skipped"]) for r in recs] == [(0, 0), (KILLED, 1), (2, 0)], out[-3000:]
@@ -606,7 +601,7 @@ def test_killed_supernode_round_completes_with_the_others(
     cfg = run_config(tmp_path, "killed", strategy=strategy, **{
         "num-server-rounds": 1,
         "round-timeout": KILL_ROUND_TIMEOUT if how == "crash" else ROUND_TIMEOUT})
-    proc = dep.submit(ROOT, cfg, tmp_path / "flwr.log")
+    proc = dep.flwr_cli.submit(ROOT, cfg, tmp_path / "flwr.log")
     log = dep.log_file(node_name(KILLED))
     out = _kill_site_while_it_trains(dep, proc, tmp_path / "flwr.log",
                                      signal.SIGKILL if how == "crash" else signal.SIGTERM)
@@ -671,5 +666,5 @@ def test_up_right_after_down_brings_the_same_sites_online(dep: LocalDeployment,
                                "--dir", d, "--wait", "50", "--roots", dep.roots)
     assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
     again = LocalDeployment.load(dep.root)
-    assert sorted(n["node-id"] for n in again.nodes() if n["status"] == "online") == ids
+    assert sorted(n["node-id"] for n in again.flwr_cli.nodes() if n["status"] == "online") == ids
 

@@ -24,9 +24,9 @@ from flwr.clientapp import ClientApp
 from fedsys import checkpoint, metrics, protocol
 from fedsys.fedcross import uniform_mean
 from fedsys.params import Params, checksum
-from fedsys_launch import client_app as fedsys_client
-from fedsys_launch.registry import build
-from fedsys_launch.simulation import simulate
+from fedsys_launch.apps import client_app as fedsys_client
+from fedsys_launch.config_schema import build
+from fedsys_launch.engines.simulation import simulate
 from strategies.fedcross import FedCrossStrategy
 
 pytestmark = pytest.mark.slow

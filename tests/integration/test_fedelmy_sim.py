@@ -16,7 +16,7 @@ from fedsys import protocol as proto
 from fedsys.chain import chain_order, relay_model_messages
 from fedsys.params import from_torch
 from fedsys.task import model
-from fedsys_launch.registry import build
+from fedsys_launch.config_schema import build
 
 pytestmark = pytest.mark.slow
 N, PASSES = 3, 2

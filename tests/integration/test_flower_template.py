@@ -47,7 +47,8 @@ from pathlib import Path
 import pytest
 
 from fedsys.config import toml_text
-from fedsys_launch.simulation import FLWR_ENV, ray_init_args
+from fedsys_launch.engines.simulation import ray_init_args
+from fedsys_launch.process.flower_env import FLWR_ENV
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fedsys import metrics
-from fedsys_launch.deploy import _alive
+from fedsys_launch.process.supervision import alive
 
 pytestmark = pytest.mark.slow
 
@@ -35,6 +35,6 @@ def test_flwr_run_dot_uses_the_fedsys_apps_and_run_config(tmp_path, flwr_local):
     assert all(r["clients-ok"] == 3 for r in recs[1:])
     assert recs[-1]["accuracy"] > recs[0]["accuracy"]
     end = time.monotonic() + 15
-    while time.monotonic() < end and any(_alive(p) for p in daemons):
+    while time.monotonic() < end and any(alive(p) for p in daemons):
         time.sleep(0.2)
-    assert not [p for p in daemons if _alive(p)], "local SuperLink still running"
+    assert not [p for p in daemons if alive(p)], "local SuperLink still running"

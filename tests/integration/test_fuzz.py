@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from fedsys import metrics
-from fedsys_launch.registry import build
-from fedsys_launch.simulation import simulate
+from fedsys_launch.config_schema import build
+from fedsys_launch.engines.simulation import simulate
 from tests.integration.hostile_app import HOSTILE, KINDS, app, dead_app
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""fedsys runs on its in-process engine (``engine: inprocess``, ``fedsys_launch/inprocess.py``):
+"""fedsys runs on its in-process engine (``engine: inprocess``, ``fedsys_launch/engines/inprocess.py``):
 the same numbers as Flower's simulation engine, a ClientApp that raises handled as a failed
 client, and no Ray needed (synthetic data).  Resume after SIGKILL on this engine:
 ``test_killed_run.py``; the Grid itself: ``tests/unit/test_inprocess.py``."""
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from fedsys import metrics
-from fedsys_launch.cli import main
-from fedsys_launch.registry import build
-from fedsys_launch.simulation import simulate
+from fedsys_launch.commands.cli import main
+from fedsys_launch.config_schema import build
+from fedsys_launch.engines.simulation import simulate
 from tests.integration.test_simulation import BASE, faulty
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,7 +115,7 @@ def test_a_client_that_raises_is_a_failed_client_and_the_run_goes_on(tmp_path, c
 _RAY_AT_EXIT = """
 import atexit, sys
 atexit.register(lambda: print("RAY-IMPORTED=" + str("ray" in sys.modules)))
-from fedsys_launch.cli import main
+from fedsys_launch.commands.cli import main
 sys.exit(main())
 """
 

@@ -46,8 +46,8 @@ import torch
 import yaml
 
 from fedsys import metrics
-from fedsys_launch.deploy import CONNECTION, _bin
-from fedsys_launch.simulation import FLWR_ENV
+from fedsys_launch.deploy.flwr_cli import CONNECTION, console_script
+from fedsys_launch.process.flower_env import FLWR_ENV
 from tests.integration.netns import Netns, unavailable
 from tests.integration.test_deploy_redteam import NOBODY, SCAN
 
@@ -82,7 +82,7 @@ class Federation:
 
     def flwr(self, *args: str) -> subprocess.CompletedProcess[str]:
         """``flwr ARGS`` with the kit's connection, in the server's namespace."""
-        return self.net.run("srv", [_bin("flwr"), *args], timeout=120,
+        return self.net.run("srv", [console_script("flwr"), *args], timeout=120,
                             env={**ENV, "FLWR_HOME": str(self.kit / "cli")})
 
     def nodes(self) -> dict[int, str]:
@@ -443,7 +443,7 @@ def _supernode_of(site: Path) -> int:
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "fedsys_launch.supernode" in cmd and str(site / "keys") in cmd:
+        if "fedsys_launch.deploy.supernode" in cmd and str(site / "keys") in cmd:
             return int(d.name)
     raise AssertionError(f"no SuperNode of {site} running")
 

@@ -16,8 +16,8 @@ from flwr.clientapp import ClientApp
 from fedsys import metrics
 from fedsys.data import make_synthetic
 from fedsys.models import build_model
-from fedsys_launch.registry import build
-from fedsys_launch.simulation import simulate
+from fedsys_launch.config_schema import build
+from fedsys_launch.engines.simulation import simulate
 from strategies.base import NoUsableUpdateError
 
 pytestmark = pytest.mark.slow

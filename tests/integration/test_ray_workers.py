@@ -1,7 +1,7 @@
 """The in-process engine's workers on an existing Ray cluster (config key ``ray-address``,
-fedsys_launch/ray_workers.py), on a cluster of two nodes on 127.0.0.1: a head started with
+fedsys_launch/engines/ray_training_workers.py), on a cluster of two nodes on 127.0.0.1: a head started with
 ``ray start --head`` and a second node with ``ray start --address=HEAD`` (as a second
-machine would join; ``fedsys_launch.raycluster``), one CPU each.
+machine would join; ``fedsys_launch.engines.shared_ray_cluster``), one CPU each.
 
 A round's clients trained together go to one worker per node, half each, and come back
 as :func:`clients.batched.train_on_devices` gives them with the same two shares on this
@@ -24,8 +24,8 @@ from clients.batched import train_on_devices
 from fedsys import metrics
 from fedsys.data import Normaliser
 from fedsys.models import build_model
-from fedsys_launch.cli import main
-from fedsys_launch.raycluster import ray_cluster, ray_node
+from fedsys_launch.commands.cli import main
+from fedsys_launch.engines.shared_ray_cluster import ray_cluster, ray_node
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def _jobs(n: int) -> tuple[torch.nn.Module, list[dict[str, torch.Tensor]], list[
 
 
 def test_a_round_is_cut_between_the_nodes_and_comes_back_as_trained_here(two_nodes):
-    from fedsys_launch.ray_workers import RayWorkers
+    from fedsys_launch.engines.ray_training_workers import RayWorkers
 
     net, starts, jobs, norm = _jobs(10)
     workers = RayWorkers(two_nodes, "cpu")

@@ -1,4 +1,4 @@
-"""Config key ``save-models`` (``fedsys_launch/server_app.py``): from ``save-models-from`` on,
+"""Config key ``save-models`` (``fedsys_launch/apps/server_app.py``): from ``save-models-from`` on,
 each round's global model and, with ``all``, every client model the round accepted, under
 ``<strategy>/models/``, as ``fedsys landscape`` reads them; read back and held against the
 run's own record and final model."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from fedsys import metrics
-from fedsys_launch.cli import main
+from fedsys_launch.commands.cli import main
 
 
 def test_save_models_all_keeps_each_rounds_global_and_accepted_client_models(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fedsys import metrics
-from fedsys_launch.results import load_seeded
+from fedsys_launch.commands.results import load_seeded
 
 pytestmark = pytest.mark.slow
 SETS = {"dataset": "synthetic", "model": "mlp", "partition": "dirichlet", "num-clients": 3,

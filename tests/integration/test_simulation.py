@@ -17,10 +17,10 @@ from flwr.clientapp import ClientApp
 from fedsys import checkpoint, metrics
 from fedsys import protocol as proto
 from fedsys.task import partitions
-from fedsys_launch import client_app as fedsys_client
-from fedsys_launch.raycluster import ray_cluster
-from fedsys_launch.registry import build
-from fedsys_launch.simulation import simulate
+from fedsys_launch.apps import client_app as fedsys_client
+from fedsys_launch.config_schema import build
+from fedsys_launch.engines.shared_ray_cluster import ray_cluster
+from fedsys_launch.engines.simulation import simulate
 from strategies.fedavg import FedAvgStrategy
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Config key ``tracking`` (fedsys_launch/tracking.py): each round's record in TensorBoard's event
+"""Config key ``tracking`` (fedsys_launch/apps/tracking.py): each round's record in TensorBoard's event
 files, MLflow's store and W&B's offline run files, read back with those libraries' own
 readers and held against ``metrics.jsonl``; a resumed run continues the same tracker run
 without a step twice; nothing is sent beyond the machine."""
@@ -17,7 +17,7 @@ import pytest
 
 from fedsys import metrics
 from fedsys.config import ConfigError
-from fedsys_launch.cli import main
+from fedsys_launch.commands.cli import main
 
 SETS = ["--set", "dataset=synthetic", "--set", "model=mlp", "--set", "num-clients=3",
         "--set", "clients-per-round=3", "--set", "strategy=fedavg,fedprox",
@@ -45,7 +45,7 @@ def _mlflow(out: Path, run_dir: Path, strategy: str) -> tuple[object, object]:
 def _wandb(out: Path, run_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], set[str]]:
     """W&B's own reader over every offline directory of run ``run_id``: its run records,
     history records and files."""
-    from fedsys_launch.tracking import wandb_records
+    from fedsys_launch.apps.tracking import wandb_records
 
     runs, history, files = [], [], set()
     dirs = sorted((out / "wandb").glob(f"offline-run-*-{run_id}"))
@@ -125,7 +125,7 @@ def test_a_run_and_its_resume_are_one_tracker_run_each_round_once(tmp_path: Path
 
 def test_a_tracker_that_is_not_installed_is_refused_before_the_run(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from fedsys_launch import tracking
+    from fedsys_launch.apps import tracking
 
     monkeypatch.setitem(sys.modules, "mlflow", None)  # import mlflow now fails
     assert main(["run", *SETS, "--set", f"output-dir={tmp_path}", "--set", "num-server-rounds=1"]) == 2
@@ -133,7 +133,7 @@ def test_a_tracker_that_is_not_installed_is_refused_before_the_run(
     assert ("config key 'tracking' is all but mlflow is not installed: pip install "
             "'fedsys[tracking]'") in err
     assert not (tmp_path / "default").exists()
-    assert tracking.wanted.__module__ == "fedsys_launch.tracking"
+    assert tracking.wanted.__module__ == "fedsys_launch.apps.tracking"
     with pytest.raises(ConfigError):
         tracking.check(type("C", (), {"tracking": "mlflow"})())
 
@@ -186,7 +186,7 @@ def connect(self, address):
         seen.append(str(address[0])); raise OSError("no network in this test")
     return real_connect(self, address)
 socket.getaddrinfo, socket.socket.connect = getaddrinfo, connect
-from fedsys_launch.cli import main
+from fedsys_launch.commands.cli import main
 code = main(sys.argv[1:])
 import time; time.sleep(3)  # the libraries' background senders start within this
 sys.exit(code)
@@ -195,7 +195,7 @@ sys.exit(code)
 
 def test_the_trackers_send_nothing_beyond_the_machine(tmp_path: Path) -> None:
     """MLflow 3 sends usage telemetry from its import on and W&B 0.31 probes its server
-    from its error reporting, each unless told not to: fedsys tells them (fedsys_launch.tracking.
+    from its error reporting, each unless told not to: fedsys tells them (fedsys_launch.apps.tracking.
     offline).  W&B's own process (wandb-core) is started offline with its system-metrics
     sampler off; this test sees the Python side, where both libraries send from."""
     quiet = {"CI", "GITHUB_ACTIONS", "PYTEST_CURRENT_TEST", "MLFLOW_DISABLE_TELEMETRY",

@@ -13,8 +13,8 @@ from fedsys import attacks, task
 from fedsys import protocol as proto
 from fedsys.config import ConfigError
 from fedsys.params import Params, flatten, from_torch
-from fedsys_launch import client_app
-from fedsys_launch.registry import build
+from fedsys_launch.apps import client_app
+from fedsys_launch.config_schema import build
 
 BASE = {"dataset": "synthetic", "model": "mlp", "num-clients": 4, "clients-per-round": 4,
         "partition": "iid", "local-steps": 2, "batch-size": 16, "lr": 0.05}

@@ -24,7 +24,7 @@ from flwr.common.constant import ErrorCode
 
 from fedsys import protocol
 from fedsys.params import mean
-from fedsys_launch.registry import build
+from fedsys_launch.config_schema import build
 from strategies.base import FedsysStrategy, NodesUnavailableError
 from strategies.exchange import as_returned
 from strategies.fedavg import FedAvgStrategy
@@ -79,7 +79,7 @@ def test_each_node_gets_a_fresh_recorddict_and_the_round_config(reply_grid):
 @pytest.mark.parametrize(("kw", "want"), [({"strategy": "fedavg"}, "sgd"), ({"strategy": "fedprox"}, "fedprox"),
                                           ({"strategy": "fedavg", "trainer": "lss"}, "lss")])
 def test_a_fedsys_run_names_its_trainer_in_the_train_config(reply_grid, kw, want):
-    from fedsys_launch.registry import make_strategy, train_config
+    from fedsys_launch.config_schema import make_strategy, train_config
 
     conf = cfg(**kw)
     s = make_strategy(conf)
@@ -244,7 +244,7 @@ def test_state_dict_roundtrip_and_strategy_check():
 
 
 def test_fedprox_sends_its_trainer_and_mu(reply_grid):
-    from fedsys_launch.registry import train_config
+    from fedsys_launch.config_schema import train_config
     from strategies.fedprox import FedProxStrategy
 
     conf = cfg(**{"fedprox.mu": 0.25})
@@ -506,7 +506,7 @@ class CountingGrid:
 
 
 def test_the_next_strategy_of_a_run_starts_from_the_nodes_answers(reply_grid):
-    """strategies.nodes.Known, shared by a run's strategies (fedsys_launch.server_app.run_experiment):
+    """strategies.nodes.Known, shared by a run's strategies (fedsys_launch.apps.server_app.run_experiment):
     the second strategy asks no node again, samples as if it had asked, and asks only a
     node it has not seen."""
     from strategies.nodes import Known

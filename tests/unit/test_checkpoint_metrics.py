@@ -208,7 +208,7 @@ def test_a_checkpoint_of_another_format_is_refused_with_the_versions_named(tmp_p
 
 def test_a_run_config_that_was_truncated_or_edited_is_refused(tmp_path):
     from fedsys.config import ConfigError, verify_saved
-    from fedsys_launch.registry import build
+    from fedsys_launch.config_schema import build
 
     path = tmp_path / "config.yaml"
     build({"dataset": "synthetic", "model": "mlp", "num-clients": 3,
@@ -371,7 +371,7 @@ def test_a_torn_last_record_is_dropped_and_any_other_bad_line_named(tmp_path):
 
 
 def test_compare_names_a_spoilt_metrics_line_and_run_refuses_empty_seeds(tmp_path, capsys):
-    from fedsys_launch.cli import main
+    from fedsys_launch.commands.cli import main
 
     (tmp_path / "r" / "fedavg").mkdir(parents=True)
     (tmp_path / "r" / "fedavg" / "metrics.jsonl").write_text('{"round": 0\n{"round": 1}\n')

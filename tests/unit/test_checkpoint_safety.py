@@ -18,8 +18,8 @@ import torch
 from fedsys import checkpoint
 from fedsys.fedcda import Layout
 from fedsys.validation import ClientUpdate
-from fedsys_launch.cli import main
-from fedsys_launch.registry import build
+from fedsys_launch.commands.cli import main
+from fedsys_launch.config_schema import build
 from strategies.fedcda import FedCDAStrategy
 
 SYSTEM = f"{os.system.__module__}.system"  # how a pickle names os.system (posix.system)

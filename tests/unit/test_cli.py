@@ -8,7 +8,7 @@ import json
 import pytest
 
 from fedsys import config as cfgmod
-from fedsys_launch.cli import main
+from fedsys_launch.commands.cli import main
 
 
 def test_help_lists_the_commands(capsys):
@@ -80,7 +80,7 @@ def test_missing_dataset_message_says_how_to_get_it(capsys, tmp_path, monkeypatc
 
 
 def test_keys_lists_every_option(capsys):
-    from fedsys_launch.registry import schema
+    from fedsys_launch.config_schema import schema
 
     options = schema().options
 
@@ -155,7 +155,7 @@ def test_asking_for_a_gpu_without_cuda_is_a_config_error(capsys, monkeypatch):
 
 
 def test_a_run_without_any_usable_update_exits_1_with_one_line(monkeypatch, capsys, tmp_path):
-    from fedsys_launch import simulation
+    from fedsys_launch.engines import simulation
     from strategies.base import NoUsableUpdateError
 
     def no_updates(cfg, verbose=False, client_app=None):
@@ -181,7 +181,7 @@ def test_the_simulation_env_reaches_rays_own_config():
     import subprocess
     import sys
 
-    from fedsys_launch.simulation import FLWR_ENV
+    from fedsys_launch.process.flower_env import FLWR_ENV
 
     env = {**os.environ, **FLWR_ENV}
     out = subprocess.run(
@@ -198,7 +198,7 @@ def test_every_ray_setting_in_the_simulation_env_is_a_name_ray_reads():
 
     import ray
 
-    from fedsys_launch.simulation import FLWR_ENV
+    from fedsys_launch.process.flower_env import FLWR_ENV
 
     raylet = (Path(ray.__file__).parent / "core/src/ray/raylet/raylet").read_bytes()
     names = [k for k in FLWR_ENV if k.startswith("RAY_") and k[4:5].islower()]
@@ -216,7 +216,7 @@ def test_a_simulation_joins_the_cluster_ray_address_names_or_starts_its_own():
 
     import ray
 
-    from fedsys_launch.simulation import ray_init_args
+    from fedsys_launch.engines.simulation import ray_init_args
 
     own = ray_init_args({})
     assert own == {"address": "local", "num_cpus": os.cpu_count() or 1,
@@ -259,7 +259,7 @@ def test_a_configured_ray_address_wins_and_a_dead_one_stops_either_engine(monkey
     """Config key ``ray-address`` names the cluster for both engines (the in-process one
     sends its batched clients there), over ``RAY_ADDRESS``; a dead one is refused before
     any engine starts, naming the key."""
-    from fedsys_launch.simulation import ray_address, ray_init_args
+    from fedsys_launch.engines.simulation import ray_address, ray_init_args
 
     env = {"RAY_ADDRESS": "127.0.0.1:6379"}
     assert ray_address(env) == ("127.0.0.1:6379", "RAY_ADDRESS")
@@ -295,7 +295,7 @@ def test_a_ray_address_the_in_process_engine_cannot_use_is_said(tmp_path, caplog
 def test_a_ray_address_that_answers_or_leaves_the_choice_to_ray_is_accepted():
     import socket
 
-    from fedsys_launch.simulation import ray_address_problem
+    from fedsys_launch.engines.simulation import ray_address_problem
 
     with socket.create_server(("127.0.0.1", 0)) as srv:  # something listens there
         port = srv.getsockname()[1]
@@ -313,7 +313,7 @@ def test_a_failed_command_does_not_wait_for_threads_its_run_left_behind():
     import time
 
     code = ("import threading, time\n"
-            "from fedsys_launch.cli import exit_now_if_threads_linger\n"
+            "from fedsys_launch.commands.cli import exit_now_if_threads_linger\n"
             "threading.Thread(target=time.sleep, args=(600,), name='serverapp').start()\n"
             "exit_now_if_threads_linger(1, grace=0.5)\n"
             "print('not reached')\n")
@@ -331,20 +331,20 @@ def test_a_failed_command_does_not_wait_for_threads_its_run_left_behind():
 
 
 def test_the_simulations_app_config_reads_back_as_the_run_config_in_flower(tmp_path):
-    """``fedsys_launch.simulation.write_app_dir``: Flower's own loader gets every value back,
+    """``fedsys_launch.engines.simulation.write_app_dir``: Flower's own loader gets every value back,
     quotes, backslashes and dotted keys included."""
     from flwr.common.config import get_fused_config_from_dir, get_project_config
 
-    from fedsys_launch.registry import build
-    from fedsys_launch.simulation import write_app_dir
+    from fedsys_launch.config_schema import build
+    from fedsys_launch.engines.simulation import write_app_dir
 
     cfg = build({"name": 'a "quoted" \\ name', "about": "line\nbreak", "fedcda.warmup": 2,
                  "strategy": "fedavg,fedcda[fedcda.memory=2]", "lr": 0.05, "resume": True})
     write_app_dir(cfg, tmp_path)
     assert get_fused_config_from_dir(tmp_path, {}) == cfg.to_dict()
     app = get_project_config(tmp_path)["tool"]["flwr"]["app"]
-    assert app["components"] == {"serverapp": "fedsys_launch.server_app:app",
-                                 "clientapp": "fedsys_launch.client_app:app"}
+    assert app["components"] == {"serverapp": "fedsys_launch.apps.server_app:app",
+                                 "clientapp": "fedsys_launch.apps.client_app:app"}
 
 
 @pytest.mark.parametrize(("terminated", "cmd", "rc", "needle"), [
@@ -354,7 +354,7 @@ def test_the_simulations_app_config_reads_back_as_the_run_config_in_flower(tmp_p
     (False, "pretrain", 130, "interrupted; 'fedsys pretrain' stopped"),
 ])
 def test_a_stop_says_what_it_leaves_per_command(terminated, cmd, rc, needle, capsys):
-    from fedsys_launch.cli import stopped
+    from fedsys_launch.commands.cli import stopped
 
     assert stopped(terminated, cmd) == rc
     err = capsys.readouterr().err
@@ -368,7 +368,7 @@ def held_elsewhere(run_dir):
     import subprocess
     import sys
 
-    code = ("import sys; from pathlib import Path; from fedsys_launch.runlock import holding\n"
+    code = ("import sys; from pathlib import Path; from fedsys_launch.process.run_lock import holding\n"
             "with holding(Path(sys.argv[1])):\n"
             "    print('held', flush=True); sys.stdin.read()\n")
     proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdin=subprocess.PIPE,
@@ -387,7 +387,7 @@ def test_a_run_directory_in_use_is_refused_naming_who_runs_it(tmp_path, capsys):
     process that runs it, and the directory is free again once that process ends."""
     import os
 
-    from fedsys_launch.runlock import RUN_LOCK, holding, in_use
+    from fedsys_launch.process.run_lock import RUN_LOCK, holding, in_use
 
     args = ["run", "--set", "dataset=synthetic", "--set", "num-clients=2",
             "--set", "clients-per-round=2", "--set", f"output-dir={tmp_path}",
@@ -421,7 +421,7 @@ def test_a_look_at_a_run_directory_does_not_refuse_a_run_starting_then(tmp_path)
     import fcntl
     import threading
 
-    from fedsys_launch.runlock import PEEK_WAIT_S, RUN_LOCK, holding
+    from fedsys_launch.process.run_lock import PEEK_WAIT_S, RUN_LOCK, holding
 
     run_dir = tmp_path / "looked-at"
     run_dir.mkdir()
@@ -439,8 +439,8 @@ def test_a_servers_run_of_a_directory_in_use_is_refused(tmp_path, capsys):
     """``flwr run`` and ``fedsys deploy run`` start the ServerApp without ``fedsys run``'s
     lock: it takes the lock itself, so a second submission of a running name is refused
     (by ``fedsys deploy run`` before anything is sent), naming the process, writing nothing."""
-    from fedsys_launch.registry import load
-    from fedsys_launch.server_app import run_experiment
+    from fedsys_launch.apps.server_app import run_experiment
+    from fedsys_launch.config_schema import load
 
     cfg = load(None, ["dataset=synthetic", f"output-dir={tmp_path}", "name=busy"])
     with held_elsewhere(cfg.run_dir) as pid:

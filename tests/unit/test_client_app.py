@@ -12,8 +12,8 @@ from clients import TRAINERS
 from fedsys import protocol as proto
 from fedsys import task
 from fedsys.params import Params, from_torch
-from fedsys_launch import client_app
-from fedsys_launch.registry import build
+from fedsys_launch.apps import client_app, node_model
+from fedsys_launch.config_schema import build
 
 CFG = build({"dataset": "synthetic", "model": "mlp", "num-clients": 3, "clients-per-round": 3,
              "partition": "iid", "local-steps": 3, "batch-size": 16, "lr": 0.05,
@@ -40,7 +40,7 @@ def _message(kind: str, pid: int, weights: Params, trainer: str = "sgd") -> Mess
 
 
 def _fresh_process() -> None:
-    client_app._built.cache_clear()
+    node_model.built_model.cache_clear()
     task._client_data.cache_clear()
 
 
@@ -91,10 +91,10 @@ def test_the_kept_model_comes_back_as_a_fresh_one_would():
     them), with every parameter and buffer the message's."""
     _fresh_process()
     ds = task.dataset(CFG)
-    first = client_app._load(CFG, ds, _message("train", 0, _weights(5)))
+    first = node_model.load_model(CFG, ds, _message("train", 0, _weights(5)))
     first.eval()
     sum(p.sum() for p in first.parameters()).backward()
-    again = client_app._load(CFG, ds, _message("train", 0, _weights(7)))
+    again = node_model.load_model(CFG, ds, _message("train", 0, _weights(7)))
     assert again is first and again.training
     assert all(p.grad is None for p in again.parameters())
     want = _weights(7)

@@ -12,13 +12,13 @@ import pytest
 
 from fedsys import config as core
 from fedsys.config import ConfigError, RunConfig
-from fedsys_launch import registry
+from fedsys_launch import config_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = ROOT / "pyproject.toml"
 
 
-SCHEMA = registry.schema()  # the registered methods' schema, as every config is built with
+SCHEMA = config_schema.schema()  # the registered methods' schema, as every config is built with
 DEFAULTS = SCHEMA.defaults
 
 
@@ -41,7 +41,7 @@ def _write(path: Path, text: str) -> Path:
 
 
 def test_build_without_layers_equals_defaults():
-    cfg = registry.build()
+    cfg = config_schema.build()
     assert isinstance(cfg, RunConfig)
     assert cfg.to_dict() == DEFAULTS
     for key, value in DEFAULTS.items():
@@ -54,7 +54,7 @@ def test_defaults_cover_every_option_with_right_type():
     for o in SCHEMA.options:
         assert type(o.default) is o.type, o.key
         # every default passes its own validation
-        assert registry.coerce(o.key, o.default) == o.default
+        assert config_schema.coerce(o.key, o.default) == o.default
 
 
 def test_pyproject_run_config_equals_defaults():
@@ -71,19 +71,19 @@ def test_pyproject_run_config_equals_defaults():
 
 
 def test_from_run_config_empty_equals_defaults():
-    assert registry.from_run_config({}) == registry.build()
-    assert registry.from_run_config({}).to_dict() == DEFAULTS
+    assert config_schema.from_run_config({}) == config_schema.build()
+    assert config_schema.from_run_config({}).to_dict() == DEFAULTS
 
 
 def test_from_run_config_pyproject_table_equals_defaults():
     data = tomllib.loads(PYPROJECT.read_text())
     # Flower hands the table over flattened with dotted keys
     run_config = _flatten(data["tool"]["flwr"]["app"]["config"])
-    assert registry.from_run_config(run_config) == registry.build()
+    assert config_schema.from_run_config(run_config) == config_schema.build()
 
 
 def test_field_names_snake_case_with_double_underscore():
-    cfg = registry.build({"fedprox.mu": 0.2, "num-clients": 7, "clients-per-round": 3})
+    cfg = config_schema.build({"fedprox.mu": 0.2, "num-clients": 7, "clients-per-round": 3})
     assert cfg.get("fedprox.mu") == 0.2
     assert cfg.num_clients == 7
     assert cfg.clients_per_round == 3
@@ -94,12 +94,12 @@ def test_field_names_snake_case_with_double_underscore():
 
 def test_unknown_key_names_key():
     with pytest.raises(ConfigError, match="no-such-key"):
-        registry.build({"no-such-key": 1})
+        config_schema.build({"no-such-key": 1})
 
 
 def test_typo_suggests_close_match():
     with pytest.raises(ConfigError) as exc:
-        registry.build({"num-clinets": 5})
+        config_schema.build({"num-clinets": 5})
     msg = str(exc.value)
     assert "num-clinets" in msg
     assert "num-clients" in msg
@@ -107,7 +107,7 @@ def test_typo_suggests_close_match():
 
 def test_unknown_nested_key_is_dotted():
     with pytest.raises(ConfigError, match=r"fedprox\.nu"):
-        registry.build({"fedprox": {"nu": 0.1}})
+        config_schema.build({"fedprox": {"nu": 0.1}})
 
 
 # ---------------------------------------------------------------------- bad values
@@ -133,7 +133,7 @@ def test_unknown_nested_key_is_dotted():
 )
 def test_wrong_type_rejected_naming_key(key, value):
     with pytest.raises(ConfigError) as exc:
-        registry.build({key: value})
+        config_schema.build({key: value})
     assert f"'{key}'" in str(exc.value)
 
 
@@ -157,7 +157,7 @@ def test_wrong_type_rejected_naming_key(key, value):
 def test_out_of_range_rejected_naming_key_and_rule(key, value):
     opt = SCHEMA.by_key[key]
     with pytest.raises(ConfigError) as exc:
-        registry.build({key: value})
+        config_schema.build({key: value})
     msg = str(exc.value)
     assert f"'{key}'" in msg
     assert opt.rule in msg
@@ -178,7 +178,7 @@ def test_out_of_range_rejected_naming_key_and_rule(key, value):
 )
 def test_bad_choice_lists_allowed_values(key, value, bad):
     with pytest.raises(ConfigError) as exc:
-        registry.build({key: value})
+        config_schema.build({key: value})
     msg = str(exc.value)
     assert f"'{key}'" in msg
     assert repr(bad) in msg
@@ -187,12 +187,12 @@ def test_bad_choice_lists_allowed_values(key, value, bad):
 
 
 def test_good_choices_accepted():
-    cfg = registry.build({"partition": "shards", "strategy": "fedprox", "model": "mlp"})
+    cfg = config_schema.build({"partition": "shards", "strategy": "fedprox", "model": "mlp"})
     assert (cfg.partition, cfg.strategy, cfg.model) == ("shards", "fedprox", "mlp")
 
 
 def test_numeric_strings_and_ints_coerced():
-    cfg = registry.build({"lr": "0.1", "seed": "12", "momentum": 1, "num-clients": 10.0})
+    cfg = config_schema.build({"lr": "0.1", "seed": "12", "momentum": 1, "num-clients": 10.0})
     assert cfg.lr == 0.1 and type(cfg.lr) is float
     assert cfg.seed == 12 and type(cfg.seed) is int
     assert cfg.momentum == 1.0 and type(cfg.momentum) is float
@@ -200,7 +200,7 @@ def test_numeric_strings_and_ints_coerced():
 
 
 def test_boundary_values_accepted():
-    cfg = registry.build({"momentum": 1.0, "fraction-evaluate": 0.0, "fedprox.mu": 0.0})
+    cfg = config_schema.build({"momentum": 1.0, "fraction-evaluate": 0.0, "fedprox.mu": 0.0})
     assert cfg.momentum == 1.0
     assert cfg.fraction_evaluate == 0.0
     assert cfg.get("fedprox.mu") == 0.0
@@ -222,7 +222,7 @@ def test_boundary_values_accepted():
     ],
 )
 def test_bool_parsing(value, expected):
-    cfg = registry.build({"resume": value})
+    cfg = config_schema.build({"resume": value})
     assert cfg.resume is expected
 
 
@@ -230,39 +230,39 @@ def test_bool_parsing(value, expected):
 
 
 def test_strategy_list_becomes_comma_string():
-    cfg = registry.build({"strategy": ["fedprox", "fedavg"]})
+    cfg = config_schema.build({"strategy": ["fedprox", "fedavg"]})
     assert cfg.strategy == "fedprox,fedavg"
     assert cfg.strategies == ["fedprox", "fedavg"]
 
 
 def test_strategy_yaml_list(tmp_path):
     path = _write(tmp_path / "exp.yaml", "strategy:\n  - fedavg\n  - fedprox\n")
-    cfg = registry.load(path)
+    cfg = config_schema.load(path)
     assert cfg.strategy == "fedavg,fedprox"
     assert cfg.strategies == ["fedavg", "fedprox"]
 
 
 def test_strategies_strips_spaces():
-    cfg = registry.build({"strategy": " fedavg , fedprox "})
+    cfg = config_schema.build({"strategy": " fedavg , fedprox "})
     assert cfg.strategies == ["fedavg", "fedprox"]
 
 
 def test_default_strategies():
-    assert registry.build().strategies == ["fedavg", "fedprox"]
+    assert config_schema.build().strategies == ["fedavg", "fedprox"]
 
 
 # ------------------------------------------------------------------------- layers
 
 
 def test_later_layer_wins():
-    cfg = registry.build({"lr": 0.1, "seed": 3}, {"lr": 0.2})
+    cfg = config_schema.build({"lr": 0.1, "seed": 3}, {"lr": 0.2})
     assert cfg.lr == 0.2
     assert cfg.seed == 3
 
 
 def test_load_layering_order(tmp_path):
     path = _write(tmp_path / "exp.yaml", "lr: 0.2\nseed: 5\nbatch-size: 64\n")
-    cfg = registry.load(
+    cfg = config_schema.load(
         path,
         overrides=["lr=0.3"],
         run_config={"lr": 0.1, "seed": 1, "num-server-rounds": 7, "batch-size": 16},
@@ -275,7 +275,7 @@ def test_load_layering_order(tmp_path):
 
 
 def test_load_without_yaml(tmp_path):
-    cfg = registry.load(None, overrides=["seed=9"], run_config={"seed": 1, "lr": 0.5})
+    cfg = config_schema.load(None, overrides=["seed=9"], run_config={"seed": 1, "lr": 0.5})
     assert cfg.seed == 9
     assert cfg.lr == 0.5
 
@@ -283,49 +283,49 @@ def test_load_without_yaml(tmp_path):
 def test_nested_yaml_gives_dotted_key(tmp_path):
     path = _write(tmp_path / "exp.yaml", "fedprox:\n  mu: 0.5\nlr: 0.01\n")
     assert core.load_yaml(path) == {"fedprox.mu": 0.5, "lr": 0.01}
-    cfg = registry.load(path)
+    cfg = config_schema.load(path)
     assert cfg.get("fedprox.mu") == 0.5
     assert cfg.to_dict()["fedprox.mu"] == 0.5
 
 
 def test_flat_dotted_yaml_key(tmp_path):
     path = _write(tmp_path / "exp.yaml", "fedprox.mu: 0.25\n")
-    assert registry.load(path).get("fedprox.mu") == 0.25
+    assert config_schema.load(path).get("fedprox.mu") == 0.25
 
 
 def test_override_dotted_key():
-    cfg = registry.load(None, overrides=["fedprox.mu=0.7"])
+    cfg = config_schema.load(None, overrides=["fedprox.mu=0.7"])
     assert cfg.get("fedprox.mu") == 0.7
 
 
 def test_empty_yaml_file_gives_defaults(tmp_path):
     path = _write(tmp_path / "empty.yaml", "")
-    assert registry.load(path) == registry.build()
+    assert config_schema.load(path) == config_schema.build()
 
 
 def test_a_config_file_that_is_not_a_yaml_mapping_is_refused_by_name(tmp_path):
     cases = {"list.yaml": "- 1\n- 2\n", "broken.yaml": "a: [1,\n"}
     for name, text in cases.items():
         with pytest.raises(ConfigError, match=name):
-            registry.load(_write(tmp_path / name, text))
+            config_schema.load(_write(tmp_path / name, text))
     (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(ConfigError, match=r"binary\.yaml cannot be read \(UnicodeDecodeError\)"):
-        registry.load(tmp_path / "binary.yaml")
+        config_schema.load(tmp_path / "binary.yaml")
     with pytest.raises(ConfigError, match="cannot be read"):
-        registry.load(tmp_path)                                       # a directory
+        config_schema.load(tmp_path)                                       # a directory
 
 
 def test_clients_per_round_above_num_clients_rejected():
     with pytest.raises(ConfigError, match="clients-per-round"):
-        registry.build({"num-clients": 4, "clients-per-round": 5})
+        config_schema.build({"num-clients": 4, "clients-per-round": 5})
     # equal is fine
-    cfg = registry.build({"num-clients": 5, "clients-per-round": 5})
+    cfg = config_schema.build({"num-clients": 5, "clients-per-round": 5})
     assert cfg.clients_per_round == cfg.num_clients == 5
 
 
 def test_clients_per_round_checked_after_all_layers():
     # an intermediate layer may violate it as long as the final merge does not
-    cfg = registry.build({"clients-per-round": 30}, {"num-clients": 40})
+    cfg = config_schema.build({"clients-per-round": 30}, {"num-clients": 40})
     assert (cfg.clients_per_round, cfg.num_clients) == (30, 40)
 
 
@@ -333,20 +333,20 @@ def test_clients_per_round_checked_after_all_layers():
 
 
 def test_run_config_is_frozen():
-    cfg = registry.build()
+    cfg = config_schema.build()
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.lr = 1.0  # type: ignore[misc]
 
 
 def test_to_dict_build_roundtrip():
-    cfg = registry.build({"lr": 0.2, "strategy": "fedprox", "fedprox.mu": 0.3})
+    cfg = config_schema.build({"lr": 0.2, "strategy": "fedprox", "fedprox.mu": 0.3})
     d = cfg.to_dict()
     assert list(d) == [o.key for o in SCHEMA.options]
-    assert registry.build(d) == cfg
+    assert config_schema.build(d) == cfg
 
 
 def test_replace_returns_changed_copy():
-    cfg = registry.build()
+    cfg = config_schema.build()
     new = cfg.replace(**{"lr": 0.5, "num-clients": 8, "fedprox.mu": 0.2})
     assert new.lr == 0.5 and new.num_clients == 8 and new.get("fedprox.mu") == 0.2
     assert cfg.lr == DEFAULTS["lr"]  # original untouched
@@ -355,13 +355,13 @@ def test_replace_returns_changed_copy():
 
 def test_replace_validates():
     with pytest.raises(ConfigError, match="'lr'"):
-        registry.build().replace(lr=-1)
+        config_schema.build().replace(lr=-1)
     with pytest.raises(ConfigError, match="clients-per-round"):
-        registry.build().replace(**{"num-clients": 2})
+        config_schema.build().replace(**{"num-clients": 2})
 
 
 def test_save_then_load_reproduces_config(tmp_path):
-    cfg = registry.build(
+    cfg = config_schema.build(
         {
             "name": "exp1",
             "lr": 0.125,
@@ -375,15 +375,15 @@ def test_save_then_load_reproduces_config(tmp_path):
     path = tmp_path / "deep" / "config.yaml"
     cfg.save(path)
     assert path.is_file()
-    again = registry.load(path)
+    again = config_schema.load(path)
     assert again == cfg
     assert again.to_dict() == cfg.to_dict()
 
 
 def test_run_dir_is_absolute(tmp_path):
-    cfg = registry.build({"output-dir": str(tmp_path), "name": "abc"})
+    cfg = config_schema.build({"output-dir": str(tmp_path), "name": "abc"})
     assert cfg.run_dir == tmp_path.resolve() / "abc"
-    assert registry.build().run_dir.is_absolute()
+    assert config_schema.build().run_dir.is_absolute()
 
 
 # ------------------------------------------------------------- overrides and files
@@ -439,12 +439,12 @@ def test_load_yaml_non_mapping(tmp_path):
 def test_load_yaml_unknown_key_rejected_on_build(tmp_path):
     path = _write(tmp_path / "exp.yaml", "lrr: 0.1\n")
     with pytest.raises(ConfigError, match="'lrr'") as exc:
-        registry.load(path)
+        config_schema.load(path)
     assert "'lr'" in str(exc.value)
 
 
 def test_describe_lists_every_key():
-    text = registry.describe()
+    text = config_schema.describe()
     for o in SCHEMA.options:
         assert o.key in text
 
@@ -460,9 +460,9 @@ def test_pyproject_run_config_equals_the_code_defaults():
 
 
 def test_defaults_build_and_are_frozen():
-    cfg = registry.build()
+    cfg = config_schema.build()
     assert cfg.to_dict() == DEFAULTS
-    assert registry.from_run_config({}) == cfg
+    assert config_schema.from_run_config({}) == cfg
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.lr = 1.0  # type: ignore[misc]
 
@@ -470,7 +470,7 @@ def test_defaults_build_and_are_frozen():
 def test_layers_override_in_order(tmp_path):
     y = tmp_path / "e.yaml"
     y.write_text("lr: 0.2\nseed: 4\nfedprox:\n  mu: 0.5\nstrategy: [fedavg, fedprox]\n")
-    cfg = registry.load(y, ["seed=9"], run_config={"lr": 0.3, "batch-size": 64})
+    cfg = config_schema.load(y, ["seed=9"], run_config={"lr": 0.3, "batch-size": 64})
     assert cfg.lr == 0.2  # YAML over Flower's run config
     assert cfg.seed == 9  # --set over YAML
     assert cfg.batch_size == 64  # run config over defaults
@@ -479,9 +479,9 @@ def test_layers_override_in_order(tmp_path):
 
 
 def test_save_and_reload_roundtrip(tmp_path):
-    cfg = registry.build({"lr": 0.125, "name": "x", "resume": True})
+    cfg = config_schema.build({"lr": 0.125, "name": "x", "resume": True})
     cfg.save(tmp_path / "c.yaml")
-    assert registry.load(tmp_path / "c.yaml") == cfg
+    assert config_schema.load(tmp_path / "c.yaml") == cfg
     assert cfg.replace(seed=3).seed == 3 and cfg.replace(seed=3).lr == 0.125
 
 
@@ -502,14 +502,14 @@ def test_save_and_reload_roundtrip(tmp_path):
 )
 def test_bad_keys_and_values_raise_one_clear_error(layer, needles):
     with pytest.raises(ConfigError) as e:
-        registry.build(layer)
+        config_schema.build(layer)
     for n in needles:
         assert n in str(e.value)
 
 
 def test_value_parsing():
-    assert registry.coerce("resume", "true") is True and registry.coerce("resume", "off") is False
-    assert registry.coerce("num-clients", 4.0) == 4 and registry.coerce("lr", "0.5") == 0.5
+    assert config_schema.coerce("resume", "true") is True and config_schema.coerce("resume", "off") is False
+    assert config_schema.coerce("num-clients", 4.0) == 4 and config_schema.coerce("lr", "0.5") == 0.5
     assert core.parse_overrides(["a=1", "b=x y", "c=true", "d="]) == {"a": 1, "b": "x y", "c": True, "d": ""}
     with pytest.raises(ConfigError, match="key=value"):
         core.parse_overrides(["noequals"])
@@ -530,7 +530,7 @@ def test_yaml_problems_are_config_errors(tmp_path):
 
 def test_shipped_configs_are_valid():
     for f in sorted((ROOT / "configs").glob("*.yaml")):
-        registry.load(f)
+        config_schema.load(f)
 
 
 def test_the_config_takes_every_registered_name_and_refuses_others():
@@ -542,15 +542,15 @@ def test_the_config_takes_every_registered_name_and_refuses_others():
     from strategies import REGISTRY
 
     for name in REGISTRY:
-        assert registry.build({"strategy": name}).strategies == [name]
+        assert config_schema.build({"strategy": name}).strategies == [name]
     for name in TRAINERS:
-        assert registry.build({"trainer": name}).trainer == name
+        assert config_schema.build({"trainer": name}).trainer == name
     for name in MODELS:
-        assert registry.build({"model": name}).model == name
+        assert config_schema.build({"model": name}).model == name
     assert tuple(core.MODELS) == tuple(MODELS)
     for key in ("strategy", "trainer", "model"):
         with pytest.raises(ConfigError, match="nosuch"):
-            registry.build({key: "nosuch"})
+            config_schema.build({key: "nosuch"})
 
 
 @pytest.mark.parametrize(
@@ -569,14 +569,14 @@ def test_the_config_takes_every_registered_name_and_refuses_others():
 )
 def test_fedcda_presets_equal_the_documented_commands(preset, overrides):
     """Each per-setting preset is the base config plus the overrides docs/results/fedcda.md ran."""
-    want = registry.load(ROOT / "configs" / "fedcda-fmnist.yaml", overrides)
-    got = registry.load(ROOT / "configs" / f"{preset}.yaml")
+    want = config_schema.load(ROOT / "configs" / "fedcda-fmnist.yaml", overrides)
+    got = config_schema.load(ROOT / "configs" / f"{preset}.yaml")
     assert got == want
 
 
 def test_a_variant_may_name_its_results_directory():
     from fedsys.config import parse_strategy
-    from fedsys_launch.registry import schema
+    from fedsys_launch.config_schema import schema
 
     vs = parse_strategy("fedavg[trainer=lss;lr=0.001] as fedavg+lss, fedavg", schema())
     assert [v.label for v in vs] == ["fedavg+lss", "fedavg"]
@@ -590,8 +590,8 @@ def test_a_variant_may_name_its_results_directory():
 
 def test_seeds_parse_and_each_seed_is_a_run_of_its_own(tmp_path):
     from fedsys.config import parse_seeds
-    from fedsys_launch.cli import seed_config
-    from fedsys_launch.registry import build
+    from fedsys_launch.commands.cli import seed_config
+    from fedsys_launch.config_schema import build
 
     assert parse_seeds("") == [] and parse_seeds("2, 0,1") == [2, 0, 1]
     for bad in ["a", "1,1", "-1"]:
@@ -621,7 +621,7 @@ def test_the_sync_script_makes_the_committed_tables_and_replaces_stale_ones():
     assert spec is not None and spec.loader is not None
     sync = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sync)
-    toml = core.to_toml(registry.schema())
+    toml = core.to_toml(config_schema.schema())
     text = PYPROJECT.read_text()
     assert sync.synced(text, toml) == text
     stale = text.replace("[tool.flwr.app.config.fedavgm]\n", "[tool.flwr.app.config.fedavgm]\nold-key = 1\n")
@@ -652,11 +652,11 @@ def test_bounds_golden(text: str, inside: list[float], outside: list[float]) -> 
 def test_a_run_config_pickles_whole() -> None:
     import pickle
 
-    cfg = registry.load(Path("configs/default.yaml"), ["fedcda.warmup=7", "lr=0.02"])
+    cfg = config_schema.load(Path("configs/default.yaml"), ["fedcda.warmup=7", "lr=0.02"])
     cfg.get("fedcda.warmup")  # its cached reads travel too, and stay right
     back = pickle.loads(pickle.dumps(cfg))
     assert back == cfg and back.to_dict() == cfg.to_dict()
     assert back.get("fedcda.warmup") == 7 and back.group("fedcda") == cfg.group("fedcda")
     # the schema's checks still check
     with pytest.raises(ConfigError, match="lr"):
-        registry.from_run_config({**back.to_dict(), "lr": -1.0})
+        config_schema.from_run_config({**back.to_dict(), "lr": -1.0})

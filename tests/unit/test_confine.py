@@ -17,8 +17,8 @@ from fedsys import confine
 from fedsys import protocol as proto
 from fedsys.config import ConfigError, RunConfig
 from fedsys.data import DEBIAN_FMNIST
-from fedsys_launch import client_app, server_app
-from fedsys_launch.registry import build, from_run_config, schema
+from fedsys_launch.apps import client_app, server_app
+from fedsys_launch.config_schema import build, from_run_config, schema
 
 BASE = {"dataset": "synthetic", "model": "mlp", "num-clients": 2, "clients-per-round": 2,
         "partition": "iid", "strategy": "fedavg"}
@@ -395,7 +395,7 @@ def test_fedsys_run_is_not_confined(tmp_path, monkeypatch, own_ray_cluster):
     user is the operator, both apps (the clients in Ray actors, which inherit this
     environment) admit the config under the policy of its own and the run finishes."""
     from fedsys import metrics
-    from fedsys_launch.cli import main
+    from fedsys_launch.commands.cli import main
 
     data = tmp_path / "data"
     data.mkdir()

@@ -9,7 +9,7 @@ import pty
 import subprocess
 import sys
 
-from fedsys_launch import console
+from fedsys_launch.process import console
 
 ESC = "\x1b["
 
@@ -18,7 +18,7 @@ SCRIPT = """
 import sys
 from flwr.supercore import log
 from logging import INFO, WARNING
-from fedsys_launch.console import plain_when_redirected
+from fedsys_launch.process.console import plain_when_redirected
 plain_when_redirected()
 log(INFO, "round 1 | acc 0.5")
 log(WARNING, "rejected reply")

@@ -13,7 +13,7 @@ from PIL import Image
 
 from fedsys.data import DataError, load_custom, load_dataset
 from fedsys.partition import dirichlet
-from fedsys_launch.cli import main
+from fedsys_launch.commands.cli import main
 
 
 def _npz(root: Path, n_train: int = 60, n_test: int = 20, shape: tuple[int, ...] = (8, 8),

@@ -12,25 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from fedsys_launch import cli
-from fedsys_launch.deploy import (
-    CONNECTION,
+from fedsys_launch.commands import cli
+from fedsys_launch.deploy.errors import DeployError
+from fedsys_launch.deploy.flwr_cli import CONNECTION, connection_toml, run_config_toml
+from fedsys_launch.deploy.local_deployment import (
     PROXY,
     SCRIPTS,
     SERVER_EXEC,
     STATE_FILE,
     SUPERLINK,
     Component,
-    DeployError,
     LocalDeployment,
-    _alive,
-    _session_nice,
-    _start_time,
-    connection_toml,
     node_exec_name,
     node_name,
-    run_config_toml,
 )
+from fedsys_launch.process.supervision import alive, session_nice, start_time
 
 
 def test_run_config_toml_is_what_flower_reads() -> None:
@@ -96,8 +92,8 @@ def test_state_round_trip_and_pid_identity(tmp_path: Path) -> None:
     dep = LocalDeployment(tmp_path, num_nodes=1, tls=True, port=1234, link_port=1235,
                           node_ports=[4321], node_nice=7)
     me = os.getpid()
-    dep.components = {SUPERLINK: Component(["x"], me, _start_time(me)),
-                      SERVER_EXEC: Component(["y"], me, _start_time(me) + 1)}
+    dep.components = {SUPERLINK: Component(["x"], me, start_time(me)),
+                      SERVER_EXEC: Component(["y"], me, start_time(me) + 1)}
     dep.save()
     back = LocalDeployment.load(tmp_path)
     assert (back.port, back.link_port, back.tls, back.node_ports, back.node_nice) == (
@@ -112,14 +108,14 @@ def test_down_stops_components_and_their_descendants(tmp_path: Path) -> None:
     dep = LocalDeployment(tmp_path, num_nodes=1)
     p = subprocess.Popen(["bash", "-c", "sleep 300 & sleep 300 & wait"], start_new_session=True)
     dep.procs[SUPERLINK] = p
-    dep.components[SUPERLINK] = Component(["bash"], p.pid, _start_time(p.pid))
+    dep.components[SUPERLINK] = Component(["bash"], p.pid, start_time(p.pid))
     dep.save()
     end = time.monotonic() + 10
     while len(pids := LocalDeployment.load(tmp_path).all_pids()) < 3:
         assert time.monotonic() < end
         time.sleep(0.05)
     assert LocalDeployment.load(tmp_path).down() == 3  # found again from deploy.json
-    assert not [q for q in pids if _alive(q)]
+    assert not [q for q in pids if alive(q)]
     p.wait(timeout=10)
     assert not LocalDeployment.load(tmp_path).is_running(SUPERLINK)
 
@@ -127,7 +123,7 @@ def test_down_stops_components_and_their_descendants(tmp_path: Path) -> None:
 def test_node_niceness_is_set_on_the_session_too(tmp_path: Path) -> None:
     p = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
-        _session_nice(p.pid, 13)
+        session_nice(p.pid, 13)
         group = Path(f"/proc/{p.pid}/autogroup")
         if group.exists():  # Linux autogroup: sessions share the CPU first
             assert group.read_text().split()[-1] == "13"
@@ -352,7 +348,7 @@ def test_the_staged_app_builds_the_same_fab_from_a_few_files(tmp_path: Path) -> 
     gitignored and non-matching files stay out, and the copy is made once per content."""
     from flwr.cli.build import build_fab_from_disk
 
-    from fedsys_launch.deploy import staged_app
+    from fedsys_launch.deploy.fab_staging import staged_app
 
     app = tmp_path / "app"
     (app / "pkg" / "sub").mkdir(parents=True)
@@ -395,13 +391,13 @@ def test_up_is_not_reported_when_a_superexec_dies_as_its_node_comes_online(
         return [{"node-id": 1, "status": "online"}]
 
     monkeypatch.setattr(dep, "is_running", lambda name: name != node_exec_name(0) or not listed)
-    monkeypatch.setattr(dep, "nodes", online)
+    monkeypatch.setattr(dep.flwr_cli, "nodes", online)
     with pytest.raises(DeployError, match=f"(?s){node_exec_name(0)} exited.*bad secret"):
         dep.wait_online(1, timeout=5, settle=0.01)
     steady = LocalDeployment(tmp_path, num_nodes=1, node_ports=[1001])
     steady.components = dict.fromkeys(steady.names())  # type: ignore[arg-type]
     monkeypatch.setattr(steady, "is_running", lambda name: True)
-    monkeypatch.setattr(steady, "nodes", lambda: [{"node-id": 1, "status": "online"}])
+    monkeypatch.setattr(steady.flwr_cli, "nodes", lambda: [{"node-id": 1, "status": "online"}])
     assert steady.wait_online(1, timeout=5, settle=0.01) == [{"node-id": 1, "status": "online"}]
 
 
@@ -420,7 +416,7 @@ def test_compose_is_secure_and_its_apps_name_nothing_of_the_deployment() -> None
         node = services[name]["command"].split()
         assert "--root-certificates" in node and "--auth-supernode-private-key" in node
     apps = {n: s for n, s in services.items()
-            if "fedsys_launch.superexec" in str(s.get("command", ""))}
+            if "fedsys_launch.deploy.superexec" in str(s.get("command", ""))}
     assert len(apps) == 5, sorted(apps)  # the server's and each site's, cpu and gpu
     for name, svc in apps.items():
         deny = [Path(d) for d in svc.get("environment", {}).get("FEDSYS_DENY", "").split(":")

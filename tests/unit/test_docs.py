@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fedsys_launch import registry
-from fedsys_launch.cli import main
+from fedsys_launch import config_schema
+from fedsys_launch.commands.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -77,7 +77,7 @@ def test_the_readme_links_the_reference():
 def test_the_configuration_page_is_fedsys_keys(capsys):
     assert main(["keys", "--markdown"]) == 0
     printed = capsys.readouterr().out.strip()
-    assert printed == registry.describe_markdown()
+    assert printed == config_schema.describe_markdown()
     page = (ROOT / "docs" / "configuration.md").read_text()
     table = page[page.index("| key | default |"):].strip()
     assert table == printed, ("docs/configuration.md is not what `fedsys keys --markdown` prints: "

@@ -43,8 +43,8 @@ from fedsys.dp import (
 from fedsys.robust import coordinate_median
 from fedsys.seeding import derive_seed
 from fedsys.validation import ClientUpdate
-from fedsys_launch.cli import main
-from fedsys_launch.registry import build, make_strategy
+from fedsys_launch.commands.cli import main
+from fedsys_launch.config_schema import build, make_strategy
 from strategies import REGISTRY
 from strategies.dp import DP, NOISE_TAG
 from strategies.fedavg import FedAvgStrategy

@@ -18,7 +18,7 @@ from fedsys.config import ConfigError
 from fedsys.model_cache import ModelCache
 from fedsys.params import Params, mean
 from fedsys.validation import ClientUpdate
-from fedsys_launch.registry import build
+from fedsys_launch.config_schema import build
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedcda import FedCDAStrategy
 

@@ -19,7 +19,7 @@ from fedsys import fedcross as fc
 from fedsys import protocol
 from fedsys.config import ConfigError
 from fedsys.params import Params, checksum, copy, mean
-from fedsys_launch.registry import build
+from fedsys_launch.config_schema import build
 from strategies.fedcross import FedCrossStrategy
 
 # ---------------------------------------------------------------------- helpers
@@ -566,7 +566,7 @@ def test_state_dict_round_trip_continues_identically(reply_grid):
 
 
 def test_ima_over_fedcross_averages_each_slot(reply_grid):
-    from fedsys_launch.registry import make_strategy
+    from fedsys_launch.config_schema import make_strategy
 
     s = make_strategy(cfg(**{"strategy": "ima", "ima.base": "fedcross", "ima.start-round": 1,
                               "ima.window": 2}))

@@ -18,7 +18,8 @@ import pytest
 from flwr.supercore.corestate.in_memory_corestate import InMemoryCoreState
 from flwr.supercore.corestate.sql_corestate import SqlCoreState
 
-from fedsys_launch import flower_patches, superexec
+from fedsys_launch import flower_patches
+from fedsys_launch.deploy import superexec
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ import pytest
 from fedsys import ima
 from fedsys.params import Params, mean
 from fedsys.validation import ClientUpdate
-from fedsys_launch.registry import build, make_strategy
+from fedsys_launch.config_schema import build, make_strategy
 from strategies import REGISTRY
 from strategies.ima import IMA
 

@@ -15,8 +15,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 
 from fedsys import protocol
 from fedsys.config import ConfigError
-from fedsys_launch import registry
-from fedsys_launch.cli import main
+from fedsys_launch import config_schema
+from fedsys_launch.commands.cli import main
 from strategies import REGISTRY
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedcda import FedCDAStrategy
@@ -81,9 +81,9 @@ def test_fedcross_with_no_option_set_mixes_every_round(reply_grid):
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_every_registered_method_with_no_option_set_starts_for_the_default_run(name):
-    cfg = registry.build({"strategy": name})
+    cfg = config_schema.build({"strategy": name})
     assert cfg.num_server_rounds == ROUNDS
-    registry.make_strategy(cfg)  # prepare(30): no inert option
+    config_schema.make_strategy(cfg)  # prepare(30): no inert option
 
 
 @pytest.mark.parametrize(("make", "needle"), [

@@ -1,4 +1,4 @@
-"""fedsys's in-process Grid (``fedsys_launch/inprocess.py``, ``fedsys_launch/actor_side.py``): node ids and contexts, push, pull and
+"""fedsys's in-process Grid (``fedsys_launch/engines/inprocess.py``, ``fedsys_launch/engines/actor_isolation.py``): node ids and contexts, push, pull and
 send-and-receive with Flower's metadata, error replies as Flower's simulation makes them,
 each node's state across rounds, what a ClientApp call may not change for the server, and
 messages Flower's LinkState refuses or lets expire.  Tiny ClientApps, no torch training."""
@@ -19,11 +19,11 @@ from flwr.common.config import get_fused_config_from_dir
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedsys_launch import inprocess
-from fedsys_launch.actor_side import actor_threads
-from fedsys_launch.inprocess import InProcessGrid, make_grid, node_contexts, node_ids
-from fedsys_launch.registry import load
-from fedsys_launch.simulation import write_app_dir
+from fedsys_launch.config_schema import load
+from fedsys_launch.engines import inprocess
+from fedsys_launch.engines.actor_isolation import actor_threads
+from fedsys_launch.engines.inprocess import InProcessGrid, make_grid, node_contexts, node_ids
+from fedsys_launch.engines.simulation import write_app_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_CONFIG = {"a-key": 1, "b.key": "x"}
@@ -75,7 +75,7 @@ def _train_msg(node: int, ttl: float | None = None, **config: object) -> Message
 
 @pytest.fixture(autouse=True)
 def _server_identity():
-    """The ServerApp's task identity, as :func:`fedsys_launch.inprocess.simulate_inprocess` sets it."""
+    """The ServerApp's task identity, as :func:`fedsys_launch.engines.inprocess.simulate_inprocess` sets it."""
     TaskIdentity.task_id, TaskIdentity.run_id = 1, inprocess.RUN_ID
     TaskIdentity.node_id = SUPERLINK_NODE_ID
 

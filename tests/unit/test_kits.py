@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from fedsys_launch import cli, kits
-from fedsys_launch.deploy import CONNECTION, LocalDeployment
+from fedsys_launch.commands import cli
+from fedsys_launch.deploy import kits
+from fedsys_launch.deploy.flwr_cli import CONNECTION, FlwrCli
+from fedsys_launch.deploy.local_deployment import LocalDeployment
 
 KIT_FILES = {"ca.crt", "site.env", "site.json", "hospital-a.pub", "start.sh", "README",
              "compose.yml"}
@@ -41,14 +43,14 @@ def flwr(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
     """A stand-in for the ``flwr`` CLI: records each call, answers as Flower's JSON does."""
     calls: list[tuple[str, ...]] = []
 
-    def fake(self: LocalDeployment, *args: str, timeout: float = 120.0
+    def fake(self: FlwrCli, *args: str, timeout: float = 120.0
              ) -> subprocess.CompletedProcess[str]:
         calls.append(args)
-        assert (self.cli_home / "config.toml").exists()
+        assert (self.home / "config.toml").exists()
         answer = {"success": True, "node-id": 4711}
         return subprocess.CompletedProcess(["flwr", *args], 0, json.dumps(answer), "")
 
-    monkeypatch.setattr(LocalDeployment, "flwr", fake)
+    monkeypatch.setattr(FlwrCli, "call", fake)
     return calls
 
 
@@ -141,12 +143,12 @@ def test_the_server_kit_starts_the_server_role(
                                               "NGINX": str(stub)})
     assert run.returncode == 0, run.stderr
     lines = calls.read_text().splitlines()
-    link_line = next(x for x in lines if "fedsys_launch.superlink" in x)
+    link_line = next(x for x in lines if "fedsys_launch.deploy.superlink" in x)
     for part in ("--enable-supernode-auth", f"--ssl-certfile {server}/certs/server.pem",
                  f"--host 127.0.0.1 --port {port}", f"--database {server}/superlink.db"):
         assert part in link_line, link_line
     assert any(f"-c {conf}" in x for x in lines)
-    sx = next(x for x in lines if "fedsys_launch.superexec" in x)
+    sx = next(x for x in lines if "fedsys_launch.deploy.superexec" in x)
     assert f"FEDSYS_DENY={server} FEDSYS_ROOTS={tmp_path / 'runs'} " in sx, sx
     assert f"--runtime-api-address 127.0.0.1:{port}" in sx
     # roots holding the kit are refused, as 'fedsys deploy up' refuses them
@@ -214,13 +216,13 @@ def test_add_site_registers_and_writes_a_kit_without_the_private_key(
                          env={**os.environ, "PYTHON": str(stub)}, timeout=30)
     assert run.returncode == 0, run.stderr
     lines = calls.read_text().splitlines()
-    node = next(line for line in lines if "fedsys_launch.supernode" in line)
+    node = next(line for line in lines if "fedsys_launch.deploy.supernode" in line)
     keys = (site / "keys").resolve()
     for part in ("--superlink fl.example.org:9093", f"--auth-supernode-private-key {keys}/hospital-a",
                  f"--superexec-auth-secret-file {keys}/hospital-a.secret",
                  f"--node-config {cfg}", f"--root-certificates {(site / 'kit').resolve()}/ca.crt"):
         assert part in node, node
-    assert any("fedsys_launch.superexec --insecure" in line for line in lines)
+    assert any("fedsys_launch.deploy.superexec --insecure" in line for line in lines)
     # without its keys the site is told what is missing
     run = subprocess.run([str(site / "kit" / "start.sh"), str(tmp_path / "nowhere")],
                          capture_output=True, text=True, env={**os.environ, "PYTHON": str(stub)})
@@ -265,7 +267,7 @@ def test_a_refusal_of_flwr_is_one_line_and_writes_no_kit(
         capsys: pytest.CaptureFixture[str]) -> None:
     answer = subprocess.CompletedProcess(["flwr"], 1, json.dumps(
         {"success": False, "error-message": "Public key already in use.\nsee the log"}), "")
-    monkeypatch.setattr(LocalDeployment, "flwr", lambda self, *a, **k: answer)
+    monkeypatch.setattr(FlwrCli, "call", lambda self, *a, **k: answer)
     rc, _, err = fedsys(capsys, "add-site", str(site / "keys" / "hospital-a.pub"), "--kit",
                         str(server), "--data-dir", "/d")
     assert rc == 2 and err == ("error: could not register hospital-a: Public key already in "
@@ -282,7 +284,7 @@ def test_remove_site_after_flwr_unregister_by_hand_and_a_refusal(
                   str(server), "--data-dir", "/d")[0] == 0
     down = subprocess.CompletedProcess(["flwr"], 1, "", "Connection to the SuperLink is "
                                        "unavailable.\n")
-    monkeypatch.setattr(LocalDeployment, "flwr", lambda self, *a, **k: down)
+    monkeypatch.setattr(FlwrCli, "call", lambda self, *a, **k: down)
     rc, _, err = fedsys(capsys, "remove-site", "hospital-a", "--kit", str(server))
     assert rc == 2 and err == ("error: could not unregister hospital-a (node 4711): "
                                "Connection to the SuperLink is unavailable.\n")
@@ -290,7 +292,7 @@ def test_remove_site_after_flwr_unregister_by_hand_and_a_refusal(
     gone = subprocess.CompletedProcess(["flwr"], 1, json.dumps({
         "success": False, "error-message": "Node 4711 already deleted, not found or "
         "unauthorized deletion attempt."}), "")
-    monkeypatch.setattr(LocalDeployment, "flwr", lambda self, *a, **k: gone)
+    monkeypatch.setattr(FlwrCli, "call", lambda self, *a, **k: gone)
     assert fedsys(capsys, "remove-site", "hospital-a", "--kit", str(server))[0] == 0
     assert (server / "sites" / "hospital-a" / kits.REVOKED).exists()
 

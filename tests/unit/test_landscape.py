@@ -13,7 +13,7 @@ import pytest
 
 from fedsys import landscape as ls
 from fedsys.params import flatten, unflatten
-from fedsys_launch.cli import main
+from fedsys_launch.commands.cli import main
 
 RNG = np.random.default_rng(11)
 

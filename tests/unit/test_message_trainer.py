@@ -19,8 +19,8 @@ from clients.message import chosen_trainer, local_evaluate, local_train
 from fedsys import protocol as proto
 from fedsys import task
 from fedsys.params import from_torch
-from fedsys_launch import client_app
-from fedsys_launch.registry import build
+from fedsys_launch.apps import client_app
+from fedsys_launch.config_schema import build
 
 CFG = build({"dataset": "synthetic", "model": "mlp", "num-clients": 3, "clients-per-round": 3,
              "partition": "iid", "local-steps": 3, "batch-size": 16, "lr": 0.05,

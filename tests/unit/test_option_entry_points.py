@@ -15,9 +15,9 @@ import pytest
 
 from fedsys.config import ConfigError, is_shared, parse_strategy
 from fedsys.options import REGISTERED_STRATEGIES, SWITCH_WORDS, Option
-from fedsys_launch import registry
+from fedsys_launch import config_schema
 
-SCHEMA = registry.schema()
+SCHEMA = config_schema.schema()
 METHOD_OPTIONS = [o for o in SCHEMA.options if "." in o.key]
 SWITCH = {w: True for w, _ in SWITCH_WORDS} | {w: False for _, w in SWITCH_WORDS}
 
@@ -42,14 +42,14 @@ def _strategy_for(o: Option) -> str:
 
 
 def _via_set(key: str, text: str) -> Any:
-    return registry.load(None, [f"{key}={text}"]).get(key)
+    return config_schema.load(None, [f"{key}={text}"]).get(key)
 
 
 def _via_yaml(tmp_path: Path, key: str, text: str) -> Any:
     group, leaf = key.split(".", 1)
     path = tmp_path / "c.yaml"
     path.write_text(f"{group}:\n  {leaf}: {text}\n")
-    return registry.load(path).get(key)
+    return config_schema.load(path).get(key)
 
 
 def _via_variant(o: Option, text: str) -> Any:

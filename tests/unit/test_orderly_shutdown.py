@@ -20,7 +20,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedsys_launch import flower_patches
-from fedsys_launch.simulation import ray_init_args
+from fedsys_launch.engines.simulation import ray_init_args
 
 
 def _message() -> Message:

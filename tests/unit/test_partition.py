@@ -424,7 +424,7 @@ def test_domain_partition_gives_each_client_its_transformed_iid_share():
 
     from fedsys import domains
     from fedsys.task import client_data, dataset, partitions, test_sets
-    from fedsys_launch.registry import build
+    from fedsys_launch.config_schema import build
 
     cfg = build({"dataset": "synthetic", "model": "mlp", "num-clients": 4, "clients-per-round": 4,
                  "partition": "domain", "seed": 2, "test-subset": 50})

@@ -11,8 +11,8 @@ from fedsys import pretrain
 from fedsys.config import ConfigError
 from fedsys.params import from_torch
 from fedsys.task import client_data, dataset, holdout, initial_params, model, partitions
-from fedsys_launch.pretrain_tool import pretrain as run_pretrain
-from fedsys_launch.registry import build
+from fedsys_launch.commands.pretrain import pretrain as run_pretrain
+from fedsys_launch.config_schema import build
 
 BASE = {"dataset": "synthetic", "model": "mlp", "num-clients": 4, "clients-per-round": 4,
         "partition": "dirichlet", "seed": 1}

@@ -1,4 +1,4 @@
-"""What the ``fedsys`` command sets for its own process (``fedsys_launch.cli.command``, the
+"""What the ``fedsys`` command sets for its own process (``fedsys_launch.commands.cli.command``, the
 console script's entry point): OpenMP threads that wait passively (a user's own setting
 kept), glibc's heap keeping freed memory (a user's own setting kept), and the heap frozen
 once after a run's first round.  ``main(argv)`` sets none of it, with or without ``argv``."""
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from fedsys_launch import heap
+from fedsys_launch.process import heap
 
 SHOW = """
 import os, sys
 sys.argv = ["fedsys", "keys"]
-from fedsys_launch import cli
+from fedsys_launch.commands import cli
 import contextlib, io
 with contextlib.redirect_stdout(io.StringIO()):
     cli.ENTRY()
@@ -40,13 +40,13 @@ def test_the_command_makes_openmp_wait_passively_unless_told(entry, given, want)
 def test_the_console_script_and_python_m_are_the_command():
     root = Path(__file__).resolve().parents[2]
     scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts == {"fedsys": "fedsys_launch.cli:command"}
+    assert scripts == {"fedsys": "fedsys_launch.commands.cli:command"}
     assert "sys.exit(command())" in (root / "fedsys_launch" / "__main__.py").read_text()
 
 
 FREEZE = """
 import gc
-from fedsys_launch import server_app
+from fedsys_launch.apps import server_app
 calls = []
 real = gc.collect
 gc.collect = lambda *a: calls.append(1) or real(*a)
@@ -67,11 +67,11 @@ def test_the_heap_is_collected_and_frozen_once_per_process():
 HEAP = """
 import ctypes, os, sys
 sys.argv = ["fedsys", "keys"]
-from fedsys_launch import heap
+from fedsys_launch.process import heap
 calls = []
 real = heap.keep_freed_memory
 heap.keep_freed_memory = lambda env: calls.append(real(env)) or calls[-1]
-from fedsys_launch.cli import command
+from fedsys_launch.commands.cli import command
 import contextlib, io
 with contextlib.redirect_stdout(io.StringIO()):
     command()

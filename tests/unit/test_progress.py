@@ -1,10 +1,10 @@
-"""The progress line's ETAs (fedsys_launch.server_app.etas)."""
+"""The progress line's ETAs (fedsys_launch.apps.server_app.etas)."""
 
 from __future__ import annotations
 
 import pytest
 
-from fedsys_launch.server_app import etas
+from fedsys_launch.apps.server_app import etas
 
 
 def test_the_run_eta_adds_the_later_strategies_rounds_at_this_pace():

@@ -1,4 +1,4 @@
-"""The sites' port (:mod:`fedsys_launch.proxy`): nginx forwards Flower's Fleet API and nothing else.
+"""The sites' port (:mod:`fedsys_launch.deploy.proxy`): nginx forwards Flower's Fleet API and nothing else.
 
 A real nginx in front of a stand-in upstream on loopback that records every request it
 gets: the Fleet API's ``POST /v1/fleet/<endpoint>`` reaches it, unchanged; the Control
@@ -23,8 +23,8 @@ from typing import ClassVar
 
 import pytest
 
-from fedsys_launch.deploy import SCRIPTS, free_port, nginx_bin, wait_port
-from fedsys_launch.proxy import (
+from fedsys_launch.deploy.local_deployment import SCRIPTS, nginx_bin
+from fedsys_launch.deploy.proxy import (
     FLEET_PATH,
     MiB,
     ProxyLimits,
@@ -36,6 +36,7 @@ from fedsys_launch.proxy import (
     parse_size,
     write_conf,
 )
+from fedsys_launch.process.supervision import free_port, wait_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -169,7 +170,7 @@ def test_the_tls_configuration_is_valid_nginx(tmp_path: Path) -> None:
 
 
 def test_no_nginx_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fedsys_launch.deploy import DeployError
+    from fedsys_launch.deploy.errors import DeployError
     monkeypatch.setattr(shutil, "which", lambda _name: None)
     monkeypatch.setattr(Path, "exists", lambda _self: False)
     with pytest.raises(DeployError, match=r"nginx is not installed.*apt-get install nginx-light"):
@@ -327,8 +328,8 @@ def test_a_deployment_renders_its_cap(tmp_path: Path, monkeypatch: pytest.Monkey
     """``fedsys deploy up --max-body`` reaches the proxy's configuration and ``deploy.json``;
     without it the cap is twice the chunk of Flower's environment; a bad size is a usage
     error."""
-    from fedsys_launch import cli
-    from fedsys_launch.deploy import LocalDeployment
+    from fedsys_launch.commands import cli
+    from fedsys_launch.deploy.local_deployment import LocalDeployment
 
     dep = LocalDeployment(tmp_path / "d", max_body=parse_size("24m"))
     assert "client_max_body_size 24m;" in dep.write_proxy_conf().read_text()

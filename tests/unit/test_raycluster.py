@@ -1,4 +1,4 @@
-"""``fedsys_launch.raycluster.ray_cluster`` tries a start that Ray gave up on again, and says
+"""``fedsys_launch.engines.shared_ray_cluster.ray_cluster`` tries a start that Ray gave up on again, and says
 why when none started; no process of any attempt is left running."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fedsys_launch import raycluster
-from fedsys_launch.deploy import _alive
+from fedsys_launch.engines import shared_ray_cluster
+from fedsys_launch.process.supervision import alive
 
 GAVE_UP = "echo 'Exception: The current node timed out during startup.'; exit 1"
 STARTED = "echo 'Ray runtime started.'; exec sleep 600"
@@ -27,16 +27,16 @@ def _fake_starts(monkeypatch: pytest.MonkeyPatch, scripts: list[str]) -> list[su
         procs.append(p)
         return p, 40000 + len(procs)
 
-    monkeypatch.setattr(raycluster, "_start", start)
+    monkeypatch.setattr(shared_ray_cluster, "_start", start)
     return procs
 
 
 def test_a_start_ray_gave_up_on_is_tried_again(tmp_path: Path, monkeypatch):
     procs = _fake_starts(monkeypatch, [GAVE_UP, STARTED])
-    with raycluster.ray_cluster(tmp_path) as address:
+    with shared_ray_cluster.ray_cluster(tmp_path) as address:
         assert address == "127.0.0.1:40002" and len(procs) == 2
-        assert _alive(procs[1].pid)
-    assert not _alive(procs[1].pid)
+        assert alive(procs[1].pid)
+    assert not alive(procs[1].pid)
     log = (tmp_path / "ray-start.log").read_text()
     assert "timed out during startup" in log and "Ray runtime started" in log
 
@@ -45,6 +45,6 @@ def test_the_last_attempt_failing_says_why(tmp_path: Path, monkeypatch):
     procs = _fake_starts(monkeypatch, [GAVE_UP, GAVE_UP])
     with pytest.raises(RuntimeError, match=r"(?s)did not start \(exit status 1, attempt 2 of 2\)"
                                            r".*timed out during startup"):
-        with raycluster.ray_cluster(tmp_path, attempts=2):
+        with shared_ray_cluster.ray_cluster(tmp_path, attempts=2):
             pass
-    assert len(procs) == 2 and not any(_alive(p.pid) for p in procs)
+    assert len(procs) == 2 and not any(alive(p.pid) for p in procs)

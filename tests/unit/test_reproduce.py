@@ -41,9 +41,9 @@ echo "$ARGS archived=$n" >> "$STUB_LOG"
 exec "$PY" - "$preset" "${set[output-dir]}/${set[name]}/seed-$seed" "$seed" "${set[strategy]}" <<'PY'
 import json, sys
 from pathlib import Path
-from fedsys_launch import registry
+from fedsys_launch import config_schema
 preset, run_dir, seed, strategy = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-for label, _ in registry.load(preset, [f"strategy={strategy}"] if strategy else []).variants():
+for label, _ in config_schema.load(preset, [f"strategy={strategy}"] if strategy else []).variants():
     d = run_dir / label
     d.mkdir(parents=True, exist_ok=True)
     recs = [{"round": r, "accuracy": 0.1 + 0.01 * r + 0.001 * seed, "clients-ok": 3,
@@ -141,17 +141,17 @@ def test_the_driver_runs_only_the_missing_seed_and_archives_it(tmp_path: Path) -
 
 def registry_variants(preset: Path) -> list[tuple[str, object]]:
     sys.path.insert(0, str(ROOT))
-    from fedsys_launch import registry
+    from fedsys_launch import config_schema
 
-    return list(registry.load(preset).variants())
+    return list(config_schema.load(preset).variants())
 
 
 def registry_specs(preset: Path) -> list[str]:
     sys.path.insert(0, str(ROOT))
     from fedsys.config import parse_strategy
-    from fedsys_launch import registry
+    from fedsys_launch import config_schema
 
-    cfg = registry.load(preset)
+    cfg = config_schema.load(preset)
     return [v.spec for v in parse_strategy(cfg.strategy, cfg.schema)]
 
 
@@ -164,7 +164,7 @@ def test_a_strategy_run_alone_is_the_same_run_as_in_its_whole_command(
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(reproduce, "DATA", Path("no-such-archive"))  # nothing archived
     sys.path.insert(0, str(ROOT))
-    from fedsys_launch import registry
+    from fedsys_launch import config_schema
 
     split = 0
     for exp in reproduce.experiments():
@@ -174,11 +174,11 @@ def test_a_strategy_run_alone_is_the_same_run_as_in_its_whole_command(
         if reproduce.branches(exp):
             assert cmds == [exp.command(r, exp.seeds[0]) for r in exp.runs], exp.key
             continue
-        whole = [v for r in exp.runs for v in registry.load(
+        whole = [v for r in exp.runs for v in config_schema.load(
             Path(r.preset), [a for a in exp.command(r, exp.seeds[0])[3::2] if "=" in a]).variants()]
         assert len(cmds) == len(whole) == reproduce.strategies_of(exp), exp.key
         for cmd, (label, vcfg) in zip(cmds, whole, strict=True):
-            [(one_label, one)] = registry.load(Path(cmd[1]), [a for a in cmd[3::2] if "=" in a]).variants()
+            [(one_label, one)] = config_schema.load(Path(cmd[1]), [a for a in cmd[3::2] if "=" in a]).variants()
             assert (one_label, one) == (label, vcfg), exp.key
             split += 1
     assert split >= 50
@@ -237,9 +237,9 @@ def test_list_says_how_far_each_seed_is(scripts: tuple[ModuleType, ModuleType], 
     monkeypatch.chdir(tmp_path)
     exp = next(e for e in reproduce.experiments() if e.key == "fedelmy/domain")
     sys.path.insert(0, str(ROOT))
-    from fedsys_launch import registry
+    from fedsys_launch import config_schema
 
-    variants = registry.load(Path(exp.runs[0].preset), list(exp.runs[0].sets)).variants()
+    variants = config_schema.load(Path(exp.runs[0].preset), list(exp.runs[0].sets)).variants()
     assert len(variants) == 4
     label, cfg = variants[1]
     rounds = cfg.num_server_rounds

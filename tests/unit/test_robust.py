@@ -20,7 +20,7 @@ from fedsys.config import ConfigError
 from fedsys.params import Params
 from fedsys.robust import coordinate_median, krum_holds, krum_scores, multi_krum, trimmed_mean
 from fedsys.validation import ClientUpdate
-from fedsys_launch.registry import build, make_strategy
+from fedsys_launch.config_schema import build, make_strategy
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedcda import FedCDAStrategy
 from strategies.robust import Robust

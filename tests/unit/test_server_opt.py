@@ -9,7 +9,7 @@ import pytest
 
 from fedsys.server_opt import OptConfig, momentum_step, step
 from fedsys.validation import ClientUpdate
-from fedsys_launch.registry import build, make_strategy
+from fedsys_launch.config_schema import build, make_strategy
 from strategies import REGISTRY
 
 

@@ -1,4 +1,4 @@
-"""``fedsys deploy status``'s sites table (fedsys_launch/site_status.py): which node is
+"""``fedsys deploy status``'s sites table (fedsys_launch/deploy/site_status.py): which node is
 which site, online or not, its last heartbeat and the run whose message it holds, read
 from a database made with Flower's own schema."""
 
@@ -13,8 +13,8 @@ import sqlalchemy
 from flwr.common.constant import HEARTBEAT_PATIENCE
 from flwr.supercore.state.schema.linkstate_models import LinkStateBase
 
-from fedsys_launch import site_status
-from fedsys_launch.kits import REVOKED, SITE_FILE
+from fedsys_launch.deploy import site_status
+from fedsys_launch.deploy.kits import REVOKED, SITE_FILE
 
 BIG = (1 << 64) - 5  # an unsigned node id Flower stores as a negative signed one
 

@@ -1,5 +1,5 @@
 """A stop signal whose exception Python drops still stops the run
-(:mod:`fedsys_launch.stopping`)."""
+(:mod:`fedsys_launch.process.stopping`)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import time
 import pytest
 
 from fedsys import metrics
-from fedsys_launch import stopping
-from fedsys_launch.cli import main
+from fedsys_launch.commands.cli import main
+from fedsys_launch.process import stopping
 
 #: SIGTERM lands while a finaliser runs: Python prints "Exception ignored" and goes on
 #: (what once let a run train on to its last round); the round hook's check stops it
 DROPPED = """
 import os, signal, sys, time
-from fedsys_launch import stopping
+from fedsys_launch.process import stopping
 stopping.install()
 
 class Slow:

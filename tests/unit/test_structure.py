@@ -18,9 +18,9 @@ PACKAGES = ("fedsys", "strategies", "clients", "fedsys_launch")
 def _modules() -> dict[str, Path]:
     out = {}
     for pkg in PACKAGES:
-        for p in sorted((ROOT / pkg).glob("*.py")):
-            name = pkg if p.stem == "__init__" else f"{pkg}.{p.stem}"
-            out[name] = p
+        for p in sorted((ROOT / pkg).rglob("*.py")):
+            parts = p.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
     return out
 
 
@@ -49,6 +49,23 @@ def test_the_core_imports_nothing_above_it_and_the_sides_not_the_launchers():
                  "clients": ("fedsys_launch", "strategies"), "fedsys_launch": ()}[top]
         bad = sorted(d for d in deps if d.split(".")[0] in above)
         assert not bad, f"{mod} imports {bad} (layer {top} may not)"
+
+
+#: fedsys_launch's rooms, each importing only itself, the rooms after it and the shared
+#: modules at the package's top (config_schema, flower_patches with runtime_auth, recording)
+ROOMS = ("commands", "engines", "deploy", "apps", "process")
+
+
+def test_the_launchers_rooms_import_downward():
+    for mod, deps in _graph().items():
+        parts = mod.split(".")
+        if parts[0] != "fedsys_launch" or len(parts) < 3:
+            continue
+        below = ROOMS[ROOMS.index(parts[1]):]
+        bad = sorted(d for d in deps if d.startswith("fedsys_launch.")
+                     and d.count(".") >= 1 and d.split(".")[1] in ROOMS
+                     and d.split(".")[1] not in below)
+        assert not bad, f"{mod} imports {bad} (room {parts[1]} may import only {below})"
 
 
 def _private_writes(path: Path) -> set[str]:
@@ -103,7 +120,7 @@ MESSAGE_KEYS = {v for k, v in vars(protocol).items()
 def test_the_keys_shared_with_the_config_are_config_keys():
     """The exemption above cannot hide a message key: each one is a config key (``config``
     aside, the YAML argument)."""
-    from fedsys_launch.registry import schema
+    from fedsys_launch.config_schema import schema
 
     keys = set(schema().by_key)
     assert {k for k in SHARED_WITH_CONFIG if k not in keys} == {protocol.CONFIG}
@@ -111,9 +128,9 @@ def test_the_keys_shared_with_the_config_are_config_keys():
 
 
 def test_config_validation_imports_neither_torch_nor_ray():
-    code = ("import sys; from fedsys_launch import registry; "
-            "c = registry.load('configs/default.yaml', ['fedcda.memory=4']); "
-            "registry.make_strategy(c.variants()[2][1]); "
+    code = ("import sys; from fedsys_launch import config_schema; "
+            "c = config_schema.load('configs/default.yaml', ['fedcda.memory=4']); "
+            "config_schema.make_strategy(c.variants()[2][1]); "
             "bad = [m for m in ('torch', 'ray') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
@@ -129,7 +146,7 @@ def test_commands_without_data_start_without_torch():
     """``fedsys --help``, ``keys`` and the ``deploy`` actions (up, status, down, the
     submission) read no data: building the parser and the error handling of ``main`` import
     no torch (about 3 s of CPU for every command otherwise, measured 2026-11-27)."""
-    code = ("import sys; from fedsys_launch import cli, deploy_cli, results; cli.parser(); "
+    code = ("import sys; from fedsys_launch.commands import cli, deploy_cli, results; cli.parser(); "
             "from fedsys.data import DataError; from fedsys.partition import PartitionError; "
             "bad = [m for m in ('torch', 'ray', 'torchvision') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")

@@ -1,4 +1,4 @@
-"""fedsys_launch/superexec.py: Flower's SuperExec with its app processes started by an
+"""fedsys_launch/deploy/superexec.py: Flower's SuperExec with its app processes started by an
 ``AppStarter`` (forked from a warm fork server, or spawned), the task token passed in
 memory.  The deployments in tests/integration run every app process this way (deployment
 equals simulation, resume after a killed ServerApp, killed sites, the red-team tests);
@@ -19,7 +19,8 @@ from flwr.supercore.constant import TaskType
 from flwr.supercore.superexec.executor import subprocess_executor
 from flwr.supercore.superexec.executor.types import ExecutionSpec
 
-from fedsys_launch import flower_patches, superexec
+from fedsys_launch import flower_patches
+from fedsys_launch.deploy import superexec
 from fedsys_launch.runtime_auth import task_key
 
 FLOWER_SUPEREXEC = importlib.import_module("flwr.supercore.cli.flower_superexec")
@@ -31,17 +32,17 @@ def test_preload_defaults_empty_and_refusals():
     assert superexec.preload_modules({superexec.ENV: " numpy , json "}) == ["numpy", "json"]
     with pytest.raises(SystemExit, match=f"{superexec.ENV}: not_a_module_here is not installed"):
         superexec.preload_modules({superexec.ENV: "numpy,not_a_module_here"})
-    for own in ("fedsys_launch.client_app", "fedsys", "numpy,strategies.fedavg"):
+    for own in ("fedsys_launch.apps.client_app", "fedsys", "numpy,strategies.fedavg"):
         with pytest.raises(SystemExit, match=f"{superexec.ENV}: .*fedsys's own code"):
             superexec.preload_modules({superexec.ENV: own})
 
 
 def test_own_packages_are_dropped_and_libraries_kept():
-    modules = {"fedsys_launch": 1, "fedsys_launch.client_app": 2, "fedsys.task": 3,
+    modules = {"fedsys_launch": 1, "fedsys_launch.apps.client_app": 2, "fedsys.task": 3,
                "strategies": 4, "clients.base": 5, "torch": 6, "launch": 7, "fedsysx": 8,
                "fedsys_launcher": 9}
     assert sorted(superexec.drop_own_modules(modules)) == [
-        "clients.base", "fedsys.task", "fedsys_launch", "fedsys_launch.client_app", "strategies"]
+        "clients.base", "fedsys.task", "fedsys_launch", "fedsys_launch.apps.client_app", "strategies"]
     assert modules == {"torch": 6, "launch": 7, "fedsysx": 8, "fedsys_launcher": 9}
 
 
@@ -57,7 +58,7 @@ PROBE = """
 import os, sys
 from multiprocessing import active_children
 sys.path.insert(0, {root!r})
-from fedsys_launch import superexec
+from fedsys_launch.deploy import superexec
 starter = superexec.AppStarter(["numpy"])
 out = {out!r}
 # what a fresh fedsys process prints: a console script with its arguments, run in a child
@@ -189,7 +190,7 @@ def test_flowers_executor_launches_through_the_app_starter(monkeypatch):
 
 
 def test_it_is_flowers_superexec_with_its_arguments():
-    out = subprocess.run([sys.executable, "-m", "fedsys_launch.superexec", "--help"],
+    out = subprocess.run([sys.executable, "-m", "fedsys_launch.deploy.superexec", "--help"],
                          capture_output=True, text=True, timeout=120, check=True,
                          env={**__import__("os").environ, superexec.ENV: ""}).stdout
     assert out.startswith("usage: flower-superexec") and "--runtime-api-address" in out

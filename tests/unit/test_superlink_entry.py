@@ -1,4 +1,4 @@
-"""fedsys_launch/superlink.py: Flower's SuperLink with a longer SQLite busy timeout and a wider
+"""fedsys_launch/deploy/superlink.py: Flower's SuperLink with a longer SQLite busy timeout and a wider
 ServerApp start window."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from flwr.supercore.state.schema.corestate_models import Task as TaskModel
 from flwr.supercore.utils import uint64_to_int64
 from sqlalchemy import select
 
-from fedsys_launch import flower_patches, superlink
+from fedsys_launch import flower_patches
+from fedsys_launch.deploy import superlink
 
 
 def test_every_new_connection_waits_the_longer_timeout(monkeypatch, tmp_path):
@@ -52,7 +53,7 @@ def test_a_flower_without_the_pragma_keeps_its_own_with_one_warning(monkeypatch,
 
 
 def test_it_is_flowers_superlink_with_its_arguments():
-    out = subprocess.run([sys.executable, "-m", "fedsys_launch.superlink", "--help"],
+    out = subprocess.run([sys.executable, "-m", "fedsys_launch.deploy.superlink", "--help"],
                          capture_output=True, text=True, timeout=120, check=True).stdout
     assert out.startswith("usage: flower-superlink") and "--database" in out
 

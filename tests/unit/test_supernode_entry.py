@@ -1,4 +1,4 @@
-"""fedsys_launch/supernode.py: Flower's SuperNode with a wider ClientApp start window."""
+"""fedsys_launch/deploy/supernode.py: Flower's SuperNode with a wider ClientApp start window."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from flwr.supercore.date import now
 from flwr.supercore.object_store import ObjectStoreFactory
 from flwr.supernode.nodestate.in_memory_nodestate import InMemoryNodeState
 
-from fedsys_launch import flower_patches, supernode
+from fedsys_launch import flower_patches
+from fedsys_launch.deploy import supernode
 
 
 def _claimed_window_s(state: InMemoryNodeState) -> float:
@@ -46,6 +47,6 @@ def test_window_from_the_environment_and_bad_values_refused():
 
 
 def test_it_is_flowers_supernode_with_its_arguments():
-    out = subprocess.run([sys.executable, "-m", "fedsys_launch.supernode", "--help"],
+    out = subprocess.run([sys.executable, "-m", "fedsys_launch.deploy.supernode", "--help"],
                          capture_output=True, text=True, timeout=120, check=True).stdout
     assert out.startswith("usage: flower-supernode") and "--superlink" in out

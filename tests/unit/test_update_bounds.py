@@ -260,7 +260,7 @@ def test_the_finite_attacks_under_every_round_based_strategy(strategy, attack, r
     the median of the others' (``max-weight-ratio``), a sign-flipped update (as long as an honest one) is taken and its round
     stays finite.  The chains' hops: ``test_one_reply_a_round_is_bounded_...`` above and
     ``tests/integration/test_fuzz.py``."""
-    from fedsys_launch.registry import make_strategy
+    from fedsys_launch.config_schema import make_strategy
 
     s = make_strategy(cfg(strategy=strategy))
     msgs = configured(s, reply_grid(NODES))

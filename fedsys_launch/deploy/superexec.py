@@ -23,8 +23,8 @@ before the fork: each app process picks its GPU (``CUDA_VISIBLE_DEVICES``) as be
 process as Flower does.  Then it runs Flower's own ``flower-superexec`` with the same
 arguments.
 
-Used by ``fedsys deploy`` (:mod:`fedsys_launch.deploy`) and the images' SuperExecs as
-``python -m fedsys_launch.superexec``.
+Used by ``fedsys deploy`` (:mod:`fedsys_launch.deploy.local_deployment`) and the images' SuperExecs as
+``python -m fedsys_launch.deploy.superexec``.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def main() -> None:
     """Start the fork server, then hand over to Flower's ``flower-superexec``."""
     from flwr.supercore.cli import flower_superexec
 
-    from fedsys_launch.console import hand_over
+    from fedsys_launch.process.console import hand_over
 
     apply()
     hand_over("flower-superexec", flower_superexec)

@@ -8,7 +8,7 @@ results table, ``status`` shows what runs, ``down`` stops everything.  State liv
 invocations find the deployment.  ``run --superlink HOST:PORT`` submits to any
 SuperLink instead, e.g. the docker-compose one.  For a server and sites on other hosts,
 ``server-kit``, ``site-key``, ``add-site`` and ``remove-site`` make and revoke the kits
-(:mod:`fedsys_launch.kits`).
+(:mod:`fedsys_launch.deploy.kits`).
 """
 
 from __future__ import annotations
@@ -22,26 +22,20 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedsys_launch import kits, registry, site_status
-from fedsys_launch.deploy import (
-    CONNECTION,
-    STATE_FILE,
-    SUPERLINK,
-    DeployError,
-    LocalDeployment,
-    RunNotStartedError,
-    connection_toml,
-    run_config_toml,
-)
-from fedsys_launch.proxy import parse_size
-from fedsys_launch.runlock import busy, in_use
+from fedsys_launch import config_schema
+from fedsys_launch.deploy import kits, site_status
+from fedsys_launch.deploy.errors import DeployError, RunNotStartedError
+from fedsys_launch.deploy.flwr_cli import CONNECTION, connection_toml, run_config_toml
+from fedsys_launch.deploy.local_deployment import STATE_FILE, SUPERLINK, LocalDeployment
+from fedsys_launch.deploy.proxy import parse_size
+from fedsys_launch.process.run_lock import busy, in_use
 
 DEFAULT_DIR = "deployment"
 #: ``fedsys deploy server-kit --out`` and ``add-site --kit`` by default
 KIT_DIR = "server-kit"
 #: The default ``--dir`` before issue 75, inside the default roots ``./runs``.
 OLD_DEFAULT_DIR = "runs/deploy"
-APP_DIR = Path(__file__).resolve().parents[1]
+APP_DIR = Path(__file__).resolve().parents[2]
 
 EPILOG = """examples:
   fedsys deploy up --nodes 3                       SuperLink + 3 SuperNodes, HTTPS, node keys
@@ -176,7 +170,7 @@ def add_parser(sub: Any) -> None:
 
 
 def add_kit_parsers(dsub: Any) -> None:
-    """``server-kit``, ``site-key``, ``add-site`` and ``remove-site`` (:mod:`fedsys_launch.kits`)."""
+    """``server-kit``, ``site-key``, ``add-site`` and ``remove-site`` (:mod:`fedsys_launch.deploy.kits`)."""
     sk = dsub.add_parser(
         "server-kit", help="at the server: CA (its key kept offline), the server's certificate "
         "for its names and addresses, server.env, firewall lines, the flwr connection",
@@ -339,11 +333,11 @@ def _load(where: str) -> LocalDeployment:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``fedsys deploy run CONFIG``."""
-    from fedsys_launch.results import load_runs, table
+    from fedsys_launch.commands.results import load_runs, table
 
-    cfg = registry.load(Path(args.config), args.set or [])
+    cfg = config_schema.load(Path(args.config), args.set or [])
     for _, vcfg in cfg.variants():  # strategy-specific checks before anything is sent
-        registry.make_strategy(vcfg)
+        config_schema.make_strategy(vcfg)
     if who := in_use(cfg.run_dir):  # its ServerApp would be refused: say so before sending
         raise DeployError(busy(cfg.run_dir, who) + "; a run of it left running on the "
                           "SuperLink ends with 'flwr stop RUN_ID' (see 'fedsys deploy status')")
@@ -370,7 +364,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     where = args.superlink or dep.address
     print(f"fedsys deploy: submitting {cfg.strategies} to {where} -> {cfg.run_dir}", flush=True)
     try:
-        dep.flwr_run(app, sent, timeout=args.timeout, echo=True)
+        dep.flwr_cli.run(app, sent, timeout=args.timeout, echo=True)
     except RunNotStartedError as exc:
         print(f"error: {str(exc).splitlines()[0]}: nothing ran (see above)", file=sys.stderr)
         return 1
@@ -418,7 +412,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             print("the SuperLink is not running")
             return 0
     try:
-        nodes, runs = dep.nodes(), dep.runs()
+        nodes, runs = dep.flwr_cli.nodes(), dep.flwr_cli.runs()
     except DeployError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

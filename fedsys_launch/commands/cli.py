@@ -13,9 +13,10 @@ from typing import Any
 
 from fedsys import config as cfgmod
 from fedsys import metrics
-from fedsys_launch import heap, registry, stopping
-from fedsys_launch.results import load_runs, table
-from fedsys_launch.runlock import holding
+from fedsys_launch import config_schema
+from fedsys_launch.commands.results import load_runs, table
+from fedsys_launch.process import heap, stopping
+from fedsys_launch.process.run_lock import holding
 
 EPILOG = """examples:
   fedsys run configs/default.yaml                     every method on Fashion-MNIST
@@ -40,27 +41,28 @@ def _preflight(cfg: cfgmod.RunConfig) -> None:
     import torch
 
     from fedsys.task import dataset, initial_params, partitions
-    from fedsys_launch.simulation import ray_address_problem
+    from fedsys_launch.engines.simulation import ray_address_problem
 
     if (cfg.client_num_gpus > 0 or cfg.device == "cuda") and not torch.cuda.is_available():
         key = "client-num-gpus" if cfg.client_num_gpus > 0 else "device"
         raise cfgmod.ConfigError(
             f"config key '{key}' asks for a GPU but torch sees no CUDA device; "
             "use client-num-gpus=0 and device=auto (or cpu)")
-    from fedsys_launch import tracking
+    from fedsys_launch.apps import tracking
 
     tracking.check(cfg)
     dataset(cfg)
     partitions(cfg)
     for _, vcfg in cfg.variants():  # a saved start that does not fit fails here, not in Ray
         initial_params(vcfg)
-    from fedsys_launch import lifecycle
+    from fedsys_launch.apps import strategy_start
 
     for label, vcfg in cfg.variants():  # strategy-specific checks (search sizes, K >= 2, ...)
-        strategy = registry.make_strategy(lifecycle.strategy_config(vcfg, cfg.run_dir / label))
+        strategy = config_schema.make_strategy(
+            strategy_start.strategy_config(vcfg, cfg.run_dir / label))
         # a broken checkpoint, what it refers to (FedCDA's cached model files), the rounds
         # it logged, a branch's parent: found here, before any engine starts
-        if note := lifecycle.check(vcfg, cfg.run_dir / label, strategy):
+        if note := strategy_start.check(vcfg, cfg.run_dir / label, strategy):
             print(f"fedsys: {label}: {note}", flush=True)
     # last: what is wrong with the config itself is said first (the in-process engine
     # uses Ray only where ray-address names a cluster, not for RAY_ADDRESS)
@@ -100,7 +102,7 @@ def run_seeds(args: argparse.Namespace, cfg: cfgmod.RunConfig, seeds: list[int])
                 print(f"  the run over seeds {seeds} stopped at seed {scfg.seed}; 'fedsys "
                       f"resume {cfg.run_dir}' continues it.", file=sys.stderr)
                 return rc
-    from fedsys_launch.results import seeds_table, write_seeded
+    from fedsys_launch.commands.results import seeds_table, write_seeded
 
     runs = write_seeded(cfg.run_dir, cfg.name)
     seeds_table(runs, f"{cfg.name}: seeds {seeds} ({time.time() - t0:.0f} s)")
@@ -116,7 +118,7 @@ def cmd_run(args: argparse.Namespace, cfg: cfgmod.RunConfig | None = None,
         if given is not None and not cfgmod.parse_seeds(given):
             raise cfgmod.ConfigError(f"--seeds {given!r} names no seed; give integers, e.g. 0,1,2")
         extra = [f"seeds={given}"] if given else []
-        cfg = registry.load(Path(args.config) if args.config else None, [*(args.set or []), *extra])
+        cfg = config_schema.load(Path(args.config) if args.config else None, [*(args.set or []), *extra])
     seeds = cfgmod.parse_seeds(cfg.seeds)
     if seeds:
         return run_seeds(args, cfg, seeds)
@@ -129,7 +131,7 @@ def cmd_run(args: argparse.Namespace, cfg: cfgmod.RunConfig | None = None,
 def simulate_and_report(args: argparse.Namespace, cfg: cfgmod.RunConfig) -> int:
     """One run in the simulation engine, then its table; a failed run says whether its
     checkpoints can continue it."""
-    from fedsys_launch.simulation import simulate
+    from fedsys_launch.engines.simulation import simulate
 
     t0 = time.time()
     print(f"fedsys: running {cfg.strategies} on {cfg.dataset} ({cfg.num_clients} clients, "
@@ -166,7 +168,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if not (run_dir / "config.yaml").exists():
         raise cfgmod.ConfigError(f"{run_dir} is not a fedsys run directory (no config.yaml)")
     cfgmod.verify_saved(run_dir / "config.yaml")
-    cfg = registry.load(run_dir / "config.yaml", [*(args.set or []), "resume=true",
+    cfg = config_schema.load(run_dir / "config.yaml", [*(args.set or []), "resume=true",
                                           f"name={run_dir.name}", f"output-dir={run_dir.parent}"])
     return cmd_run(args, cfg)
 
@@ -174,7 +176,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     """``fedsys compare``: one table and one plot over run directories (runs over seeds:
     mean ± std across seeds)."""
-    from fedsys_launch.results import load_seeded, seeds_table
+    from fedsys_launch.commands.results import load_seeded, seeds_table
 
     seeded: dict[str, dict[int, list[dict[str, Any]]]] = {}
     missing, empty = [], []
@@ -215,7 +217,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     from fedsys.partition import class_histogram, plot_histogram, size_spread
     from fedsys.task import dataset, partitions
 
-    cfg = registry.load(Path(args.config) if args.config else None, args.set or [])
+    cfg = config_schema.load(Path(args.config) if args.config else None, args.set or [])
     ds = dataset(cfg)
     parts = partitions(cfg)
     hist = class_histogram(ds.y_train.numpy(), parts, ds.num_classes)
@@ -260,15 +262,15 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 def cmd_keys(args: argparse.Namespace) -> int:
     """``fedsys keys``: every config key (``--toml``: pyproject's table)."""
-    registry.import_plugins(args.plugins or "")
+    config_schema.import_plugins(args.plugins or "")
     if args.toml:
-        print(registry.to_toml(), end="")
+        print(config_schema.to_toml(), end="")
         return 0
     if args.markdown:
-        print(registry.describe_markdown())
+        print(config_schema.describe_markdown())
         return 0
     print(f"  {'key':24} {'default':12} {'allowed':28} meaning")
-    print(registry.describe())
+    print(config_schema.describe())
     return 0
 
 
@@ -374,12 +376,12 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--no-apt", action="store_true", help="never call apt-get")
     f.set_defaults(fn=cmd_data)
 
-    from fedsys_launch import landscape_tool, pretrain_tool
+    from fedsys_launch.commands import landscape, pretrain
 
-    landscape_tool.add_parser(sub)
-    pretrain_tool.add_parser(sub)
+    landscape.add_parser(sub)
+    pretrain.add_parser(sub)
 
-    from fedsys_launch import deploy_cli
+    from fedsys_launch.commands import deploy_cli
 
     deploy_cli.add_parser(sub)
 
@@ -415,16 +417,16 @@ def set_up_process() -> None:
     calls :func:`main` keeps its own process as it is).
 
     Output to a file or a pipe carries no colour codes
-    (:func:`fedsys_launch.console.plain_when_redirected`).  Idle OpenMP threads wait
+    (:func:`fedsys_launch.process.console.plain_when_redirected`).  Idle OpenMP threads wait
     passively (``OMP_WAIT_POLICY``, read when torch loads: set before any import of it;
     spinning threads slowed the in-process engine's rounds: docs/performance.md "The floor
     of a round that sends Flower's messages").  Freed memory is kept for the next round
-    (:func:`fedsys_launch.heap.keep_freed_memory`).  Ctrl-C and SIGTERM stop a run with its
+    (:func:`fedsys_launch.process.heap.keep_freed_memory`).  Ctrl-C and SIGTERM stop a run with its
     checkpoint, also where SIGINT came ignored from the parent
-    (:func:`fedsys_launch.stopping.install`).  A user's own OpenMP and malloc settings stand;
+    (:func:`fedsys_launch.process.stopping.install`).  A user's own OpenMP and malloc settings stand;
     numbers do not change.
     """
-    from fedsys_launch.console import plain_when_redirected
+    from fedsys_launch.process.console import plain_when_redirected
 
     plain_when_redirected()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -460,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return stopped(isinstance(exc, stopping.Terminated), args.cmd)
     except SystemExit as exc:
         # Ray's own SIGTERM handler, set by ray.init in the simulation, ends the process with
-        # sys.exit(SIGTERM) instead of :func:`fedsys_launch.stopping.on_signal`
+        # sys.exit(SIGTERM) instead of :func:`fedsys_launch.process.stopping.on_signal`
         if exc.code != signal.SIGTERM:
             raise
         return stopped(True, args.cmd)

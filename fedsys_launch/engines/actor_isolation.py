@@ -1,5 +1,5 @@
 """What a Ray actor keeps to itself, kept apart for a ClientApp called in the ServerApp's
-process (:mod:`fedsys_launch.inprocess`): copies of the messages and records that cross (as Ray's
+process (:mod:`fedsys_launch.engines.inprocess`): copies of the messages and records that cross (as Ray's
 pickling makes them), the clients' torch thread count and global random generators
 (:class:`ClientSide`).  Flower's task identity of the caller is a patch of Flower's
 (:func:`fedsys_launch.flower_patches.task_identity`).

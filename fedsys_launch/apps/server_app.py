@@ -1,7 +1,7 @@
 """The fedsys ServerApp (``[tool.flwr.app.components] serverapp``) and its experiment
 runner: strategies one after another, with checkpoints.
 
-The runner builds each strategy from the run config (:func:`fedsys_launch.registry.make_strategy`)
+The runner builds each strategy from the run config (:func:`fedsys_launch.config_schema.make_strategy`)
 and calls its Flower ``start`` with ``num_rounds``, ``timeout`` (``round-timeout``), the
 local-training keys as ``train_config`` and the central evaluation as ``evaluate_fn``.
 Before anything reads a path or imports a plugin, the run config is admitted under the
@@ -48,11 +48,12 @@ from fedsys.task import (
     pick_device,
     test_sets,
 )
-from fedsys_launch import lifecycle, stopping, tracking
-from fedsys_launch.lifecycle import kept_checkpoint
-from fedsys_launch.registry import from_run_config, make_strategy, train_config
-from fedsys_launch.runlock import FLWR_RENAME, holding
-from fedsys_launch.tracking import Tracking, results_artifact
+from fedsys_launch.apps import strategy_start, tracking
+from fedsys_launch.apps.strategy_start import kept_checkpoint
+from fedsys_launch.apps.tracking import Tracking, results_artifact
+from fedsys_launch.config_schema import from_run_config, make_strategy, train_config
+from fedsys_launch.process import stopping
+from fedsys_launch.process.run_lock import FLWR_RENAME, holding
 from strategies.base import FedsysStrategy, NoUsableUpdateError
 from strategies.nodes import Known
 
@@ -229,11 +230,11 @@ def run_strategy(grid: Grid, cfg: RunConfig, name: str, position: str = "",
     """
     out = cfg.run_dir / name
     out.mkdir(parents=True, exist_ok=True)
-    strategy = make_strategy(lifecycle.strategy_config(cfg, out))
+    strategy = make_strategy(strategy_start.strategy_config(cfg, out))
     if known is not None:
         strategy.nodes.share(known)
     recorder = RoundRecorder(cfg, out, name, position, rounds_after)
-    point = lifecycle.enter(cfg, out, strategy, name)
+    point = strategy_start.enter(cfg, out, strategy, name)
     if point.note:
         log(WARNING, "[%s] %s", name, point.note)
     if point.kind != "fresh":
@@ -267,7 +268,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, log_table: bool = True
                    ) -> dict[str, list[dict[str, Any]]]:
     """Run every strategy of ``cfg`` on identical partitions and seeds, then compare
     (the table into ``results.md``, and into the log with ``log_table``).  The run
-    directory is this process's while it runs (:func:`fedsys_launch.runlock.holding`): a second
+    directory is this process's while it runs (:func:`fedsys_launch.process.run_lock.holding`): a second
     ``flwr run`` of the same name is refused, naming the process that runs it."""
     with holding(cfg.run_dir, FLWR_RENAME):
         return _run_experiment(grid, cfg, log_table)
@@ -336,9 +337,9 @@ def make_app(policy: confine.Policy | None = None, log_table: bool = True) -> Se
     """A fedsys ServerApp: read the run config (:func:`run_config`, under ``policy``) and
     run the experiment, logging the results table at the end with ``log_table``.
 
-    :data:`app`, the one Flower loads (``fedsys_launch.server_app:app``), admits the run
+    :data:`app`, the one Flower loads (``fedsys_launch.apps.server_app:app``), admits the run
     config under the operator's policy and logs the table (the only one ``flwr run``
-    shows); :func:`fedsys_launch.simulation.simulate` builds one for itself in process,
+    shows); :func:`fedsys_launch.engines.simulation.simulate` builds one for itself in process,
     under the policy of the run's own config (:func:`fedsys.confine.own_run_policy`), that
     leaves the table to ``fedsys run``.
     """

@@ -9,7 +9,7 @@ The operator makes a *server kit* once, on the server host (``fedsys deploy serv
     DIR/server.env      the server role's settings (sites' address and port, certificates)
     DIR/firewall.txt    the lines that open the sites' port, and only it
     DIR/cli/config.toml the flwr CLI's connection to the SuperLink's loopback port
-    DIR/proxy/nginx.conf the sites' port: the Fleet API only (fedsys_launch/proxy.py)
+    DIR/proxy/nginx.conf the sites' port: the Fleet API only (fedsys_launch/deploy/proxy.py)
     DIR/start.sh        the server role as processes: SuperLink on loopback, the proxy,
                         the server's SuperExec (the flags of ``fedsys deploy up``)
 
@@ -21,7 +21,7 @@ it with the SuperLink (``flwr supernode register``) and writes the *site kit*
 SuperNode and SuperExec with the key that never left the site.  ``fedsys deploy
 remove-site`` unregisters the node (``flwr supernode unregister``) and marks the kit
 revoked.  Validation and rendering are pure functions; the CLI is in
-:mod:`fedsys_launch.deploy_cli`.
+:mod:`fedsys_launch.commands.deploy_cli`.
 """
 
 from __future__ import annotations
@@ -38,16 +38,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fedsys_launch.deploy import (
-    CONNECTION,
-    SCRIPTS,
-    SERVER_EXEC,
-    SUPERLINK,
-    DeployError,
-    LocalDeployment,
-    connection_toml,
-)
-from fedsys_launch.proxy import (
+from fedsys_launch.deploy.errors import DeployError
+from fedsys_launch.deploy.flwr_cli import CONNECTION, connection_toml
+from fedsys_launch.deploy.local_deployment import SCRIPTS, SERVER_EXEC, SUPERLINK, LocalDeployment
+from fedsys_launch.deploy.proxy import (
     ProxyLimits,
     ProxyTLS,
     compose_conf,
@@ -485,12 +479,12 @@ export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 export FEDSYS_DENY="$keys:$kit" FEDSYS_PLUGINS="${FEDSYS_PLUGINS:-}"
 export FLWR_HOME="${FLWR_HOME:-$kit/home}"
 mkdir -p "$FLWR_HOME"
-"$py" -m fedsys_launch.supernode --root-certificates "$kit/ca.crt" \\
+"$py" -m fedsys_launch.deploy.supernode --root-certificates "$kit/ca.crt" \\
   --superlink "$SUPERLINK_ADDRESS" --auth-supernode-private-key "$keys/$SITE_NAME" \\
   --superexec-auth-secret-file "$keys/$SITE_NAME.secret" --isolation process \\
   --host 127.0.0.1 --port "$RUNTIME_PORT" --node-config "$NODE_CONFIG" &
 node=$!
-"$py" -m fedsys_launch.superexec --insecure \\
+"$py" -m fedsys_launch.deploy.superexec --insecure \\
   --superexec-auth-secret-file "$keys/$SITE_NAME.secret" \\
   --runtime-api-address "127.0.0.1:$RUNTIME_PORT" &
 exe=$!
@@ -529,7 +523,7 @@ def add_site(fed: Federation, pub: Path, name: str, node_cfg: str) -> tuple[Path
         raise DeployError(f"{pub} is the key of site {other.parent.name} already")
     if not fed.ca_cert.exists():
         raise DeployError(f"{fed.ca_cert} is missing: the federation has no CA (TLS)")
-    proc = fed.cli.flwr("supernode", "register", str(pub.resolve()), CONNECTION, "--name", name,
+    proc = fed.cli.flwr_cli.call("supernode", "register", str(pub.resolve()), CONNECTION, "--name", name,
                         "--format", "json")
     node_id = _json_answer(proc, "node-id", f"could not register {name}")
     if kit.exists():  # a revoked kit of the same name: kept aside
@@ -561,7 +555,7 @@ def remove_site(fed: Federation, name: str) -> int:
     if (kit / REVOKED).exists():
         raise DeployError(f"site {name} was removed already: {(kit / REVOKED).read_text().strip()}")
     node_id = int(info["node-id"])
-    proc = fed.cli.flwr("supernode", "unregister", str(node_id), CONNECTION, "--format", "json")
+    proc = fed.cli.flwr_cli.call("supernode", "unregister", str(node_id), CONNECTION, "--format", "json")
     if "already deleted" not in proc.stdout + proc.stderr:  # unregistered by hand: so be it
         _json_answer(proc, "node-id", f"could not unregister {name} (node {node_id})")
     _write(kit / REVOKED, f"node {node_id} unregistered "

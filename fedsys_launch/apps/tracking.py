@@ -1,7 +1,7 @@
 """Each round's record in TensorBoard, MLflow and Weights & Biases (config key ``tracking``).
 
 The trackers read what the ServerApp writes to ``metrics.jsonl``, a round at a time (a
-hook of the strategy, beside :class:`fedsys_launch.server_app.RoundRecorder`), in simulation and
+hook of the strategy, beside :class:`fedsys_launch.apps.server_app.RoundRecorder`), in simulation and
 deployment alike, and write it where their own tools read it; nothing goes over a network:
 
 - TensorBoard (``torch.utils.tensorboard``): one event directory per strategy,

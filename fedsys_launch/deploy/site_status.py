@@ -21,7 +21,7 @@ from typing import Any
 
 from flwr.common.constant import HEARTBEAT_PATIENCE
 
-from fedsys_launch.kits import REVOKED, SITE_FILE
+from fedsys_launch.deploy.kits import REVOKED, SITE_FILE
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsys.config import ConfigError, RunConfig
-from fedsys_launch import registry
+from fedsys_launch import config_schema
 
 
 def pretrain(cfg: RunConfig) -> Path:
@@ -84,7 +84,7 @@ def pretrain(cfg: RunConfig) -> Path:
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
     """``fedsys pretrain``."""
-    cfg = registry.load(Path(args.config) if args.config else None, args.set or [])
+    cfg = config_schema.load(Path(args.config) if args.config else None, args.set or [])
     pretrain(cfg)
     return 0
 

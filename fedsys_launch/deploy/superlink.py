@@ -12,7 +12,7 @@ and then runs Flower's own ``flower-superlink`` with the same arguments.  A repl
 dropped past the SuperNodes' own 30 s request timeout is reported lost and asked for
 again (``transport-retries``, strategies/base.py).
 
-It also gives the ServerApp the same start window as :mod:`fedsys_launch.supernode` gives a
+It also gives the ServerApp the same start window as :mod:`fedsys_launch.deploy.supernode` gives a
 ClientApp (``FEDSYS_CLIENTAPP_START_S``, default 300 s instead of Flower's 30 s): a
 ``flwr-serverapp`` that has not checked in 30 s after its run's task was claimed is
 otherwise started a second time beside the first, two ServerApps then driving one run.
@@ -24,8 +24,8 @@ bound to the request and good once (``bound-node-signatures``).
 
 These are patches of Flower's own code, in :mod:`fedsys_launch.flower_patches`: a Flower
 release the first two do not fit keeps its own behaviour, with a WARNING; one the security
-patches do not fit stops the SuperLink.  Used by ``fedsys deploy`` (:mod:`fedsys_launch.deploy`)
-as ``python -m fedsys_launch.superlink``.
+patches do not fit stops the SuperLink.  Used by ``fedsys deploy`` (:mod:`fedsys_launch.deploy.local_deployment`)
+as ``python -m fedsys_launch.deploy.superlink``.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from collections.abc import Mapping
 from flwr.superlink.cli import flower_superlink
 
 from fedsys_launch import flower_patches
-from fedsys_launch.console import hand_over
-from fedsys_launch.supernode import env_positive, start_window_s
+from fedsys_launch.deploy.supernode import env_positive, start_window_s
+from fedsys_launch.process.console import hand_over
 
 ENV = "FEDSYS_SQLITE_BUSY_TIMEOUT_MS"
 DEFAULT_MS = 120_000

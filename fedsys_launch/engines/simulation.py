@@ -20,27 +20,7 @@ from typing import cast
 
 from fedsys.config import RunConfig, toml_text
 from fedsys_launch import flower_patches
-
-FLWR_ENV = {
-    "FLWR_TELEMETRY_ENABLED": "0",
-    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-    "FLWR_DISABLE_UPDATE_CHECK": "1",
-    "RAY_DEDUP_LOGS": "0",
-    # Ray binds to the machine's address unless told it is not a cluster: keep it on
-    # loopback (read when ray is first imported).
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    # a starved machine (a niced run beside other work) must not lose its own Ray cluster:
-    # the raylet is on this machine, a real death ends the driver anyway (docs/development.md
-    # "Why things are as they are", Ray's settings)
-    "RAY_health_check_failure_threshold": "50",
-    "RAY_gcs_rpc_server_reconnect_timeout_s": "600",
-    # a model passed inline to and from the actors, not through the object store: quicker up
-    # to this size (docs/performance.md "Where a simulated client's time goes")
-    "RAY_max_direct_call_object_size": str(4 << 20),
-    # Ray's C++ failure handler would take SIGTERM (a stack dump, no word on resuming);
-    # without it SIGTERM stops the run as Ctrl-C does (tests/integration/test_interrupt.py)
-    "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1",
-}
+from fedsys_launch.process.flower_env import FLWR_ENV
 
 
 def write_app_dir(cfg: RunConfig, directory: Path) -> Path:
@@ -49,8 +29,8 @@ def write_app_dir(cfg: RunConfig, directory: Path) -> Path:
         "project": {"name": "fedsys", "version": "0.1.0"},
         "tool": {"flwr": {"app": {
             "publisher": "fedsys",
-            "components": {"serverapp": "fedsys_launch.server_app:app",
-                           "clientapp": "fedsys_launch.client_app:app"},
+            "components": {"serverapp": "fedsys_launch.apps.server_app:app",
+                           "clientapp": "fedsys_launch.apps.client_app:app"},
             "config": cfg.to_dict()}}},
     }))
     return directory
@@ -122,16 +102,16 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
 
     The user is the operator here: both apps admit the run config under the policy of
     ``cfg`` itself (:func:`fedsys.confine.own_run_policy`), as objects built here, in this
-    process (:func:`fedsys_launch.server_app.make_app`,
-    :func:`fedsys_launch.client_app.make_app`, which reaches the Ray actors pickled); nothing
+    process (:func:`fedsys_launch.apps.server_app.make_app`,
+    :func:`fedsys_launch.apps.client_app.make_app`, which reaches the Ray actors pickled); nothing
     a config or Flower loads by name can be one of them.
 
     With ``engine: inprocess`` the run goes to fedsys's own engine instead
-    (:func:`fedsys_launch.inprocess.simulate_inprocess`: every ClientApp called in this process).
+    (:func:`fedsys_launch.engines.inprocess.simulate_inprocess`: every ClientApp called in this process).
     """
     if cfg.engine == "inprocess":
         if flower_patches.task_identity_usable():
-            from fedsys_launch.inprocess import simulate_inprocess
+            from fedsys_launch.engines.inprocess import simulate_inprocess
 
             simulate_inprocess(cfg, verbose=verbose, client_app=client_app)
             return
@@ -150,8 +130,8 @@ def simulate(cfg: RunConfig, verbose: bool = False, client_app: object | None = 
     from flwr.supercore.telemetry import EventType
 
     from fedsys import confine
-    from fedsys_launch import client_app as client_module
-    from fedsys_launch import server_app as server_module
+    from fedsys_launch.apps import client_app as client_module
+    from fedsys_launch.apps import server_app as server_module
 
     # more actors than simulated nodes never train at once
     init_args = ray_init_args(os.environ, cfg.num_clients * cfg.client_num_cpus, cfg.ray_address)

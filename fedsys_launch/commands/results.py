@@ -8,7 +8,7 @@ from typing import Any
 
 from fedsys import config as cfgmod
 from fedsys import metrics
-from fedsys_launch.registry import schema
+from fedsys_launch.config_schema import schema
 
 
 def show(title: str, columns: list[str], rows: dict[str, list[str]]) -> None:

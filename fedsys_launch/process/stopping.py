@@ -35,7 +35,7 @@ def _stop(signum: int) -> KeyboardInterrupt:
 
 def install() -> None:
     """Make :func:`on_signal` the handler of SIGINT and SIGTERM
-    (:func:`fedsys_launch.cli.set_up_process`), also where SIGINT came ignored from the
+    (:func:`fedsys_launch.commands.cli.set_up_process`), also where SIGINT came ignored from the
     parent (``cmd &`` in a shell without job control, a pytest-xdist worker): Python
     would then never raise KeyboardInterrupt."""
     signal.signal(signal.SIGINT, on_signal)

@@ -5,7 +5,7 @@ or ``fedsys deploy run`` submissions with the same ``name``, or one of each) wou
 the same checkpoints and records, and the run's history would be lost.  Whoever runs a
 directory holds an ``flock`` on its :data:`RUN_LOCK` file for as long as it runs: the
 ``fedsys`` command line around the simulation engine, and the ServerApp itself
-(:func:`fedsys_launch.server_app.run_experiment`), so that ``flwr run`` and a deployment are
+(:func:`fedsys_launch.apps.server_app.run_experiment`), so that ``flwr run`` and a deployment are
 covered too.  Within one process the lock is re-entrant: ``fedsys run`` holds it and the
 ServerApp it starts in the same process runs on.  The lock ends with the process, however
 it ends.

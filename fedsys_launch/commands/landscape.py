@@ -25,7 +25,7 @@ from fedsys.landscape import (
 )
 from fedsys.params import Params, check_update, flatten, from_torch, to_torch, unflatten
 from fedsys.pretrain import read_state_dict
-from fedsys_launch import registry
+from fedsys_launch import config_schema
 
 
 def add_parser(sub: Any) -> None:
@@ -61,7 +61,7 @@ def _models(args: argparse.Namespace) -> tuple[list[Params], list[str], cfgmod.R
         if len(args.models) != want:
             raise cfgmod.ConfigError(f"--models needs exactly {want} files")
         paths = [Path(m) for m in args.models]
-        cfg = registry.load(Path(args.config) if args.config else None)
+        cfg = config_schema.load(Path(args.config) if args.config else None)
         out = paths[0].parent
     else:
         if not args.run_dir:
@@ -69,7 +69,7 @@ def _models(args: argparse.Namespace) -> tuple[list[Params], list[str], cfgmod.R
         run = Path(args.run_dir)
         if not (run / "config.yaml").exists():
             raise cfgmod.ConfigError(f"{run} is not a fedsys run directory (no config.yaml)")
-        cfg = registry.load(run / "config.yaml")
+        cfg = config_schema.load(run / "config.yaml")
         label = args.strategy or cfg.strategies[0]
         mdir = run / label / "models"
         saved = sorted(mdir.glob("global-r*.pt"))

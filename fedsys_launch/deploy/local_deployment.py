@@ -14,134 +14,58 @@ SuperExec).  Everything lives in one deployment directory::
     deploy.json            state: ports, flags, PIDs (read by later invocations)
     certs/ keys/ secret    TLS material, SuperNode keys, SuperExec secret
     cli/config.toml        the ``flwr`` CLI's connection ``fedsys-local``
-    cli/app-<digest>/      the app's FAB files, what ``flwr run`` is given (:func:`staged_app`)
+    cli/app-<digest>/      the app's FAB files, what ``flwr run`` is given (:func:`~fedsys_launch.deploy.fab_staging.staged_app`)
     home/<component>/      each component's FLWR_HOME and working directory
     logs/<component>.log   each component's output
     superlink.db           SuperLink state (runs, registered nodes)
 
-Used by ``fedsys deploy`` (:mod:`fedsys_launch.deploy_cli`) and the deployment tests.
+This module holds the topology, each component's command line and its start and stop;
+the processes are followed through ``/proc`` (:mod:`fedsys_launch.process.supervision`),
+the ``flwr`` CLI is :class:`fedsys_launch.deploy.flwr_cli.FlwrCli` (a deployment's
+:attr:`LocalDeployment.flwr_cli`) and the app it submits is staged by
+:mod:`fedsys_launch.deploy.fab_staging`.  Used by ``fedsys deploy``
+(:mod:`fedsys_launch.commands.deploy_cli`) and the deployment tests.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import tomllib
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedsys.config import ConfigError, toml_text
-from fedsys_launch.proxy import (
+from fedsys_launch.deploy.errors import DeployError
+from fedsys_launch.deploy.flwr_cli import CONNECTION, FlwrCli, connection_toml, console_script
+from fedsys_launch.deploy.proxy import (
     ProxyLimits,
     ProxyTLS,
     default_max_body,
     nginx_conf,
     write_conf,
 )
-from fedsys_launch.simulation import FLWR_ENV
+from fedsys_launch.process.flower_env import deployment_env
+from fedsys_launch.process.supervision import (
+    HOST,
+    alive,
+    descendants,
+    free_port,
+    same_process,
+    session_nice,
+    signal_all,
+    start_time,
+    wait_port,
+)
 
-HOST = "127.0.0.1"
-CONNECTION = "fedsys-local"
 STATE_FILE = "deploy.json"
-SCRIPTS = Path(__file__).resolve().parents[1] / "deploy"
+SCRIPTS = Path(__file__).resolve().parents[2] / "deploy"
 SUPERLINK, PROXY, SERVER_EXEC = "superlink", "proxy", "superexec-server"
-
-
-class DeployError(ConfigError):
-    """A deployment could not be started, found or used (printed as ``error: ...``)."""
-
-
-class RunNotStartedError(RuntimeError):
-    """``flwr run`` ended before the SuperLink started a run (unreachable, refused, bad
-    certificate): nothing ran, so there is nothing to resume."""
-
-
-def _fab_globs(pattern: str) -> str | None:
-    """A ``fab-include`` pattern (gitignore style) as a :meth:`Path.glob` pattern, or
-    ``None`` where the two could disagree (a negation, a character class)."""
-    if pattern.startswith("!") or "[" in pattern or "\\" in pattern:
-        return None
-    if pattern.endswith("/"):
-        pattern += "**/*"
-    if pattern.startswith("/"):
-        return pattern[1:]
-    return pattern if "/" in pattern.rstrip("/") else f"**/{pattern}"
-
-
-def staged_app(app_dir: Path, into: Path) -> Path:
-    """The directory ``flwr run`` builds the FAB from: ``app_dir`` itself, or, where its
-    ``pyproject.toml`` lists ``fab-include`` patterns under ``[tool.flwr.app]`` (fedsys's
-    does), a copy of ``pyproject.toml``, ``.gitignore`` and the files the patterns match,
-    in ``into/app-<digest of the copy>`` (made once per content, never changed after).
-
-    Flower's ``flwr run`` walks every file under the directory it is given before it
-    filters, a checkout's virtual environments and ``runs/`` included (docs/deployment.md
-    gives the cost).  The copy holds the files the FAB is built from, so the FAB and its
-    hash are the same (``tests/unit/test_deploy_cli.py``).
-    """
-    project = app_dir / "pyproject.toml"
-    try:
-        patterns = tomllib.loads(project.read_text())["tool"]["flwr"]["app"]["fab-include"]
-        globs = [_fab_globs(str(p)) for p in patterns]
-    except (OSError, KeyError, TypeError, tomllib.TOMLDecodeError):
-        return app_dir
-    if not globs or None in globs:
-        return app_dir
-    files = sorted({p for g in globs if g is not None for p in app_dir.glob(g)
-                    if p.is_file() and not p.is_symlink()})
-    files = [project, *([app_dir / ".gitignore"] if (app_dir / ".gitignore").is_file() else []),
-             *(f for f in files if f != project)]
-    content = {f.relative_to(app_dir).as_posix(): f.read_bytes() for f in files}
-    digest = hashlib.sha256()
-    for rel, data in content.items():
-        digest.update(rel.encode() + b"\0" + data + b"\0")
-    target = into / f"app-{digest.hexdigest()[:16]}"
-    if target.is_dir():
-        return target
-    tmp = into / f".app-{os.getpid()}-{time.time_ns()}"
-    for rel, data in content.items():
-        dst = tmp / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_bytes(data)
-    try:
-        tmp.rename(target)
-    except OSError:  # another submission made the same copy first
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-def free_port() -> int:
-    """Return an unused TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def wait_port(port: int, timeout: float = 60.0) -> None:
-    """Block until something listens on ``127.0.0.1:port``."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        with socket.socket() as s:
-            if s.connect_ex((HOST, port)) == 0:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"nothing listens on {HOST}:{port} after {timeout:.0f} s")
-
-
-def _bin(name: str) -> str:
-    here = Path(sys.executable).parent / name
-    return str(here) if here.exists() else (shutil.which(name) or name)
 
 
 def nginx_bin() -> str:
@@ -192,7 +116,7 @@ class LocalDeployment:
     auth : bool
         SuperNode authentication (registered keys only) and a SuperExec secret.
     port : int
-        The sites' port: the reverse proxy (:mod:`fedsys_launch.proxy`) that forwards Flower's
+        The sites' port: the reverse proxy (:mod:`fedsys_launch.deploy.proxy`) that forwards Flower's
         Fleet API, and nothing else, to the SuperLink; 0 picks a free one.
     link_port : int
         The SuperLink's own port on loopback (Fleet, Control and Runtime APIs): the
@@ -211,7 +135,7 @@ class LocalDeployment:
         (empty: none).
     max_body : int
         The sites' port's body cap in bytes (``client_max_body_size``, refused 413 above
-        it; 0: :func:`fedsys_launch.proxy.default_max_body`, twice Flower's array chunk).
+        it; 0: :func:`fedsys_launch.deploy.proxy.default_max_body`, twice Flower's array chunk).
     node_nice : int
         Scheduling niceness of the SuperNodes and their SuperExecs, and so of the
         ClientApps they start (default 0: normal priority; 19 for tens of nodes on a
@@ -238,6 +162,8 @@ class LocalDeployment:
     node_ports: list[int] = field(default_factory=list)
     components: dict[str, Component] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
+    #: the deployment's ``flwr`` CLI (its home ``cli/``; submissions logged under ``logs/``)
+    flwr_cli: FlwrCli = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.root = Path(self.root).resolve()
@@ -245,6 +171,7 @@ class LocalDeployment:
             self.port = free_port()
         if self.link_port == 0:
             self.link_port = free_port()
+        self.flwr_cli = FlwrCli(self.cli_home, self.root / "logs")
 
     # ------------------------------------------------------------------ paths
 
@@ -292,10 +219,7 @@ class LocalDeployment:
         """Environment of every Flower process (telemetry and runtime installs off); the
         caller's confinement policy is not inherited: each component gets the one of
         this deployment (:meth:`command`)."""
-        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-        inherited = {k: v for k, v in os.environ.items()
-                     if k not in ("FEDSYS_ROOTS", "FEDSYS_PLUGINS", "FEDSYS_DENY")}
-        return {**inherited, **FLWR_ENV, "PATH": path}
+        return deployment_env()
 
     # ------------------------------------------------------------------ state
 
@@ -350,9 +274,9 @@ class LocalDeployment:
                     str(certs / "server.pem"), "--ssl-keyfile", str(certs / "server.key")]
                    if self.tls else ["--insecure"])
             auth = ["--enable-supernode-auth", *secret] if self.auth else []
-            # Flower's flower-superlink with a longer SQLite busy timeout (fedsys_launch/superlink.py),
+            # Flower's flower-superlink with a longer SQLite busy timeout (fedsys_launch/deploy/superlink.py),
             # on loopback only: the sites reach it through the proxy
-            return [sys.executable, "-m", "fedsys_launch.superlink", *tls, *auth, "--isolation", "process",
+            return [sys.executable, "-m", "fedsys_launch.deploy.superlink", *tls, *auth, "--isolation", "process",
                     "--database", str(self.root / "superlink.db"),
                     "--disable-runtime-dependency-installation",
                     "--host", HOST, "--port", str(self.link_port)], {}
@@ -363,11 +287,11 @@ class LocalDeployment:
         policy = {"FEDSYS_PLUGINS": self.plugins} if self.plugins else {}
         policy["FEDSYS_DENY"] = str(self.root)  # keys, certs, CA, apps, database, logs
         if name == SERVER_EXEC:
-            # Flower's flower-superexec, its app processes forked warm (fedsys_launch/superexec.py);
+            # Flower's flower-superexec, its app processes forked warm (fedsys_launch/deploy/superexec.py);
             # the operator's confinement of submitted run configs (fedsys.confine)
             if self.roots:
                 policy["FEDSYS_ROOTS"] = self.roots
-            return [sys.executable, "-m", "fedsys_launch.superexec", *self._client_tls("--root-certificates"),
+            return [sys.executable, "-m", "fedsys_launch.deploy.superexec", *self._client_tls("--root-certificates"),
                     *secret, "--runtime-api-address", self.control_address], policy
         kind, _, idx = name.rpartition("-")
         i = int(idx)
@@ -377,8 +301,8 @@ class LocalDeployment:
             if self.data_dir:
                 cfg += f' data-dir="{self.data_dir}"'
             auth = ["--auth-supernode-private-key", str(self.key_file(i))] if self.auth else []
-            # Flower's flower-supernode with a wider ClientApp start window (fedsys_launch/supernode.py)
-            return [sys.executable, "-m", "fedsys_launch.supernode",
+            # Flower's flower-supernode with a wider ClientApp start window (fedsys_launch/deploy/supernode.py)
+            return [sys.executable, "-m", "fedsys_launch.deploy.supernode",
                     *self._client_tls("--root-certificates"), *auth,
                     "--superlink", self.address, "--isolation", "process",
                     "--host", HOST, "--port", str(self.node_ports[i]), *site_secret,
@@ -387,11 +311,11 @@ class LocalDeployment:
         if self.gpus:
             ids = [g.strip() for g in self.gpus.split(",") if g.strip()]
             env["CUDA_VISIBLE_DEVICES"] = ids[i % len(ids)]
-        return [sys.executable, "-m", "fedsys_launch.superexec", "--insecure", *site_secret,
+        return [sys.executable, "-m", "fedsys_launch.deploy.superexec", "--insecure", *site_secret,
                 "--runtime-api-address", f"{HOST}:{self.node_ports[i]}"], env
 
     def write_proxy_conf(self) -> Path:
-        """Render the proxy's ``nginx.conf`` (:func:`fedsys_launch.proxy.nginx_conf`) under
+        """Render the proxy's ``nginx.conf`` (:func:`fedsys_launch.deploy.proxy.nginx_conf`) under
         ``proxy/``: the sites' port forwards the Fleet API to the SuperLink's loopback port."""
         work = self.root / "proxy"
         for sub in ("", "body", "proxy", "fastcgi", "uwsgi", "scgi"):
@@ -436,9 +360,9 @@ class LocalDeployment:
             p = subprocess.Popen(args, cwd=home, env=env, stdout=out, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True, umask=0o077)
         if name not in (SUPERLINK, PROXY, SERVER_EXEC) and self.node_nice:
-            _session_nice(p.pid, self.node_nice)
+            session_nice(p.pid, self.node_nice)
         self.procs[name] = p
-        comp = Component(args, p.pid, _start_time(p.pid), extra)
+        comp = Component(args, p.pid, start_time(p.pid), extra)
         self.components[name] = comp
         self.save()
         if name in (SUPERLINK, PROXY):  # a restart too: nothing can talk to it before it listens
@@ -452,7 +376,7 @@ class LocalDeployment:
     def is_running(self, name: str) -> bool:
         """Whether the recorded process of ``name`` still runs (same PID, same start)."""
         c = self.components.get(name)
-        return c is not None and c.pid > 0 and _same_process(c.pid, c.start_time)
+        return c is not None and c.pid > 0 and same_process(c.pid, c.start_time)
 
     def all_pids(self) -> list[int]:
         """PIDs of every running component and of all their descendants (Flower
@@ -465,13 +389,13 @@ class LocalDeployment:
         """Signal one component and its descendants, and wait until they are gone."""
         if self.is_running(name):
             pids = descendants(self.components[name].pid)
-            _signal_all(pids, sig)
+            signal_all(pids, sig)
             self._reap(pids, 30.0)
         self.procs.pop(name, None)
 
     def _reap(self, pids: list[int], timeout: float) -> None:
         end = time.monotonic() + timeout
-        while time.monotonic() < end and any(_alive(p) for p in pids):
+        while time.monotonic() < end and any(alive(p) for p in pids):
             for p in self.procs.values():
                 p.poll()
             time.sleep(0.1)
@@ -488,11 +412,11 @@ class LocalDeployment:
         for group in (sites, [n for n in self.components if n not in sites]):
             pids = sorted({d for n in group if self.is_running(n)
                            for d in descendants(self.components[n].pid)})
-            _signal_all(pids, signal.SIGTERM)
+            signal_all(pids, signal.SIGTERM)
             self._reap(pids, 15.0)
-            _signal_all([p for p in pids if _alive(p)], signal.SIGKILL)
+            signal_all([p for p in pids if alive(p)], signal.SIGKILL)
             self._reap(pids, 10.0)
-            left = [p for p in pids if _alive(p)]
+            left = [p for p in pids if alive(p)]
             if left:
                 raise DeployError(f"processes {left} survived SIGKILL")
             stopped += len(pids)
@@ -511,7 +435,7 @@ class LocalDeployment:
         script = SCRIPTS / name
         if not script.exists():
             raise DeployError(f"{script} not found: run fedsys deploy from a fedsys checkout")
-        env = {**self.env, "FLWR_HOME": str(self.cli_home), "FLWR_BIN": _bin("flwr")}
+        env = {**self.env, "FLWR_HOME": str(self.cli_home), "FLWR_BIN": console_script("flwr")}
         proc = subprocess.run(["bash", str(script), *args], env=env, cwd=self.root,
                               capture_output=True, text=True, check=False)
         if proc.returncode != 0:
@@ -576,30 +500,7 @@ class LocalDeployment:
             self.start(name)
         self.wait_online(self.num_nodes, wait)
 
-    # ------------------------------------------------------------------ flwr CLI
-
-    def flwr(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-        """Run ``flwr ARGS`` with the deployment's CLI home."""
-        return subprocess.run([_bin("flwr"), *args], cwd=self.cli_home,
-                              env={**self.env, "FLWR_HOME": str(self.cli_home),
-                                   "COLUMNS": os.environ.get("COLUMNS", "160")},
-                              capture_output=True, text=True, timeout=timeout, check=False)
-
-    def nodes(self) -> list[dict[str, Any]]:
-        """``flwr supernode list`` as dicts (``node-id``, ``status``, ...)."""
-        proc = self.flwr("supernode", "list", CONNECTION, "--format", "json")
-        try:
-            return list(json.loads(proc.stdout)["nodes"])
-        except (ValueError, KeyError):
-            raise DeployError(f"flwr supernode list failed:\n{proc.stdout}{proc.stderr}") from None
-
-    def runs(self) -> list[dict[str, Any]]:
-        """``flwr ls`` as dicts (``run-id``, ``fab-id``, ``status``, ``elapsed``, ...)."""
-        proc = self.flwr("ls", CONNECTION, "--format", "json")
-        try:
-            return list(json.loads(proc.stdout)["runs"])
-        except (ValueError, KeyError):
-            raise DeployError(f"flwr ls failed:\n{proc.stdout}{proc.stderr}") from None
+    # ------------------------------------------------------------------ online
 
     def refuse_dead(self) -> None:
         """Raise :class:`DeployError` naming the components that exited, with the end of
@@ -619,7 +520,7 @@ class LocalDeployment:
         end = time.monotonic() + timeout
         while True:
             self.refuse_dead()
-            nodes = self.nodes()
+            nodes = self.flwr_cli.nodes()
             online = [x for x in nodes if x.get("status") == "online"]
             if len(online) >= n:
                 time.sleep(settle)
@@ -629,165 +530,3 @@ class LocalDeployment:
                 raise DeployError(f"{len(online)} of {n} SuperNodes online after {timeout:.0f} s")
             time.sleep(1.0)
 
-    def submit(self, app_dir: Path, run_config: Mapping[str, object],
-               log: Path | None = None) -> subprocess.Popen[str]:
-        """Start ``flwr run APP fedsys-local --stream`` in the background.
-
-        Its output goes to ``log`` (default ``logs/flwr-run.log``), or to a pipe
-        when ``log`` is ``None`` and the caller reads ``stdout``.
-        """
-        self.cli_home.mkdir(parents=True, exist_ok=True)
-        app_dir = staged_app(app_dir, self.cli_home)
-        rc_file = self.cli_home / f"run-config-{time.time_ns()}.toml"
-        rc_file.write_text(run_config_toml(run_config))
-        rc_file.chmod(0o600)
-        out = (os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")
-               if log is not None else None)
-        try:
-            return subprocess.Popen(
-                [_bin("flwr"), "run", str(app_dir), CONNECTION, "--stream",
-                 "--run-config", str(rc_file)],
-                cwd=self.cli_home, env={**self.env, "FLWR_HOME": str(self.cli_home)},
-                stdout=out or subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                start_new_session=True,
-            )
-        finally:
-            if out is not None:
-                out.close()
-
-    def flwr_run(self, app_dir: Path, run_config: Mapping[str, object], timeout: float = 600,
-                 echo: bool = False) -> str:
-        """``flwr run APP fedsys-local --stream``; return its output (``echo``: also print it)."""
-        log = self.root / "logs" / f"flwr-run-{time.time_ns()}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        proc = self.submit(app_dir, run_config, log)
-        end = time.monotonic() + timeout
-        with log.open(errors="replace") as f:
-            while True:
-                done = proc.poll() is not None
-                chunk = f.read()
-                if echo and chunk:
-                    print(chunk, end="", flush=True)
-                if done:
-                    break
-                if time.monotonic() > end:
-                    _signal_all(descendants(proc.pid), signal.SIGKILL)
-                    proc.wait()
-                    raise RuntimeError(f"flwr run took longer than {timeout:.0f} s; "
-                                       f"output in {log}")
-                time.sleep(0.2)
-        out = log.read_text(errors="replace")
-        run_id = started_run(out)
-        if run_id is None:
-            raise RunNotStartedError(f"flwr run exited {proc.returncode} before a run started "
-                                     f"(output in {log}):\n{out[-3000:]}")
-        if proc.returncode != 0:
-            raise RuntimeError(f"flwr run failed (exit {proc.returncode}):\n{out[-3000:]}")
-        status = self.run_status(run_id)
-        if status != "finished:completed":  # flwr run --stream exits 0 however the run ended
-            raise RuntimeError(f"run {run_id} ended {status} (flwr ls); its log:\n{out[-3000:]}")
-        return out
-
-    def run_status(self, run_id: int) -> str:
-        """The status ``flwr ls`` gives run ``run_id`` (``finished:completed``,
-        ``finished:failed``, ...)."""
-        proc = self.flwr("ls", CONNECTION, "--run-id", str(run_id), "--format", "json")
-        try:
-            rows = json.loads(proc.stdout)["runs"]
-            return str(next(r["status"] for r in rows if str(r["run-id"]) == str(run_id)))
-        except (ValueError, KeyError, StopIteration):
-            raise DeployError(f"flwr ls --run-id {run_id} failed:\n{proc.stdout}{proc.stderr}") \
-                from None
-
-
-def started_run(flwr_run_output: str) -> int | None:
-    """The run id in ``flwr run``'s "Successfully started run N" line (``None``: none)."""
-    m = re.search(r"Successfully started run (\d+)", flwr_run_output)
-    return int(m.group(1)) if m else None
-
-
-def _session_nice(pid: int, nice: int) -> None:
-    """Give the session led by ``pid`` the scheduling niceness ``nice``.
-
-    Under Linux's autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``)
-    the CPU is shared between sessions first, and a process's own niceness counts only
-    inside its session; every component runs in a session of its own, so its group's
-    niceness is what yields the CPU to the SuperLink.  Without autogroup there is no
-    such file and the process's own niceness (``nice -n``) is all there is.
-    """
-    try:
-        Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
-    except OSError:
-        pass
-
-
-def run_config_toml(run_config: Mapping[str, object]) -> str:
-    """A ``--run-config`` TOML file: one (quoted) dotted key per line, as Flower flattens it."""
-    return toml_text(run_config)
-
-
-def connection_toml(address: str, ca_cert: Path | str | None) -> str:
-    """The flwr CLI's ``config.toml``: the connection ``fedsys-local`` to ``address``, over
-    TLS with ``ca_cert`` or insecure without one."""
-    link: dict[str, object] = {"address": address}
-    if ca_cert is None:
-        link["insecure"] = True
-    else:
-        link["root-certificates"] = str(ca_cert)
-    return toml_text({"superlink": {"default": CONNECTION, CONNECTION: link}})
-
-
-# ---------------------------------------------------------------------- /proc helpers
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2 :].split()
-
-
-def _start_time(pid: int) -> int:
-    f = _stat_fields(pid)
-    return int(f[19]) if f else 0
-
-
-def _same_process(pid: int, start_time: int) -> bool:
-    f = _stat_fields(pid)
-    return f is not None and f[0] != "Z" and int(f[19]) == start_time
-
-
-def _ppid_map() -> dict[int, int]:
-    out: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        f = _stat_fields(int(stat.parent.name))
-        if f is not None:
-            out[int(stat.parent.name)] = int(f[1])
-    return out
-
-
-def descendants(pid: int) -> list[int]:
-    """``pid`` and all processes below it (Linux ``/proc``)."""
-    children: dict[int, list[int]] = {}
-    for child, parent in _ppid_map().items():
-        children.setdefault(parent, []).append(child)
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    f = _stat_fields(pid)
-    return f is not None and f[0] != "Z"
-
-
-def _signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass

@@ -21,7 +21,7 @@ arguments.
 
 The change is a patch of Flower's own code, in :mod:`fedsys_launch.flower_patches`
 (``supernode-start-window``): a Flower release it does not fit keeps its own window, with a
-WARNING.  Used by ``fedsys deploy`` (:mod:`fedsys_launch.deploy`) as ``python -m fedsys_launch.supernode``.
+WARNING.  Used by ``fedsys deploy`` (:mod:`fedsys_launch.deploy.local_deployment`) as ``python -m fedsys_launch.deploy.supernode``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from flwr.supernode.cli import flower_supernode
 
 from fedsys_launch import flower_patches
-from fedsys_launch.console import hand_over
+from fedsys_launch.process.console import hand_over
 
 ENV = "FEDSYS_CLIENTAPP_START_S"
 DEFAULT_S = 300.0

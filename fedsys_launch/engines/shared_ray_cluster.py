@@ -4,7 +4,7 @@
 wall time and 4 s of CPU per run on 2 cores (``benchmarks/ray_cluster.py``).  Many short runs
 in a row (the test suite, a benchmark) can instead share one cluster: each run is still a Ray
 job of its own, with fresh worker processes, so its numbers do not change
-(:func:`fedsys_launch.simulation.ray_init_args` decides which way a run goes).
+(:func:`fedsys_launch.engines.simulation.ray_init_args` decides which way a run goes).
 
 Usage::
 
@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from fedsys_launch.deploy import _alive, descendants, free_port
-from fedsys_launch.simulation import FLWR_ENV
+from fedsys_launch.process.flower_env import FLWR_ENV
+from fedsys_launch.process.supervision import alive, descendants, free_port
 
 
 @contextmanager
@@ -157,10 +157,10 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         pass
     end = time.monotonic() + 15
-    while time.monotonic() < end and any(_alive(p) for p in pids if p != proc.pid):
+    while time.monotonic() < end and any(alive(p) for p in pids if p != proc.pid):
         time.sleep(0.2)
     for pid in pids:
-        if _alive(pid):
+        if alive(pid):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -30,7 +30,7 @@ address (503, which Flower's SuperNode retries with back-off); and the workers h
 thousands of connections.
 
 :func:`nginx_conf` renders the configuration for ``fedsys deploy``
-(:mod:`fedsys_launch.deploy`) and for docker-compose (``deploy/proxy/nginx.conf``, checked
+(:mod:`fedsys_launch.deploy.local_deployment`) and for docker-compose (``deploy/proxy/nginx.conf``, checked
 against this renderer by ``tests/unit/test_proxy.py``, so the two cannot drift).
 """
 
@@ -209,7 +209,7 @@ def nginx_conf(listen: str, link: str, work: str, tls: ProxyTLS | None,
             proxy_ssl_protocols TLSv1.2 TLSv1.3;""" if tls else "")
     access = "access_log off;" if access_log == "off" else f"access_log {access_log} fleet;"
     lim = limits or ProxyLimits()
-    return f"""# fedsys: the sites' port forwards Flower's Fleet API only (fedsys_launch/proxy.py renders this)
+    return f"""# fedsys: the sites' port forwards Flower's Fleet API only (fedsys_launch/deploy/proxy.py renders this)
 {f"user {user};{chr(10)}" if user else ""}worker_processes {lim.workers};
 worker_rlimit_nofile {lim.nofile};
 pid {work}/nginx.pid;

@@ -16,7 +16,7 @@ persists across rounds.
 What a Ray actor keeps to itself is kept apart here too: each ClientApp call gets copies of
 the message and the context (records copied, their arrays shared: an ``Array`` holds
 immutable bytes), runs with the clients' torch thread count and global random generators
-(:class:`fedsys_launch.actor_side.ClientSide`) and with the node's task identity (Flower 1.42
+(:class:`fedsys_launch.engines.actor_isolation.ClientSide`) and with the node's task identity (Flower 1.42
 makes a ``Message`` only inside a task: :func:`fedsys_launch.flower_patches.task_identity`); the
 ServerApp's are put back after.
 
@@ -63,8 +63,13 @@ from flwr.supercore.date import now
 from flwr.supercore.run import Run
 
 from fedsys.config import RunConfig
-from fedsys_launch.actor_side import ClientSide, actor_threads, copy_message, copy_records
-from fedsys_launch.flower_patches import task_identity
+from fedsys_launch.engines.actor_isolation import (
+    ClientSide,
+    actor_threads,
+    copy_message,
+    copy_records,
+)
+from fedsys_launch.flower_patches import set_message_id, task_identity
 
 #: Seeds the node ids (Flower's simulation draws them from ``os.urandom``): the same ids in
 #: every run.  fedsys keys its nodes by partition-id, so no number depends on them.
@@ -79,7 +84,7 @@ ClientAppFn = Callable[[Message, Context], Message]
 
 class Batcher(Protocol):
     """A ClientApp's train handler in parts, so that a round's train instructions are
-    trained together (:class:`fedsys_launch.client_app.BatchTraining` for the fedsys ClientApp)."""
+    trained together (:class:`fedsys_launch.engines.batch_training.BatchTraining` for the fedsys ClientApp)."""
 
     def prepare(self, msg: Message, context: Context) -> Any:
         """``msg`` read on its node, or None: the ClientApp handles it itself."""
@@ -264,7 +269,7 @@ class InProcessGrid(Grid):
         ids: list[str] = []
         accepted: list[Message] = []
         for msg in messages:
-            msg.metadata.__dict__["_message_id"] = str(uuid4())
+            set_message_id(msg, str(uuid4()))
             meta = msg.metadata
             if not (meta.reply_to_message_id == "" and meta.ttl > 0 and meta.delivered_at == ""):
                 raise ValueError(f"Invalid message: {msg}")
@@ -346,7 +351,7 @@ class InProcessGrid(Grid):
         pickling gives it, unless ``own``: a reply that nothing else holds (the error
         replies made here, a :class:`Batcher`'s)."""
         if isinstance(reply, Message):
-            reply.metadata.__dict__["_message_id"] = str(uuid4())
+            set_message_id(reply, str(uuid4()))
         if why := reply_refusal(reply, instruction):
             log(ERROR, "Reply of node %s not stored: %s", instruction.metadata.dst_node_id, why)
             return
@@ -439,7 +444,7 @@ def simulate_inprocess(cfg: RunConfig, verbose: bool = False,
                        client_app: object | None = None) -> None:
     """Run ``cfg`` with ``num-clients`` in-process nodes (:class:`InProcessGrid`).
 
-    As :func:`fedsys_launch.simulation.simulate`: ``client_app`` replaces the fedsys ClientApp,
+    As :func:`fedsys_launch.engines.simulation.simulate`: ``client_app`` replaces the fedsys ClientApp,
     both apps admit the run config under the policy of ``cfg`` itself, and the ServerApp
     does not log the results table.  The ServerApp runs in this thread (Ctrl-C and SIGTERM
     stop it where it is).
@@ -447,8 +452,9 @@ def simulate_inprocess(cfg: RunConfig, verbose: bool = False,
     from flwr.supercore.logger import update_console_handler
 
     from fedsys import confine
-    from fedsys_launch import server_app as server_module
-    from fedsys_launch.client_app import BatchTraining, FedsysClientApp, make_app
+    from fedsys_launch.apps import server_app as server_module
+    from fedsys_launch.apps.client_app import FedsysClientApp, make_app
+    from fedsys_launch.engines.batch_training import BatchTraining
 
     if verbose:
         update_console_handler(level=DEBUG, timestamps=True, colored=True)
@@ -458,7 +464,7 @@ def simulate_inprocess(cfg: RunConfig, verbose: bool = False,
     batched = cfg.batch_clients != "false" and own is not None
     workers = None
     if batched and cfg.ray_address:
-        from fedsys_launch.ray_workers import RayWorkers
+        from fedsys_launch.engines.ray_training_workers import RayWorkers
 
         workers = RayWorkers(cfg.ray_address, cfg.device)
     elif cfg.ray_address:
